@@ -1,0 +1,95 @@
+"""Canonical JSON: one byte sequence for one value, so that digests of JSON are stable.
+
+The encoding follows RFC 8785 (JCS) where it matters here: object keys sorted by
+code point, no insignificant whitespace, UTF-8, strings escaped minimally, and
+numbers written the way ECMAScript writes a double, so ``1.0``, ``1`` and ``1e0``
+in a config file mean (and hash) the same. Integers outside the exactly
+representable double range are written as exact decimals rather than rounded,
+since rounding would silently merge two different configs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from decimal import Decimal
+from typing import Any
+
+_MAX_EXACT_INT = 2**53
+
+
+def canonical_json(value: Any) -> bytes:
+    """Encode ``value`` (JSON types only) as canonical UTF-8 JSON bytes.
+
+    >>> canonical_json({"b": 1.0, "a": [True, None, "é"]})
+    b'{"a":[true,null,"\\xc3\\xa9"],"b":1}'
+    """
+    return "".join(_encode(value)).encode("utf-8")
+
+
+def _encode(value: Any):
+    if value is None:
+        yield "null"
+    elif value is True:
+        yield "true"
+    elif value is False:
+        yield "false"
+    elif isinstance(value, int):
+        yield _format_int(value)
+    elif isinstance(value, float):
+        yield _format_float(value)
+    elif isinstance(value, str):
+        yield json.dumps(value, ensure_ascii=False)
+    elif isinstance(value, (list, tuple)):
+        yield "["
+        for index, item in enumerate(value):
+            if index:
+                yield ","
+            yield from _encode(item)
+        yield "]"
+    elif isinstance(value, dict):
+        yield "{"
+        for index, key in enumerate(sorted(value)):
+            if not isinstance(key, str):
+                raise TypeError(f"canonical JSON object keys must be strings, not {key!r}")
+            if index:
+                yield ","
+            yield json.dumps(key, ensure_ascii=False)
+            yield ":"
+            yield from _encode(value[key])
+        yield "}"
+    else:
+        raise TypeError(f"not a JSON value: {type(value).__name__}")
+
+
+def _format_int(value: int) -> str:
+    if abs(value) < _MAX_EXACT_INT:
+        return str(value)
+    as_float = float(value)
+    if as_float == value:
+        return _format_float(as_float)
+    return str(value)
+
+
+def _format_float(value: float) -> str:
+    """ECMAScript Number::toString for a finite double (RFC 8785 section 3.2.2.3)."""
+    if not math.isfinite(value):
+        raise ValueError("canonical JSON has no NaN or Infinity")
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    # repr gives the shortest digit string that round-trips, as ECMAScript requires.
+    _, digit_tuple, exponent = Decimal(repr(abs(value))).normalize().as_tuple()
+    digits = "".join(map(str, digit_tuple))
+    k = len(digits)
+    n = exponent + k  # value = 0.digits * 10**n
+    if k <= n <= 21:
+        text = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        text = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        text = "0." + "0" * (-n) + digits
+    else:
+        mantissa = digits[0] + ("." + digits[1:] if k > 1 else "")
+        text = f"{mantissa}e{'+' if n - 1 >= 0 else '-'}{abs(n - 1)}"
+    return sign + text

@@ -1,0 +1,299 @@
+"""The ``ckptpub`` command: a function from arguments to an exit code.
+
+Exit codes: 0 all good; 1 a mismatch or difference was found; 2 unusable input,
+a usage error, or anything else that prevented a verdict. Every failure is one
+line on stderr, never a traceback. Results go to stdout in lines that people and
+scripts can both read (``path: OK`` / ``path: FAILED (...)``), or as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import Any, Sequence
+
+from . import __version__
+from .compare import ManifestDiff, VerifyReport, diff_manifests, verify
+from .errors import CkptpubError
+from .manifest import MANIFEST_NAME, Manifest
+from .progress import ProgressBar
+from .publish import publish
+from .read import read_manifest
+
+EXIT_OK, EXIT_MISMATCH, EXIT_UNUSABLE = 0, 1, 2
+_STEP_FOLDER = re.compile(r"checkpoint[-_](\d+)\Z")
+_LS_DEPTH = 3
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+        return args.run(args)
+    except _UsageError as error:
+        _fail(f"{error} (see 'ckptpub --help')")
+        return EXIT_UNUSABLE
+    except CkptpubError as error:
+        _fail(str(error))
+        return EXIT_UNUSABLE
+    except OSError as error:
+        _fail(f"{error.filename or ''}: {error.strerror or error}".lstrip(": "))
+        return EXIT_UNUSABLE
+    except KeyboardInterrupt:
+        _fail("interrupted")
+        return 130
+    except Exception as error:  # a bug: still one line, still no verdict
+        _fail(f"internal error: {type(error).__name__}: {error}")
+        return EXIT_UNUSABLE
+
+
+def _cmd_publish(args: argparse.Namespace) -> int:
+    bar = ProgressBar("hashing")
+    try:
+        manifest = publish(args.folder, threads=args.threads, use_mmap=not args.no_mmap, on_progress=bar)
+    finally:
+        bar.close()
+    if args.json:
+        _print_json(_summary(manifest, args.folder))
+    else:
+        print(manifest.identity)
+    _note(
+        f"published {os.path.join(args.folder, MANIFEST_NAME)}: {len(manifest.tensors)} tensors, "
+        f"{len(manifest.files)} files, {_gb(sum(f.size for f in manifest.files))}"
+    )
+    return EXIT_OK
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    bar = ProgressBar("verifying")
+    try:
+        report = verify(args.folder, expect_identity=args.expect_identity, threads=args.threads,
+                        use_mmap=not args.no_mmap, on_progress=bar)
+    finally:
+        bar.close()
+    if args.json:
+        _print_json(_verify_json(report, args.folder))
+    else:
+        _print_verify_lines(report, quiet=args.quiet)
+    tensors = len(report.manifest.tensors)
+    if report.ok:
+        _note(f"{args.folder}: OK, {len(report.checked)} files, {tensors} tensors, identity {report.manifest.identity}")
+        return EXIT_OK
+    changed = sum(p.kind == "tensor" for p in report.problems)
+    _note(f"{args.folder}: FAILED, {len(report.problems)} problems ({changed} tensors changed) in {len(report.checked)} files")
+    return EXIT_MISMATCH
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    manifest = read_manifest(args.folder)
+    summary = _summary(manifest, args.folder)
+    if args.json:
+        _print_json(summary)
+        return EXIT_OK
+    print(f"identity:   {manifest.identity}")
+    print(f"folder:     {_safe(os.path.abspath(args.folder))}")
+    print(f"weights:    {', '.join(map(_safe, manifest.weights)) or '(none: identity covers every file)'}")
+    print(f"tensors:    {summary['tensors']} ({_gb(summary['tensor_bytes'])})")
+    print(f"files:      {summary['files']} ({_gb(summary['bytes'])})")
+    for name, digest in sorted(manifest.config.items()):
+        print(f"config:     {name} {digest}")
+    for key, value in sorted(manifest.provenance.items()):
+        print(f"{key + ':':<11} {_safe(json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value))}")
+    return EXIT_OK
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    difference = diff_manifests(read_manifest(args.a), read_manifest(args.b))
+    if args.json:
+        _print_json(_diff_json(difference))
+    else:
+        for kind in ("changed", "added", "removed"):
+            for name in getattr(difference, kind):
+                print(f"{kind:<8} {_safe(name)}")
+        for name in difference.config_changed:
+            print(f"config   {name}")
+    _note(
+        ("same identity" if difference.same else "different identities")
+        + f": {len(difference.changed)} tensors changed, {len(difference.added)} added, "
+        f"{len(difference.removed)} removed, {len(difference.config_changed)} configs changed"
+    )
+    return EXIT_OK if difference.same else EXIT_MISMATCH
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.run_dir):
+        raise CkptpubError(f"{args.run_dir}: not a folder")
+    rows, unusable = [], 0
+    for folder in _published_folders(args.run_dir):
+        relative = os.path.relpath(folder, args.run_dir)
+        try:
+            manifest = read_manifest(folder)
+        except CkptpubError as error:
+            unusable += 1
+            rows.append({"path": relative, "step": _step(None, folder), "identity": None, "error": str(error)})
+            continue
+        rows.append({"path": relative, "step": _step(manifest, folder), "identity": manifest.identity})
+    rows.sort(key=lambda r: (r["step"] is None, r["step"] or 0, r["path"]))
+    if args.json:
+        _print_json(rows)
+    else:
+        for row in rows:
+            step = "-" if row["step"] is None else str(row["step"])
+            print(f"{step:>8}  {row['identity'] or 'UNUSABLE':<71}  {_safe(row['path'])}")
+    _note(f"{len(rows)} published checkpoints under {args.run_dir}" + (f", {unusable} unusable" if unusable else ""))
+    return EXIT_UNUSABLE if unusable else EXIT_OK
+
+
+def _published_folders(run_dir: str):
+    """Folders holding a manifest, at most ``_LS_DEPTH`` levels down, not inside another checkpoint."""
+    for current, dirs, files in os.walk(run_dir):
+        if MANIFEST_NAME in files:
+            yield current
+            dirs.clear()
+        elif os.path.relpath(current, run_dir).count(os.sep) + 1 >= _LS_DEPTH:
+            dirs.clear()
+        dirs.sort()
+
+
+def _step(manifest: Manifest | None, folder: str) -> int | None:
+    step = manifest.provenance.get("step") if manifest else None
+    if type(step) is int:
+        return step
+    match = _STEP_FOLDER.search(os.path.basename(os.path.normpath(folder)))
+    return int(match.group(1)) if match else None
+
+
+def _summary(manifest: Manifest, folder: str) -> dict[str, Any]:
+    weight_tensors = manifest.weight_tensors()
+    return {
+        "identity": manifest.identity,
+        "folder": os.path.abspath(folder),
+        "weights": list(manifest.weights),
+        "tensors": len(weight_tensors) if manifest.weights else len(manifest.tensors),
+        "tensor_bytes": sum(t.data_offsets[1] - t.data_offsets[0] for t in weight_tensors.values()),
+        "files": len(manifest.files),
+        "bytes": sum(f.size for f in manifest.files),
+        "config": dict(manifest.config),
+        "provenance": dict(manifest.provenance),
+    }
+
+
+def _verify_json(report: VerifyReport, folder: str) -> dict[str, Any]:
+    return {
+        "folder": os.path.abspath(folder),
+        "ok": report.ok,
+        "identity": report.manifest.identity,
+        "files_checked": len(report.checked),
+        "tensors_checked": len(report.manifest.tensors),
+        "problems": [
+            {"path": p.path, "kind": p.kind, "detail": p.detail} | ({"tensor": p.tensor} if p.tensor else {})
+            for p in report.problems
+        ],
+    }
+
+
+def _diff_json(difference: ManifestDiff) -> dict[str, Any]:
+    return {
+        "same": difference.same,
+        "identity_a": difference.identity_a,
+        "identity_b": difference.identity_b,
+        "changed": list(difference.changed),
+        "added": list(difference.added),
+        "removed": list(difference.removed),
+        "config_changed": list(difference.config_changed),
+    }
+
+
+def _print_verify_lines(report: VerifyReport, *, quiet: bool) -> None:
+    by_path: dict[str, list] = {}
+    for problem in report.problems:
+        by_path.setdefault(problem.path, []).append(problem)
+    for path in sorted(set(report.checked) | set(by_path)):
+        problems = by_path.get(path)
+        if not problems:
+            if not quiet:
+                print(f"{_safe(path)}: OK")
+            continue
+        for p in problems:
+            what = f"tensor {_safe(repr(p.tensor))} {p.detail}" if p.tensor else f"{p.kind}: {_safe(p.detail)}"
+            print(f"{_safe(path)}: FAILED ({what})")
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line instead of argparse's usage block
+        raise _UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ckptpub", description="BLAKE3 manifests for model checkpoints.")
+    parser.add_argument("--version", action="version", version=f"ckptpub {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(name: str, run, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(run=run)
+        return sub
+
+    def hashing_options(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--threads", type=_positive, default=None, help="hashing threads (default: one per CPU)")
+        sub.add_argument("--no-mmap", action="store_true", help="read with pread instead of mmap (spinning disks, some network file systems)")
+        sub.add_argument("--json", action="store_true", help="print a JSON object")
+
+    sub = command("publish", _cmd_publish, "hash a checkpoint folder and write its ckptpub.json")
+    sub.add_argument("folder")
+    hashing_options(sub)
+    sub = command("verify", _cmd_verify, "re-hash a folder and report every difference from its manifest")
+    sub.add_argument("folder")
+    sub.add_argument("--quiet", action="store_true", help="print only failures")
+    sub.add_argument("--expect-identity", metavar="ID", help="also fail unless the manifest's identity is ID")
+    hashing_options(sub)
+    sub = command("show", _cmd_show, "print a checkpoint's identity and summary from its manifest")
+    sub.add_argument("folder")
+    sub.add_argument("--json", action="store_true", help="print a JSON object")
+    sub = command("diff", _cmd_diff, "compare the model tensors of two manifests (no data is read)")
+    sub.add_argument("a", help="checkpoint folder or manifest file")
+    sub.add_argument("b", help="checkpoint folder or manifest file")
+    sub.add_argument("--json", action="store_true", help="print a JSON object")
+    sub = command("ls", _cmd_ls, "list the published checkpoints of a training run")
+    sub.add_argument("run_dir")
+    sub.add_argument("--json", action="store_true", help="print a JSON array")
+    return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))
+
+
+def _note(message: str) -> None:
+    print(f"ckptpub: {_safe(message)}", file=sys.stderr)
+
+
+def _fail(message: str) -> None:
+    print(f"ckptpub: error: {_safe(message)}", file=sys.stderr)
+
+
+def _safe(text: str) -> str:
+    """Escape control characters so a hostile file or tensor name cannot break lines or the terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def _gb(size: int) -> str:
+    return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"

@@ -1,0 +1,191 @@
+"""Verify a folder's bytes against its manifest, and diff two manifests.
+
+Both return data (``VerifyReport``, ``ManifestDiff``) rather than raising on a
+difference: a difference is a result, and callers (the CLI, the vLLM loader, the
+daemon supervisor) decide what to do with it. ``CkptpubError`` is reserved for
+input that cannot be used at all.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from .errors import CkptpubError
+from .hashing import Span, hash_spans
+from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
+from .model_files import config_digests, weight_files
+from .publish import ProgressCallback
+from .read import read_manifest
+from .safetensors import ShardLayout, read_layout
+from .scan import FolderEntry, resolve_folder, scan_folder
+
+_IDENTITY = re.compile(r"blake3:[0-9a-f]{64}\Z")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One difference between the folder and its manifest.
+
+    ``kind`` is one of ``missing``, ``added``, ``size``, ``changed`` (a whole file),
+    ``header`` (a shard's header), ``tensor`` (``tensor`` names it), ``manifest``
+    (the manifest claims weights or a config the folder does not have) or
+    ``identity`` (not the identity the caller expected).
+    """
+
+    path: str
+    kind: str
+    detail: str
+    tensor: str | None = None
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The outcome of ``verify``: every file checked, and every problem found."""
+
+    manifest: Manifest
+    checked: tuple[str, ...]
+    problems: tuple[Problem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass(frozen=True)
+class ManifestDiff:
+    """Model tensors whose bytes, dtype or shape differ (``changed``), or that only one side has."""
+
+    identity_a: str
+    identity_b: str
+    changed: tuple[str, ...]
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    config_changed: tuple[str, ...]
+
+    @property
+    def same(self) -> bool:
+        return self.identity_a == self.identity_b
+
+
+def verify(
+    folder: str | os.PathLike[str],
+    *,
+    expect_identity: str | None = None,
+    threads: int | None = None,
+    use_mmap: bool = True,
+    on_progress: ProgressCallback | None = None,
+) -> VerifyReport:
+    """Re-hash every byte of ``folder`` and compare with its ``ckptpub.json``.
+
+    With ``expect_identity``, a manifest of any other identity is a problem too,
+    which turns "the folder matches its manifest" into "the folder is this model".
+    """
+    if expect_identity is not None and not _IDENTITY.match(expect_identity):
+        raise CkptpubError(f"expected identity {expect_identity!r} is not of the form blake3:<64 hex>")
+    root = resolve_folder(folder)
+    manifest = read_manifest(root)
+    entries = {e.path: e for e in scan_folder(root)}
+    problems: list[Problem] = []
+    checks: list[tuple[Span, Problem]] = []
+    layouts: dict[str, ShardLayout] = {}
+    for record in manifest.files:
+        entry = entries.get(record.path)
+        if entry is None:
+            problems.append(Problem(record.path, "missing", "in the manifest but not in the folder"))
+        elif entry.size != record.size:
+            problems.append(Problem(record.path, "size", f"{entry.size} bytes, manifest says {record.size}"))
+        elif record.header_size is None:
+            checks.append((Span(entry.real_path, 0, entry.size, record.path), Problem(record.path, "changed", "content differs")))
+        else:
+            checks.extend(_shard_checks(manifest, record, entry, layouts, problems))
+    for path in entries.keys() - {f.path for f in manifest.files}:
+        problems.append(Problem(path, "added", "in the folder but not in the manifest"))
+    digests = hash_spans([s for s, _ in checks], threads=threads, use_mmap=use_mmap, on_progress=on_progress)
+    expected = _expected_digests(manifest, checks)
+    problems.extend(p for (_, p), got, want in zip(checks, digests, expected) if got != want)
+    if not problems:
+        problems.extend(_claims(manifest, entries, layouts))
+    if expect_identity is not None and manifest.identity != expect_identity:
+        problems.append(Problem(MANIFEST_NAME, "identity", f"identity {manifest.identity} is not the expected {expect_identity}"))
+    problems.sort(key=lambda p: (p.path, p.tensor or ""))
+    return VerifyReport(manifest, tuple(f.path for f in manifest.files), tuple(problems))
+
+
+def diff_manifests(a: Manifest, b: Manifest) -> ManifestDiff:
+    """Compare the model tensors and configs of two manifests; no checkpoint data is read."""
+    tensors_a, tensors_b = _model_tensors(a), _model_tensors(b)
+    changed = sorted(n for n in tensors_a.keys() & tensors_b.keys() if _meaning(tensors_a[n]) != _meaning(tensors_b[n]))
+    configs = sorted(k for k in a.config.keys() | b.config.keys() if a.config.get(k) != b.config.get(k))
+    return ManifestDiff(
+        identity_a=a.identity,
+        identity_b=b.identity,
+        changed=tuple(changed),
+        added=tuple(sorted(tensors_b.keys() - tensors_a.keys())),
+        removed=tuple(sorted(tensors_a.keys() - tensors_b.keys())),
+        config_changed=tuple(configs),
+    )
+
+
+def _shard_checks(
+    manifest: Manifest,
+    record: FileRecord,
+    entry: FolderEntry,
+    layouts: dict[str, ShardLayout],
+    problems: list[Problem],
+):
+    """Spans for a shard: its header, then each tensor as the manifest places it.
+
+    The header is parsed too, so a manifest that places tensors where the header
+    does not is caught even when every hashed range matches.
+    """
+    yield Span(entry.real_path, 0, record.header_size, record.path), Problem(record.path, "header", "safetensors header differs")
+    try:
+        layouts[record.path] = read_layout(entry.real_path, record.path)
+    except CkptpubError as error:
+        problems.append(Problem(record.path, "header", str(error).removeprefix(f"{record.path}: ")))
+    base = record.header_size
+    for tensor in manifest.tensors:
+        if tensor.file == record.path:
+            begin, end = tensor.data_offsets
+            yield (
+                Span(entry.real_path, base + begin, base + end, f"{record.path}: tensor {tensor.name!r}"),
+                Problem(record.path, "tensor", "bytes differ", tensor.name),
+            )
+
+
+def _expected_digests(manifest: Manifest, checks: list[tuple[Span, Problem]]) -> list[str]:
+    files = {f.path: f.digest for f in manifest.files}
+    tensors = {(t.file, t.name): t.digest for t in manifest.tensors}
+    return [tensors[(p.path, p.tensor)] if p.tensor is not None else files[p.path] for _, p in checks]
+
+
+def _claims(manifest: Manifest, entries: dict[str, FolderEntry], layouts: dict[str, ShardLayout]) -> list[Problem]:
+    """With every byte matching, the manifest's layout, weights and config must be the folder's own."""
+    problems = []
+    recorded = {}
+    for t in manifest.tensors:
+        recorded.setdefault(t.file, set()).add((t.name, t.dtype, t.shape, t.data_offsets))
+    for path, layout in layouts.items():
+        actual = {(t.name, t.dtype, t.shape, (t.begin, t.end)) for t in layout.tensors}
+        if actual != recorded.get(path, set()):
+            problems.append(Problem(path, "manifest", "tensor entries do not match the file's header"))
+    try:
+        if weight_files(entries, layouts) != manifest.weights:
+            problems.append(Problem(MANIFEST_NAME, "manifest", "lists other weight files than the folder has"))
+        if config_digests(entries) != dict(manifest.config):
+            problems.append(Problem(MANIFEST_NAME, "manifest", "records another config than the folder has"))
+    except CkptpubError as error:
+        problems.append(Problem(MANIFEST_NAME, "manifest", str(error)))
+    return problems
+
+
+def _model_tensors(manifest: Manifest) -> dict[str, TensorRecord]:
+    if manifest.weights:
+        return manifest.weight_tensors()
+    return {f"{t.file}:{t.name}": t for t in manifest.tensors}
+
+
+def _meaning(tensor: TensorRecord) -> tuple:
+    return tensor.dtype, tensor.shape, tensor.digest

@@ -1,0 +1,135 @@
+"""A strict, header-only safetensors parser that never trusts a number it read.
+
+ckptpub hashes tensors by the byte ranges a shard's header declares, so the header
+must describe the file exactly: every tensor's size equals its shape times its
+dtype's width, tensors tile the data region with no overlap, hole or trailing
+byte, and every length is bounded before anything is allocated for it. Only the
+8-byte length prefix and the header are read; tensor data is left to the hasher.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from math import prod
+
+from .errors import CkptpubError
+from .strict_json import loads_strict
+
+#: The safetensors reference implementation refuses headers above 100 MB; so do we.
+MAX_HEADER_BYTES = 100_000_000
+
+#: Width in bits of each dtype the safetensors format defines.
+DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+
+
+@dataclass(frozen=True)
+class TensorSlice:
+    """One tensor as a shard's header declares it; offsets are relative to the data region."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Where a shard's header ends and which tensors tile its data region, in file order."""
+
+    header_size: int
+    tensors: tuple[TensorSlice, ...]
+
+
+def read_layout(path: str, display_name: str) -> ShardLayout:
+    """Parse the header of the safetensors file at ``path``; ``display_name`` goes in errors.
+
+    Raises ``CkptpubError`` for anything that is not a well-formed shard.
+    """
+    try:
+        with open(path, "rb") as handle:
+            file_size = os.fstat(handle.fileno()).st_size
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                raise CkptpubError(f"{display_name}: truncated safetensors file ({file_size} bytes, no header length)")
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len > MAX_HEADER_BYTES:
+                raise CkptpubError(
+                    f"{display_name}: safetensors header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit"
+                )
+            if 8 + header_len > file_size:
+                raise CkptpubError(
+                    f"{display_name}: safetensors header length {header_len} runs past the end of the file ({file_size} bytes)"
+                )
+            header = handle.read(header_len)
+    except OSError as error:
+        raise CkptpubError(f"{display_name}: cannot read: {error.strerror or error}") from None
+    if len(header) != header_len:
+        raise CkptpubError(f"{display_name}: file shrank while its header was read")
+    return parse_header(header, file_size, display_name)
+
+
+def parse_header(header: bytes, file_size: int, display_name: str) -> ShardLayout:
+    """Validate header bytes (without the length prefix) against the size of their file."""
+    header_size = 8 + len(header)
+    document = loads_strict(header, display_name, "safetensors header")
+    if not isinstance(document, dict):
+        raise CkptpubError(f"{display_name}: safetensors header is not a JSON object")
+    metadata = document.pop("__metadata__", None)
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        raise CkptpubError(f"{display_name}: __metadata__ must map strings to strings")
+    tensors = [_parse_tensor(name, entry, display_name) for name, entry in document.items()]
+    tensors.sort(key=lambda t: (t.begin, t.end))
+    data_size = file_size - header_size
+    position = 0
+    for tensor in tensors:
+        if tensor.begin != position:
+            problem = "overlaps the tensor before it" if tensor.begin < position else "leaves a hole before it"
+            raise CkptpubError(f"{display_name}: tensor {tensor.name!r} at offset {tensor.begin} {problem}")
+        position = tensor.end
+    if position > data_size:
+        raise CkptpubError(
+            f"{display_name}: tensors end at data offset {position}, past the end of the file (data region is {data_size} bytes)"
+        )
+    if position < data_size:
+        raise CkptpubError(f"{display_name}: {data_size - position} bytes after the last tensor")
+    return ShardLayout(header_size=header_size, tensors=tuple(tensors))
+
+
+def _parse_tensor(name: str, entry: object, display_name: str) -> TensorSlice:
+    where = f"{display_name}: tensor {name!r}"
+    if not name:
+        raise CkptpubError(f"{display_name}: a tensor has an empty name")
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise CkptpubError(f"{where} must have exactly dtype, shape and data_offsets")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if dtype not in DTYPE_BITS:
+        raise CkptpubError(f"{where} has unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise CkptpubError(f"{where} has an invalid shape {shape!r}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
+        raise CkptpubError(f"{where} has invalid data_offsets {offsets!r}")
+    begin, end = offsets
+    if end < begin:
+        raise CkptpubError(f"{where} has data_offsets that end before they begin")
+    bits = prod(shape) * DTYPE_BITS[dtype]
+    if bits % 8 or bits // 8 != end - begin:
+        raise CkptpubError(
+            f"{where}: shape {shape} of {dtype} needs {bits / 8:g} bytes but data_offsets span {end - begin}"
+        )
+    return TensorSlice(name=name, dtype=dtype, shape=tuple(shape), begin=begin, end=end)
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and 0 <= value < 2**63

@@ -1,0 +1,126 @@
+"""Build small, real checkpoint folders on disk for the tests.
+
+Shards are written by the real ``safetensors`` library (numpy backend) and configs
+are real JSON files, so the tests exercise ckptpub on the bytes users' tools write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "vocab_size": 128,
+}
+
+
+def model_tensors(seed: int = 0, layers: int = 2) -> dict[str, np.ndarray]:
+    """A deterministic set of tensors shaped like a tiny decoder (several dtypes)."""
+    rng = np.random.default_rng(seed)
+    tensors = {"model.embed_tokens.weight": rng.standard_normal((128, 64), dtype=np.float32)}
+    for layer in range(layers):
+        prefix = f"model.layers.{layer}."
+        tensors[prefix + "self_attn.q_proj.weight"] = rng.standard_normal((64, 64), dtype=np.float32)
+        tensors[prefix + "mlp.up_proj.weight"] = rng.standard_normal((96, 64)).astype(np.float16)
+        tensors[prefix + "input_layernorm.weight"] = np.ones(64, dtype=np.float32)
+        tensors[prefix + "step_count"] = np.array([layer], dtype=np.int64)
+    tensors["model.norm.weight"] = np.ones(64, dtype=np.float32)
+    return tensors
+
+
+def write_checkpoint(
+    folder: Path,
+    tensors: dict[str, np.ndarray] | None = None,
+    *,
+    shards: int = 1,
+    config: dict | None = None,
+    metadata: dict[str, str] | None = None,
+    extra_files: bool = True,
+) -> Path:
+    """Write a checkpoint folder: config, weights (one file or ``shards`` with an index), extras."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = model_tensors() if tensors is None else tensors
+    (folder / "config.json").write_text(json.dumps(config or CONFIG, indent=2))
+    names = sorted(tensors)
+    if shards == 1:
+        save_file({n: tensors[n] for n in names}, str(folder / "model.safetensors"), metadata=metadata)
+    else:
+        weight_map = {}
+        for index in range(shards):
+            shard = f"model-{index + 1:05d}-of-{shards:05d}.safetensors"
+            part = names[index::shards]
+            save_file({n: tensors[n] for n in part}, str(folder / shard), metadata=metadata)
+            weight_map.update({n: shard for n in part})
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    if extra_files:
+        (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "WordLevel"}}')
+        (folder / "optimizer.pt").write_bytes(bytes(range(256)) * 16)
+        (folder / "logs").mkdir(exist_ok=True)
+        (folder / "logs" / "train.txt").write_text("step 1 loss 2.0\n")
+    return folder
+
+
+def tensor_range(shard: Path, name: str) -> tuple[int, int]:
+    """Absolute byte range of ``name`` in ``shard``, read from its header."""
+    with open(shard, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+    begin, end = header[name]["data_offsets"]
+    return 8 + length + begin, 8 + length + end
+
+
+def locate(folder: Path, name: str) -> tuple[Path, int, int]:
+    """The shard holding tensor ``name`` in ``folder`` and the tensor's absolute byte range."""
+    for shard in sorted(folder.glob("*.safetensors")):
+        try:
+            return (shard, *tensor_range(shard, name))
+        except KeyError:
+            continue
+    raise KeyError(name)
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    """Invert one byte in place (size and header untouched)."""
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        value = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([value[0] ^ 0xFF]))
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file's bytes and mtime, and the folder's own mtime: to prove nothing changed."""
+    state = {".": (b"", os.stat(folder).st_mtime_ns)}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            state[str(path.relative_to(folder))] = (path.read_bytes(), path.stat().st_mtime_ns)
+    return state
+
+
+def copy_checkpoint(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target
+
+
+def run_cli(*args: object, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``python -m ckptpub`` as a real subprocess and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "ckptpub", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -1,0 +1,172 @@
+"""The CLI end to end, as a real subprocess on real checkpoint folders."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from checkpoints import copy_checkpoint, flip_byte, locate, run_cli, snapshot, tensor_range, write_checkpoint
+
+
+@pytest.fixture
+def published(tmp_path: Path) -> Path:
+    folder = write_checkpoint(tmp_path / "ckpt", shards=3)
+    result = run_cli("publish", folder)
+    assert result.returncode == 0, result.stderr
+    return folder
+
+
+def test_publish_prints_identity_and_writes_manifest(tmp_path: Path) -> None:
+    folder = write_checkpoint(tmp_path / "ckpt")
+    mtime = os.stat(folder).st_mtime_ns
+    result = run_cli("publish", folder)
+    assert result.returncode == 0
+    identity = result.stdout.strip()
+    assert identity.startswith("blake3:") and len(identity) == 7 + 64
+    manifest = json.loads((folder / "ckptpub.json").read_text())
+    assert manifest["format"] == "ckptpub/1" and manifest["identity"] == identity
+    assert {f["path"] for f in manifest["files"]} == {
+        "config.json", "model.safetensors", "tokenizer.json", "optimizer.pt", "logs/train.txt"
+    }
+    assert os.stat(folder).st_mtime_ns == mtime, "folder mtime must be restored for save_total_limit rotation"
+    assert not [p for p in os.listdir(folder) if p.endswith(".tmp")]
+
+
+def test_verify_ok_lists_every_file(published: Path) -> None:
+    result = run_cli("verify", published)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "config.json: OK" in lines and "model-00002-of-00003.safetensors: OK" in lines
+    assert all(line.endswith(": OK") for line in lines)
+    assert "OK" in result.stderr and "identity blake3:" in result.stderr
+    assert run_cli("verify", "--quiet", published).stdout == ""
+
+
+def test_verify_names_the_changed_tensor(published: Path) -> None:
+    shard = published / "model-00001-of-00003.safetensors"
+    name = "model.embed_tokens.weight"
+    begin, end = tensor_range(shard, name)
+    flip_byte(shard, begin + 4000)  # deep inside the tensor, past its first KiB
+    result = run_cli("verify", published)
+    assert result.returncode == 1
+    failed = [line for line in result.stdout.splitlines() if "FAILED" in line]
+    assert failed == [f"model-00001-of-00003.safetensors: FAILED (tensor '{name}' bytes differ)"]
+    report = json.loads(run_cli("verify", "--json", published).stdout)
+    assert report["ok"] is False
+    assert report["problems"] == [
+        {"path": "model-00001-of-00003.safetensors", "kind": "tensor", "tensor": name, "detail": "bytes differ"}
+    ]
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (lambda f: (f / "tokenizer.json").write_text("{}"), "tokenizer.json: FAILED (size: "),
+        (lambda f: flip_byte(f / "optimizer.pt", 100), "optimizer.pt: FAILED (changed: content differs)"),
+        (lambda f: (f / "logs" / "train.txt").unlink(), "logs/train.txt: FAILED (missing: "),
+        (lambda f: (f / "extra.bin").write_bytes(b"x"), "extra.bin: FAILED (added: "),
+        (lambda f: os.truncate(f / "model-00003-of-00003.safetensors", 100), "model-00003-of-00003.safetensors: FAILED (size: "),
+        (lambda f: flip_byte(f / "model-00002-of-00003.safetensors", 20), "model-00002-of-00003.safetensors: FAILED (header: "),
+    ],
+    ids=["rewritten", "flipped", "missing", "added", "truncated", "header"],
+)
+def test_verify_reports_each_kind_of_difference(published: Path, damage, expected: str) -> None:
+    damage(published)
+    result = run_cli("verify", "--quiet", published)
+    assert result.returncode == 1, result.stderr
+    assert any(line.startswith(expected) for line in result.stdout.splitlines()), result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_verify_expect_identity(published: Path, tmp_path: Path) -> None:
+    identity = run_cli("show", "--json", published).stdout
+    identity = json.loads(identity)["identity"]
+    assert run_cli("verify", "--expect-identity", identity, published).returncode == 0
+    other = "blake3:" + "0" * 64
+    result = run_cli("verify", "--expect-identity", other, published)
+    assert result.returncode == 1 and "not the expected" in result.stdout
+    assert run_cli("verify", "--expect-identity", "nonsense", published).returncode == 2
+
+
+def test_show_and_diff(published: Path, tmp_path: Path) -> None:
+    shown = json.loads(run_cli("show", "--json", published).stdout)
+    assert shown["weights"] == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    assert shown["tensors"] == 10
+    text = run_cli("show", published).stdout
+    assert text.startswith(f"identity:   {shown['identity']}\n")
+
+    other = copy_checkpoint(published, tmp_path / "other")
+    shard, begin, _ = locate(other, "model.layers.0.mlp.up_proj.weight")
+    flip_byte(shard, begin + 2000)
+    assert run_cli("publish", other).returncode == 0
+    result = run_cli("diff", published, other)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == ["changed  model.layers.0.mlp.up_proj.weight"]
+    as_json = json.loads(run_cli("diff", "--json", published, other / "ckptpub.json").stdout)
+    assert as_json["changed"] == ["model.layers.0.mlp.up_proj.weight"] and as_json["added"] == []
+    assert run_cli("diff", published, published).returncode == 0
+
+
+def test_ls_lists_steps_in_order(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    for step in (10, 5, 20):
+        write_checkpoint(run / f"checkpoint-{step}", extra_files=False)
+        assert run_cli("publish", run / f"checkpoint-{step}").returncode == 0
+    write_checkpoint(run / "checkpoint-25", extra_files=False)  # saved, not published
+    result = run_cli("ls", run)
+    assert result.returncode == 0
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert [(r[0], r[2]) for r in rows] == [("5", "checkpoint-5"), ("10", "checkpoint-10"), ("20", "checkpoint-20")]
+    listed = json.loads(run_cli("ls", "--json", run).stdout)
+    assert [r["step"] for r in listed] == [5, 10, 20] and all(r["identity"].startswith("blake3:") for r in listed)
+
+
+@pytest.mark.parametrize("verb", ["verify", "show"])
+def test_no_manifest_is_unusable(tmp_path: Path, verb: str) -> None:
+    folder = write_checkpoint(tmp_path / "ckpt")
+    before = snapshot(folder)
+    result = run_cli(verb, folder)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "no ckptpub.json" in result.stderr
+    assert snapshot(folder) == before
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"not json at all", "manifest is not valid JSON"),
+        (b"[1, 2]", "manifest is not a JSON object"),
+        (json.dumps({"format": "ckptpub/99"}).encode(), "unsupported manifest format 'ckptpub/99'"),
+        (b"\xff\xfe", "not valid UTF-8"),
+    ],
+)
+@pytest.mark.parametrize("verb", ["verify", "show"])
+def test_bad_manifest_is_unusable(published: Path, verb: str, content: bytes, message: str) -> None:
+    (published / "ckptpub.json").write_bytes(content)
+    before = snapshot(published)
+    result = run_cli(verb, published)
+    assert result.returncode == 2
+    assert result.stdout == "" and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert snapshot(published) == before
+
+
+def test_usage_errors_are_one_line(tmp_path: Path) -> None:
+    for args in [(), ("frobnicate",), ("verify",), ("publish", tmp_path / "nope"), ("verify", "--threads", "0", tmp_path)]:
+        result = run_cli(*args)
+        assert result.returncode == 2, args
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith("ckptpub: error: "), (args, result.stderr)
+
+
+def test_python_m_and_console_script_agree(published: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    script = shutil.which("ckptpub", path=os.path.dirname(sys.executable))
+    assert script, "the ckptpub console script is installed next to the interpreter"
+    direct = subprocess.run([script, "show", "--json", published], capture_output=True, text=True)
+    assert direct.returncode == 0
+    assert json.loads(direct.stdout) == json.loads(run_cli("show", "--json", published).stdout)

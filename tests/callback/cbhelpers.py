@@ -1,0 +1,47 @@
+"""Helpers for the callback tests: the tiny offline model, the CLI, folder listings.
+
+Lives in its own module (not conftest.py) so test files and subprocess scripts can
+import it by a name no other test folder uses.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(REPO / "examples"))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import train_tiny  # noqa: E402
+
+
+def cli_command() -> list[str]:
+    """The ckptpub CLI: the console script beside this Python, else ``python -m ckptpub``."""
+    script = Path(sys.executable).with_name("ckptpub")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "ckptpub"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(cli_command() + list(args), capture_output=True, text=True, timeout=120)
+
+
+def assert_verifies(folder: str | os.PathLike) -> None:
+    r = run_cli("verify", str(folder))
+    assert r.returncode == 0, f"ckptpub verify {folder}: rc={r.returncode}\n{r.stdout}\n{r.stderr}"
+
+
+def checkpoints(run_dir: str | os.PathLike) -> list[str]:
+    """Checkpoint folder names in a run, by step."""
+    names = [p.name for p in Path(run_dir).glob("checkpoint-*") if p.is_dir()]
+    return sorted(names, key=lambda n: int(n.rsplit("-", 1)[1]))
+
+
+def manifest_json(folder: str | os.PathLike) -> dict:
+    return json.loads((Path(folder) / "ckptpub.json").read_text())
+
+

@@ -1,0 +1,77 @@
+"""Language-neutral test vectors (tests/vectors/*.json) that any implementation of ckptpub/1 must reproduce.
+
+Set CKPTPUB_UPDATE_VECTORS=1 to rewrite the expected values after a deliberate
+format change (and bump the format version: old manifests must keep verifying).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import ckptpub
+from ckptpub.canonical import canonical_json
+from ckptpub.manifest import TensorRecord, compute_identity, config_digest
+
+VECTORS = Path(__file__).parent.parent / "vectors"
+UPDATE = os.environ.get("CKPTPUB_UPDATE_VECTORS") == "1"
+NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "U8": np.uint8, "BOOL": np.bool_, "I32": np.int32}
+
+
+def load(name: str) -> dict:
+    return json.loads((VECTORS / name).read_text())
+
+
+def save(name: str, document: dict) -> None:
+    (VECTORS / name).write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+
+
+def test_canonical_json_vectors() -> None:
+    document = load("canonical.json")
+    for case in document["cases"]:
+        assert canonical_json(json.loads(case["input"])).decode("utf-8") == case["canonical"], case["input"]
+
+
+def expected_for(case: dict) -> dict:
+    tensors = tuple(
+        TensorRecord(t["name"], t["dtype"], tuple(t["shape"]), "model.safetensors", (0, 0), ckptpub.tensor_digest(bytes.fromhex(t["data_hex"])))
+        for t in case["tensors"]
+    )
+    config = {"config.json": config_digest(json.loads(case["config_json"]))} if case["config_json"] is not None else {}
+    return {
+        "tensor_digests": {t.name: t.digest for t in tensors},
+        "config_digest": config.get("config.json"),
+        "identity": compute_identity(tensors, (), ("model.safetensors",), config),
+    }
+
+
+def test_identity_vectors_from_entries() -> None:
+    document = load("identity.json")
+    if UPDATE:
+        for case in document["cases"]:
+            case["expected"] = expected_for(case)
+        save("identity.json", document)
+    for case in document["cases"]:
+        assert expected_for(case) == case["expected"], case["description"]
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_identity_vectors_from_real_files(tmp_path: Path, shards: int) -> None:
+    for index, case in enumerate(load("identity.json")["cases"]):
+        folder = tmp_path / f"case{index}"
+        folder.mkdir()
+        arrays = {
+            t["name"]: np.frombuffer(bytes.fromhex(t["data_hex"]), dtype=NUMPY_DTYPES[t["dtype"]]).reshape(t["shape"])
+            for t in case["tensors"]
+        }
+        names = sorted(arrays)
+        for shard in range(shards):
+            save_file({n: arrays[n] for n in names[shard::shards]}, str(folder / f"w{shard}.safetensors"))
+        if case["config_json"] is not None:
+            (folder / "config.json").write_text(case["config_json"])
+        assert ckptpub.build_manifest(folder).identity == case["expected"]["identity"], case["description"]

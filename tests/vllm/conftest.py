@@ -1,0 +1,65 @@
+"""Shared fixtures: one set of tiny checkpoints and one engine run per test session.
+
+vLLM engine starts are the expensive part (about 25 s for the first, a few seconds
+for each further one in the same process), so every engine-level test reads its
+result from a single ``run_engine.py`` subprocess started once per session.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+ckptpub = pytest.importorskip("ckptpub")
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from vllm_engine_helpers import TAMPERED_TENSOR, run_engines  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, str]:
+    """v1 (12 shards, published); tampered (one tensor zeroed, v1's manifest);
+    republished (tampered, published again); nomanifest; stale (a shard grew)."""
+    from ckptpub_vllm.testing import build_tiny_qwen3, copy_with_zeroed_tensor
+
+    root = tmp_path_factory.mktemp("ckpts")
+    v1 = build_tiny_qwen3(str(root / "v1"), max_shard_size="150KB")
+    ckptpub.publish(v1)
+    tampered = copy_with_zeroed_tensor(v1, str(root / "tampered"), TAMPERED_TENSOR)
+    republished = shutil.copytree(tampered, str(root / "republished"))
+    ckptpub.publish(republished)
+    nomanifest = shutil.copytree(v1, str(root / "nomanifest"))
+    os.remove(os.path.join(nomanifest, ckptpub.MANIFEST_NAME))
+    stale = shutil.copytree(v1, str(root / "stale"))
+    with open(os.path.join(stale, "model-00003-of-00012.safetensors"), "ab") as f:
+        f.write(b"\0" * 16)
+    return {"v1": v1, "tampered": tampered, "republished": republished, "nomanifest": nomanifest, "stale": stale}
+
+
+ENGINE_JOBS = {
+    "v1_auto": ("v1", "auto", {}),
+    "v1_manifest": ("v1", "manifest_cache", {}),
+    "tampered_manifest": ("tampered", "manifest_cache", {}),
+    "republished_manifest": ("republished", "manifest_cache", {}),
+    "republished_auto": ("republished", "auto", {}),
+    "nomanifest_manifest": ("nomanifest", "manifest_cache", {}),
+    "nomanifest_required": ("nomanifest", "manifest_cache", {"require_manifest": True}),
+    "stale_manifest": ("stale", "manifest_cache", {}),
+    "tampered_unverified": ("tampered", "manifest_cache", {"verify": False}),
+    "v1_bad_option": ("v1", "manifest_cache", {"no_such_option": 1}),
+}
+
+
+@pytest.fixture(scope="session")
+def engine_results(models) -> tuple[dict[str, dict], str]:
+    """All engine jobs above, run in one subprocess (in-process engine cores)."""
+    names = list(ENGINE_JOBS)
+    jobs = [{"model": models[m], "load_format": fmt, "extra": extra} for m, fmt, extra in ENGINE_JOBS.values()]
+    results, log = run_engines(jobs)
+    return dict(zip(names, results)), log

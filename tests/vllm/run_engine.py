@@ -1,0 +1,52 @@
+"""Run vLLM CPU engines for the tests and print one JSON result line per job.
+
+Usage: ``python run_engine.py JOBS_JSON`` where JOBS_JSON is a list of
+``{"model": DIR, "load_format": "auto"|"manifest_cache", "extra": {...}}``.
+Each result is printed as ``CKPTPUB_RESULT {"tokens": [[...], ...]}`` or
+``CKPTPUB_RESULT {"error": "<one line>"}``. The engine core runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a loader error reaches ``LLM()`` with its
+own message, and several engines run one after the other in one interpreter,
+paying vLLM's import once. A separate process keeps vLLM's global state out of pytest.
+"""
+
+import gc
+import json
+import os
+import sys
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+PROMPTS = ["the quick brown fox", "a checkpoint is"]
+
+
+def run(job):
+    from vllm import LLM, SamplingParams
+
+    llm = None
+    try:
+        llm = LLM(model=job["model"], load_format=job.get("load_format", "auto"),
+                  model_loader_extra_config=job.get("extra") or {}, dtype="float32", max_model_len=128,
+                  enforce_eager=True, max_num_seqs=2, kv_cache_memory_bytes=64 << 20, seed=0)
+        outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+        return {"tokens": [list(o.outputs[0].token_ids) for o in outs], "text": [o.outputs[0].text for o in outs]}
+    except Exception as e:  # report, the test decides
+        return {"error": " ".join(f"{type(e).__name__}: {e}".split())}
+    finally:
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:
+                pass
+        del llm
+        gc.collect()
+        try:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
+        except Exception:
+            pass
+
+
+if __name__ == "__main__":
+    for job in json.loads(sys.argv[1]):
+        print("CKPTPUB_RESULT " + json.dumps(run(job)), flush=True)

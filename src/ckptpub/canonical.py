@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-from decimal import Decimal
 from typing import Any
 
 _MAX_EXACT_INT = 2**53
@@ -77,6 +76,8 @@ def _format_float(value: float) -> str:
         raise ValueError("canonical JSON has no NaN or Infinity")
     if value == 0:
         return "0"
+    from decimal import Decimal  # only configs with floats need it; keeps CLI start-up short
+
     sign = "-" if value < 0 else ""
     # repr gives the shortest digit string that round-trips, as ECMAScript requires.
     _, digit_tuple, exponent = Decimal(repr(abs(value))).normalize().as_tuple()

@@ -13,15 +13,17 @@ import json
 import os
 import re
 import sys
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from . import __version__
-from .compare import ManifestDiff, VerifyReport, diff_manifests, verify
 from .errors import CkptpubError
-from .manifest import MANIFEST_NAME, Manifest
+from .manifest import MANIFEST_NAME
 from .progress import ProgressBar
-from .publish import publish
 from .read import read_manifest
+
+if TYPE_CHECKING:
+    from .compare import ManifestDiff, VerifyReport
+    from .manifest import Manifest
 
 EXIT_OK, EXIT_MISMATCH, EXIT_UNUSABLE = 0, 1, 2
 _STEP_FOLDER = re.compile(r"checkpoint[-_](\d+)\Z")
@@ -51,7 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_UNUSABLE
 
 
+# Each command imports what it alone needs: start-up time is part of every run.
+
+
 def _cmd_publish(args: argparse.Namespace) -> int:
+    from .publish import publish
+
     bar = ProgressBar("hashing")
     try:
         manifest = publish(args.folder, threads=args.threads, use_mmap=not args.no_mmap, on_progress=bar)
@@ -69,6 +76,8 @@ def _cmd_publish(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from .compare import verify
+
     bar = ProgressBar("verifying")
     try:
         report = verify(args.folder, expect_identity=args.expect_identity, threads=args.threads,
@@ -107,6 +116,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
+    from .compare import diff_manifests
+
     difference = diff_manifests(read_manifest(args.a), read_manifest(args.b))
     if args.json:
         _print_json(_diff_json(difference))

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import CkptpubError
-from .hashing import Span, hash_spans
+from .hashing import ProgressCallback, Span, hash_spans
 from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
 from .model_files import config_digests, weight_files
-from .publish import ProgressCallback
 from .read import read_manifest
 from .safetensors import ShardLayout, read_layout
 from .scan import FolderEntry, resolve_folder, scan_folder
@@ -24,8 +23,7 @@ from .scan import FolderEntry, resolve_folder, scan_folder
 _IDENTITY = re.compile(r"blake3:[0-9a-f]{64}\Z")
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
     """One difference between the folder and its manifest.
 
     ``kind`` is one of ``missing``, ``added``, ``size``, ``changed`` (a whole file),
@@ -40,8 +38,7 @@ class Problem:
     tensor: str | None = None
 
 
-@dataclass(frozen=True)
-class VerifyReport:
+class VerifyReport(NamedTuple):
     """The outcome of ``verify``: every file checked, and every problem found."""
 
     manifest: Manifest
@@ -53,8 +50,7 @@ class VerifyReport:
         return not self.problems
 
 
-@dataclass(frozen=True)
-class ManifestDiff:
+class ManifestDiff(NamedTuple):
     """Model tensors whose bytes, dtype or shape differ (``changed``), or that only one side has."""
 
     identity_a: str

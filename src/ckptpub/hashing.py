@@ -10,13 +10,16 @@ Performance choices, measured in ``docs/performance.md``:
   (anonymous) memory stays small whatever the checkpoint size. On a spinning disk
   or a network file system where a sequential ``pread`` stream beats page-fault
   driven reads, pass ``use_mmap=False``: each worker then reads through one
-  reusable ``CHUNK_BYTES`` buffer.
+  reusable ``READ_BUFFER_BYTES`` buffer, so memory stays bounded by the thread count.
 * Parallel across spans: ``threads`` workers (default: the CPU count) take spans
   largest first, so the tail of the run is short spans. The ``blake3`` module
   releases the GIL for inputs of 2 KiB and more, so Python threads hash in parallel.
-* Large spans split across cores: a span of ``SPLIT_BYTES`` or more is hashed with
-  BLAKE3's own multi-threaded tree mode, so one huge embedding does not leave other
-  cores idle at the end.
+* One hasher per span, single-threaded, is the cheapest way to hash: BLAKE3's
+  multi-threaded mode (what b3sum uses per file) splits work down to 16 KiB pieces
+  and pays for every split, measurably (see docs/performance.md). Only a span too
+  big to balance (more than ``1 / (2 * threads)`` of all bytes, and at least
+  ``SPLIT_MIN_BYTES``) is hashed with all cores, in a first phase on its own, so
+  one huge embedding cannot leave cores idle at the end.
 * Spans are fed in ``CHUNK_BYTES`` pieces so progress can be reported while a large
   tensor is hashed; the piece size is far above BLAKE3's chunk size, so it costs nothing.
 """
@@ -26,21 +29,21 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 import blake3
 
 from .errors import CkptpubError
 
 DIGEST_PREFIX = "blake3:"
-SPLIT_BYTES = 16 << 20
+#: ``on_progress(done_bytes, total_bytes)``, called as hashing advances.
+ProgressCallback = Callable[[int, int], None]
+SPLIT_MIN_BYTES = 32 << 20
 CHUNK_BYTES = 64 << 20
+READ_BUFFER_BYTES = 8 << 20
 
 
-@dataclass(frozen=True)
-class Span:
+class Span(NamedTuple):
     """Bytes ``[start, end)`` of the file at ``path``; ``name`` is used in error messages."""
 
     path: str
@@ -75,7 +78,7 @@ def hash_spans(
     *,
     threads: int | None = None,
     use_mmap: bool = True,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: ProgressCallback | None = None,
 ) -> list[str]:
     """Return the digest of each span, in the order given.
 
@@ -83,26 +86,54 @@ def hash_spans(
     (from worker threads, one call at a time). Raises ``CkptpubError`` naming the file when one cannot be
     read or is shorter than a span needs.
     """
-    workers = threads or default_threads()
+    workers = min(threads or default_threads(), max(1, len(spans)))
     report = _progress_reporter(sum(s.size for s in spans), on_progress)
+    digests: list[str] = [""] * len(spans)
+    # Largest first, so the last spans to finish are short ones and no core idles long.
+    order = sorted(range(len(spans)), key=lambda i: spans[i].size, reverse=True)
+    split_above = max(SPLIT_MIN_BYTES, sum(s.size for s in spans) // (2 * workers))
+    huge = [i for i in order if workers > 1 and spans[i].size > split_above]
     with _Files(use_mmap) as files:
-        order = sorted(range(len(spans)), key=lambda i: spans[i].size, reverse=True)
-        digests: list[str] = [""] * len(spans)
-
-        def run(index: int) -> None:
-            digests[index] = _hash_span(spans[index], files, report)
-
-        if workers == 1 or len(spans) < 2:
-            for index in order:
-                run(index)
-        else:
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptpub-hash") as pool:
-                for future in [pool.submit(run, index) for index in order]:
-                    future.result()
+        for index in huge:
+            digests[index] = _hash_span(spans[index], files, report, all_cores=True)
+        rest = order[len(huge):]
+        _run_parallel(rest, lambda i: digests.__setitem__(i, _hash_span(spans[i], files, report)), workers)
     return digests
 
 
-def _progress_reporter(total: int, on_progress: Callable[[int, int], None] | None) -> Callable[[int], None]:
+def _run_parallel(items: list[int], work: Callable[[int], None], workers: int) -> None:
+    """Run ``work`` on every item with ``workers`` threads taking the next item in turn.
+
+    A plain thread loop rather than concurrent.futures: it keeps the CLI's start-up
+    (which b3sum does not pay) a few milliseconds shorter. The first error stops the
+    other workers and is raised here.
+    """
+    pending = iter(items)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        while not errors:
+            with lock:
+                item = next(pending, None)
+            if item is None:
+                return
+            try:
+                work(item)
+            except BaseException as error:  # handed to the caller below
+                errors.append(error)
+
+    helpers = [threading.Thread(target=worker, name="ckptpub-hash", daemon=True) for _ in range(workers - 1)]
+    for thread in helpers:
+        thread.start()
+    worker()
+    for thread in helpers:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+def _progress_reporter(total: int, on_progress: ProgressCallback | None) -> Callable[[int], None]:
     if on_progress is None:
         return lambda _: None
     done = 0
@@ -117,8 +148,8 @@ def _progress_reporter(total: int, on_progress: Callable[[int, int], None] | Non
     return advance
 
 
-def _hash_span(span: Span, files: "_Files", report: Callable[[int], None]) -> str:
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO) if span.size >= SPLIT_BYTES else blake3.blake3()
+def _hash_span(span: Span, files: "_Files", report: Callable[[int], None], all_cores: bool = False) -> str:
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO) if all_cores else blake3.blake3()
     for piece in files.pieces(span):
         hasher.update(piece)
         report(len(piece))
@@ -162,7 +193,7 @@ class _Files:
         buffer = self._buffer()
         offset = span.start
         while offset < span.end:
-            want = min(CHUNK_BYTES, span.end - offset)
+            want = min(READ_BUFFER_BYTES, span.end - offset)
             view = memoryview(buffer)[:want]
             got = _pread_into(fd, view, offset, span.name)
             yield view[:got]
@@ -195,7 +226,7 @@ class _Files:
     def _buffer(self) -> bytearray:
         buffer = getattr(self._local, "buffer", None)
         if buffer is None:
-            buffer = self._local.buffer = bytearray(CHUNK_BYTES)
+            buffer = self._local.buffer = bytearray(READ_BUFFER_BYTES)
         return buffer
 
 

@@ -11,8 +11,7 @@ copied from another checkpoint is refused instead of being trusted.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from .canonical import canonical_json
 from .errors import CkptpubError
@@ -30,8 +29,7 @@ CONFIG_FILES = ("config.json", "adapter_config.json")
 _DIGEST = re.compile(r"blake3:[0-9a-f]{64}\Z")
 
 
-@dataclass(frozen=True)
-class TensorRecord:
+class TensorRecord(NamedTuple):
     """One tensor: where it lies (``file``, ``data_offsets`` relative to the data region) and its digest."""
 
     name: str
@@ -42,8 +40,7 @@ class TensorRecord:
     digest: str
 
 
-@dataclass(frozen=True)
-class FileRecord:
+class FileRecord(NamedTuple):
     """One file of the folder.
 
     For a safetensors file ``header_size`` is set and ``digest`` covers bytes
@@ -58,8 +55,7 @@ class FileRecord:
     header_size: int | None = None
 
 
-@dataclass(frozen=True)
-class Manifest:
+class Manifest(NamedTuple):
     """A parsed, validated manifest. Build one with ``publish``/``build_manifest`` or ``parse_manifest``."""
 
     identity: str
@@ -67,7 +63,7 @@ class Manifest:
     files: tuple[FileRecord, ...]
     weights: tuple[str, ...]
     config: Mapping[str, str]
-    provenance: Mapping[str, Any] = field(default_factory=dict)
+    provenance: Mapping[str, Any]
 
     def weight_tensors(self) -> dict[str, TensorRecord]:
         """The model's tensors (those in ``weights`` files) by name."""

@@ -8,22 +8,18 @@ the Trainer's ``save_total_limit`` rotation orders checkpoints by it.
 
 from __future__ import annotations
 
-import datetime
 import os
-import secrets
-from typing import Any, Callable, Mapping
+import time
+from typing import Any, Mapping
 
 from . import __version__
 from .canonical import canonical_json
 from .errors import CkptpubError
-from .hashing import Span, hash_spans
+from .hashing import ProgressCallback, Span, hash_spans
 from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, compute_identity
 from .model_files import config_digests, weight_files
 from .safetensors import ShardLayout, read_layout
 from .scan import TEMP_PREFIX, TEMP_SUFFIX, FolderEntry, resolve_folder, restat, scan_folder
-
-ProgressCallback = Callable[[int, int], None]
-
 
 def build_manifest(
     folder: str | os.PathLike[str],
@@ -97,7 +93,7 @@ def publish(
 def write_manifest(root: str, manifest: Manifest, mode: int) -> None:
     """Write ``manifest`` into the real folder ``root``: temp file, fsync, rename, fsync the folder."""
     target = os.path.join(root, MANIFEST_NAME)
-    temp = os.path.join(root, f"{TEMP_PREFIX}{secrets.token_hex(8)}{TEMP_SUFFIX}")
+    temp = os.path.join(root, f"{TEMP_PREFIX}{os.urandom(8).hex()}{TEMP_SUFFIX}")
     data = manifest.to_json()
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
@@ -136,7 +132,7 @@ def _provenance(extra: Mapping[str, Any] | None) -> dict[str, Any]:
     producer = dict(provenance.get("producer") or {})
     producer["ckptpub"] = __version__
     provenance["producer"] = producer
-    provenance.setdefault("created", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    provenance.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     try:
         canonical_json(provenance)
     except (TypeError, ValueError) as error:

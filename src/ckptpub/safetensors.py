@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
 from math import prod
+from typing import NamedTuple
 
 from .errors import CkptpubError
 from .strict_json import loads_strict
@@ -31,8 +31,7 @@ DTYPE_BITS = {
 }
 
 
-@dataclass(frozen=True)
-class TensorSlice:
+class TensorSlice(NamedTuple):
     """One tensor as a shard's header declares it; offsets are relative to the data region."""
 
     name: str
@@ -42,8 +41,7 @@ class TensorSlice:
     end: int
 
 
-@dataclass(frozen=True)
-class ShardLayout:
+class ShardLayout(NamedTuple):
     """Where a shard's header ends and which tensors tile its data region, in file order."""
 
     header_size: int

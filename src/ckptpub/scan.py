@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import CkptpubError
 from .manifest import MANIFEST_NAME
@@ -24,8 +24,7 @@ TEMP_SUFFIX = ".tmp"
 MAX_FILES = 200_000
 
 
-@dataclass(frozen=True)
-class FolderEntry:
+class FolderEntry(NamedTuple):
     """A file that counts: its '/'-separated path in the folder, where to open it, and its stat."""
 
     path: str

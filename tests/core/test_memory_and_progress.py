@@ -1,0 +1,121 @@
+"""The process's own memory stays small whatever the checkpoint size; the progress bar shows on a terminal only."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptpub.progress import ProgressBar
+
+SHARD_BYTES = 1 << 30  # two 1 GiB shards of zeros, written sparse so the test costs no disk
+
+
+def sparse_shard(path: Path, data_bytes: int, tensor_bytes: int = 64 << 20) -> None:
+    """A valid safetensors file of U8 tensors whose data is a hole (reads as zeros)."""
+    header = {
+        f"{path.stem}.t{i}": {"dtype": "U8", "shape": [tensor_bytes], "data_offsets": [i * tensor_bytes, (i + 1) * tensor_bytes]}
+        for i in range(data_bytes // tensor_bytes)
+    }
+    encoded = json.dumps(header).encode()
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(encoded)) + encoded)
+        handle.truncate(8 + len(encoded) + data_bytes)
+
+
+@pytest.fixture(scope="module")
+def big_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("big")
+    for index in range(2):
+        sparse_shard(folder / f"model-{index}.safetensors", SHARD_BYTES)
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+def peak_anonymous_kib(command: list[str]) -> tuple[int, subprocess.CompletedProcess]:
+    """Run ``command``, sampling /proc/PID/status RssAnon (memory it owns, not mapped file pages)."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = 0
+    while process.poll() is None:
+        try:
+            with open(f"/proc/{process.pid}/status") as status:
+                for line in status:
+                    if line.startswith("RssAnon:"):
+                        peak = max(peak, int(line.split()[1]))
+        except OSError:
+            break
+        time.sleep(0.005)
+    stdout, stderr = process.communicate()
+    return peak, subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize("mode", [[], ["--no-mmap"]], ids=["mmap", "pread"])
+def test_anonymous_memory_stays_under_256_mib(big_checkpoint: Path, mode: list[str]) -> None:
+    for verb in ("publish", "verify"):
+        peak, result = peak_anonymous_kib([sys.executable, "-m", "ckptpub", verb, *mode, str(big_checkpoint)])
+        assert result.returncode == 0, result.stderr
+        assert 0 < peak < 256 * 1024, f"{verb} {mode}: peak RssAnon {peak} KiB"
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_draws_on_a_terminal_after_a_delay() -> None:
+    terminal = FakeTerminal()
+    bar = ProgressBar("hashing", terminal)
+    bar(10, 100)
+    assert terminal.getvalue() == "", "nothing is drawn for work that finishes quickly"
+    bar.started -= 1.0
+    bar(50, 100)
+    assert terminal.getvalue().startswith("\rhashing [###############...............]  50%")
+    bar.close()
+    assert terminal.getvalue().endswith("\r\x1b[K")
+
+
+def test_progress_bar_silent_when_not_a_terminal(big_checkpoint: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ckptpub", "verify", "--threads", "1", str(big_checkpoint)],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 0
+    assert "\r" not in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_progress_bar_on_a_real_terminal(big_checkpoint: Path) -> None:
+    """Through a pseudo-terminal, as a user at a shell sees it (hashing 2 GiB on one thread takes > 0.5 s)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ckptpub", "verify", "--threads", "1", "--no-mmap", str(big_checkpoint)],
+        stdout=subprocess.DEVNULL, stderr=follower,
+    )
+    os.close(follower)
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: _drain(leader, chunks), daemon=True)
+    reader.start()
+    assert process.wait(timeout=120) == 0
+    reader.join(timeout=5)
+    output = b"".join(chunks).decode(errors="replace")
+    assert "verifying [" in output and "GB/s" in output, output
+
+
+def _drain(fd: int, chunks: list[bytes]) -> None:
+    while True:
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            return
+        if not data:
+            return
+        chunks.append(data)

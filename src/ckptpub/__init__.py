@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .errors import CkptpubError
     from .hashing import digest_bytes as tensor_digest
     from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
-    from .publish import build_manifest, publish
+    from .publishing import build_manifest, publish
     from .read import read_manifest
 
 _WHERE = {
@@ -36,9 +36,9 @@ _WHERE = {
     "PublishCallback": ("callback", "PublishCallback"),
     "TensorRecord": ("manifest", "TensorRecord"),
     "VerifyReport": ("compare", "VerifyReport"),
-    "build_manifest": ("publish", "build_manifest"),
+    "build_manifest": ("publishing", "build_manifest"),
     "diff_manifests": ("compare", "diff_manifests"),
-    "publish": ("publish", "publish"),
+    "publish": ("publishing", "publish"),
     "publish_accelerate_state": ("callback", "publish_accelerate_state"),
     "read_manifest": ("read", "read_manifest"),
     "tensor_digest": ("hashing", "digest_bytes"),

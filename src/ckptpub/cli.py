@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
-    from .publish import publish
+    from .publishing import publish
 
     bar = ProgressBar("hashing")
     try:

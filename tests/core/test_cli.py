@@ -170,3 +170,19 @@ def test_python_m_and_console_script_agree(published: Path) -> None:
     direct = subprocess.run([script, "show", "--json", published], capture_output=True, text=True)
     assert direct.returncode == 0
     assert json.loads(direct.stdout) == json.loads(run_cli("show", "--json", published).stdout)
+
+
+def test_public_names_survive_submodule_imports() -> None:
+    """Importing every submodule must not shadow a public function (``ckptpub.publish`` stays callable)."""
+    import importlib
+    import pkgutil
+
+    import ckptpub
+
+    for module in pkgutil.iter_modules(ckptpub.__path__):
+        if module.name not in ("callback", "__main__"):
+            importlib.import_module(f"ckptpub.{module.name}")
+    for name in ckptpub.__all__:
+        if name not in ("PublishCallback", "publish_accelerate_state"):
+            assert not type(getattr(ckptpub, name)).__name__ == "module", name
+    assert callable(ckptpub.publish) and callable(ckptpub.verify)

@@ -5,12 +5,13 @@ the three commands interleaved (order rotated each round, page cache warm) and
 prints median wall times, throughput, the ratio to b3sum, and the peak anonymous
 memory (RssAnon: the process's own memory, not mapped file pages) of ckptpub.
 
-    python benchmarks/bench_hash.py [--dir /tmp/ckptpub-bench] [--rounds 9] [--gb 2.1]
+    python benchmarks/bench_hash.py [--dir /tmp/ckptpub-bench-hash] [--rounds 9] [--gb 2.1]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -28,7 +29,7 @@ HIDDEN, INTERMEDIATE, VOCAB = 2048, 5632, 32000
 
 def build_checkpoint(folder: Path, target_gb: float) -> None:
     """A Llama-shaped float32 model cut into 4 shards, random bytes so nothing compresses or dedups."""
-    marker = folder / f".complete-{target_gb}"
+    marker = folder.parent / f"{folder.name}.complete-{target_gb}"  # outside: the folder is hashed whole
     if marker.exists():
         return
     shutil.rmtree(folder, ignore_errors=True)
@@ -94,7 +95,7 @@ def timed(command: list[str]) -> tuple[float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/ckptpub-bench"))
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/ckptpub-bench-hash"))
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--gb", type=float, default=2.1)
     args = parser.parse_args()
@@ -103,8 +104,7 @@ def main() -> None:
         sys.exit("bench: b3sum is not installed (apt-get install b3sum)")
     ckptpub = str(Path(sys.executable).parent / "ckptpub")
     build_checkpoint(args.dir, args.gb)
-    files = sorted(str(p) for p in args.dir.iterdir() if p.is_file() and not p.name.startswith("."))
-    files = [f for f in files if not f.endswith("ckptpub.json")]
+    files = sorted(str(p) for p in args.dir.iterdir() if p.name != "ckptpub.json")
     size = sum(os.path.getsize(f) for f in files)
     commands = {
         "b3sum": [b3sum, *files],
@@ -122,7 +122,7 @@ def main() -> None:
             times[name].append(elapsed)
             peaks[name] = max(peaks[name], peak)
     reference = statistics.median(times["b3sum"])
-    tensors = sum(1 for _ in open(os.path.join(args.dir, "ckptpub.json")).read().split('"data_offsets"')) - 1
+    tensors = len(json.loads((args.dir / "ckptpub.json").read_text())["tensors"])
     print(f"checkpoint: {args.dir} ({size / 1e9:.2f} GB, {len(files)} files, {tensors} tensors), "
           f"{args.rounds} interleaved rounds, warm page cache, {os.cpu_count()} CPUs")
     print(f"{'command':<18}{'median s':>10}{'min s':>9}{'GB/s':>8}{'vs b3sum':>10}{'peak anon MiB':>15}")

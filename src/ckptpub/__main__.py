@@ -1,7 +1,5 @@
 """``python -m ckptpub``: the same CLI as the ``ckptpub`` command."""
 
-import sys
+from .cli import run
 
-from .cli import main
-
-sys.exit(main())
+run()

@@ -42,6 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CkptpubError as error:
         _fail(str(error))
         return EXIT_UNUSABLE
+    except BrokenPipeError:  # the reader of stdout went away (``ckptpub verify | head``)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # what a shell reports for SIGPIPE
     except OSError as error:
         _fail(f"{error.filename or ''}: {error.strerror or error}".lstrip(": "))
         return EXIT_UNUSABLE
@@ -54,6 +57,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # Each command imports what it alone needs: start-up time is part of every run.
+
+
+def run() -> None:
+    """Console entry point: ``main()``, then exit without tearing the interpreter down.
+
+    Everything the command wrote is flushed (and a manifest is fsynced) before this
+    point, so skipping module teardown loses nothing and saves a few milliseconds of
+    every run, which matter when the whole run is a fraction of a second.
+    """
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:
+        code = code or 128 + 13
+    os._exit(code)
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:

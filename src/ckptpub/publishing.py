@@ -85,8 +85,10 @@ def publish(
     root = resolve_folder(folder)
     before = os.stat(root)
     manifest, entries = _build(root, provenance, threads, use_mmap, on_progress)
-    write_manifest(root, manifest, _file_mode(entries))
-    os.utime(root, ns=(before.st_atime_ns, before.st_mtime_ns))
+    try:
+        write_manifest(root, manifest, _file_mode(entries))
+    finally:  # a failed write created and removed a temp file: the folder's mtime is restored then too
+        os.utime(root, ns=(before.st_atime_ns, before.st_mtime_ns))
     return manifest
 
 

@@ -30,10 +30,11 @@ def read_manifest(location: str | os.PathLike[str]) -> Manifest:
         if error.errno == errno.ELOOP:
             raise CkptpubError(f"{manifest_path}: is a symlink; a manifest must be a plain file") from None
         raise CkptpubError(f"{manifest_path}: cannot read: {error.strerror or error}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise CkptpubError(f"{manifest_path}: not a regular file")
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise CkptpubError(f"{manifest_path}: not a regular file")
         if info.st_size > MAX_MANIFEST_BYTES:
             raise CkptpubError(f"{manifest_path}: {info.st_size} bytes is over the {MAX_MANIFEST_BYTES}-byte manifest limit")
         try:

@@ -30,11 +30,21 @@ _STEP_FOLDER = re.compile(r"checkpoint[-_](\d+)\Z")
 _LS_DEPTH = 3
 
 
+#: Entry-point group through which other distributions add commands (``ckptpub preload``
+#: comes from ckptpub-vllm). Each entry point is a ``main(argv: list[str]) -> int``.
+COMMANDS_GROUP = "ckptpub.commands"
+_BUILTIN = ("publish", "verify", "show", "diff", "ls")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
-    parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(argv)
+        if argv and argv[0] not in _BUILTIN and not argv[0].startswith("-"):
+            extension = _extension_command(argv[0])
+            if extension is not None:
+                return extension(argv[1:])
+        args = _parser().parse_args(argv)
         return args.run(args)
     except _UsageError as error:
         _fail(f"{error} (see 'ckptpub --help')")
@@ -176,6 +186,20 @@ def _cmd_ls(args: argparse.Namespace) -> int:
             print(f"{step:>8}  {row['identity'] or 'UNUSABLE':<71}  {_safe(row['path'])}")
     _note(f"{len(rows)} published checkpoints under {args.run_dir}" + (f", {unusable} unusable" if unusable else ""))
     return EXIT_UNUSABLE if unusable else EXIT_OK
+
+
+def _extension_command(name: str):
+    """The ``main`` registered for ``name`` by an installed distribution, if any.
+
+    Looked up only for names that are not built in, so built-in commands never pay
+    for scanning installed distributions.
+    """
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=COMMANDS_GROUP):
+        if entry.name == name:
+            return entry.load()
+    return None
 
 
 def _published_folders(run_dir: str):

@@ -186,3 +186,22 @@ def test_public_names_survive_submodule_imports() -> None:
         if name not in ("PublishCallback", "publish_accelerate_state"):
             assert not type(getattr(ckptpub, name)).__name__ == "module", name
     assert callable(ckptpub.publish) and callable(ckptpub.verify)
+
+
+def test_commands_from_other_distributions(tmp_path: Path) -> None:
+    """A distribution adds ``ckptpub NAME`` through the ``ckptpub.commands`` entry-point group."""
+    import subprocess
+    import sys
+
+    (tmp_path / "hello_cmd.py").write_text(
+        "def main(argv):\n    print('hello', *argv)\n    return 7\n"
+    )
+    info = tmp_path / "hello_cmd-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hello-cmd\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[ckptpub.commands]\nhello = hello_cmd:main\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    result = subprocess.run([sys.executable, "-m", "ckptpub", "hello", "a", "b"], capture_output=True, text=True, env=env)
+    assert (result.returncode, result.stdout) == (7, "hello a b\n")
+    unknown = subprocess.run([sys.executable, "-m", "ckptpub", "nope"], capture_output=True, text=True, env=env)
+    assert unknown.returncode == 2 and "invalid choice: 'nope'" in unknown.stderr

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
     from .publishing import build_manifest, publish
     from .read import read_manifest
+    from .run_index import read as read_run_index
 
 _WHERE = {
     "MANIFEST_NAME": ("manifest", "MANIFEST_NAME"),
@@ -41,6 +42,7 @@ _WHERE = {
     "publish": ("publishing", "publish"),
     "publish_accelerate_state": ("callback", "publish_accelerate_state"),
     "read_manifest": ("read", "read_manifest"),
+    "read_run_index": ("run_index", "read"),
     "tensor_digest": ("hashing", "digest_bytes"),
     "verify": ("compare", "verify"),
 }

@@ -53,13 +53,16 @@ ENGINE_JOBS = {
     "stale_manifest": ("stale", "manifest_cache", {}),
     "tampered_unverified": ("tampered", "manifest_cache", {"verify": False}),
     "v1_bad_option": ("v1", "manifest_cache", {"no_such_option": 1}),
+    "v1_no_fallback": ("v1", "manifest_cache", {"fallback": False}),
 }
 
 
 @pytest.fixture(scope="session")
 def engine_results(models) -> tuple[dict[str, dict], str]:
     """All engine jobs above, run in one subprocess (in-process engine cores)."""
-    names = list(ENGINE_JOBS)
-    jobs = [{"model": models[m], "load_format": fmt, "extra": extra} for m, fmt, extra in ENGINE_JOBS.values()]
+    pinned = {"expect_identity": ckptpub.read_manifest(models["v1"]).identity}
+    all_jobs = dict(ENGINE_JOBS, v1_pinned=("v1", "manifest_cache", pinned), republished_pinned=("republished", "manifest_cache", pinned))
+    names = list(all_jobs)
+    jobs = [{"model": models[m], "load_format": fmt, "extra": extra} for m, fmt, extra in all_jobs.values()]
     results, log = run_engines(jobs)
     return dict(zip(names, results)), log

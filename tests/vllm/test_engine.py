@@ -61,9 +61,21 @@ def test_verification_can_be_turned_off_and_says_so(engine_results):
     assert "WITHOUT verification" in log
 
 
+def test_pinned_identity_serves_that_model_and_refuses_any_other(engine_results):
+    results, _ = engine_results
+    assert results["v1_pinned"].get("tokens") == results["v1_auto"]["tokens"]
+    error = results["republished_pinned"].get("error", "")
+    assert "is not the expected" in error, error
+
+
 def test_unknown_option_is_rejected_by_vllm(engine_results):
     error = engine_results[0]["v1_bad_option"].get("error", "")
     assert "no_such_option" in error
+
+
+def test_no_fallback_on_a_platform_without_cuda_ipc_is_refused(engine_results):
+    error = engine_results[0]["v1_no_fallback"].get("error", "")
+    assert "fallback is false" in error and "no CUDA IPC" in error, error
 
 
 def test_plugin_loads_in_spawned_engine_core(models):

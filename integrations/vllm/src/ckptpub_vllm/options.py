@@ -1,0 +1,66 @@
+"""Options of ``--load-format manifest_cache``, taken out of ``--model-loader-extra-config``.
+
+vLLM's ``IpcModelLoader`` rejects extra-config keys it does not know, so ours are
+popped first and everything else (``socket_path``, ``socket_dir``, ``mode``,
+``fallback``, ``connect_timeout_s``, ``state_timeout_s``) is handed on unchanged.
+
+Environment: ``CKPTPUB_REQUIRE_MANIFEST=1`` fails closed on folders without a
+manifest in every process, including ``vllm preload`` daemons, which never see the
+engine's extra config.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+REQUIRE_MANIFEST_ENV = "CKPTPUB_REQUIRE_MANIFEST"
+
+
+def require_manifest_from_env() -> bool:
+    return os.environ.get(REQUIRE_MANIFEST_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class Options:
+    """``verify``: hash every tensor read from disk and refuse on any difference.
+    ``require_manifest``: refuse folders without ``ckptpub.json`` (default: env).
+    ``stat_check``: compare the sizes of the manifest's files with ``stat`` at start.
+    ``hash_threads``: threads hashing tensors while vLLM copies them into the model.
+    ``max_pending_mib``: bytes of tensors waiting for a hash before loading pauses.
+    ``expect_identity``: refuse unless the manifest's identity is this one. Pinned
+    from somewhere the checkpoint's writers cannot change, it turns "matches its
+    manifest" into "is this model" (a manifest is not a signature).
+    """
+
+    verify: bool = True
+    require_manifest: bool = False
+    stat_check: bool = True
+    hash_threads: int = 2
+    max_pending_mib: int = 2048
+    expect_identity: str | None = None
+
+
+_KEYS = {f.name: f.type for f in fields(Options)}
+
+
+def split_extra_config(extra: Mapping[str, Any] | None) -> tuple[Options, dict[str, Any]]:
+    """Return (our options, the remaining keys for vLLM's IPC loader)."""
+    rest = dict(extra or {})
+    values: dict[str, Any] = {"require_manifest": require_manifest_from_env()}
+    for name in _KEYS:
+        if name not in rest:
+            continue
+        value = rest.pop(name)
+        default = getattr(Options, name)
+        if name == "expect_identity":
+            if not (isinstance(value, str) and value.startswith("blake3:") and len(value) == 71):
+                raise ValueError(f"manifest_cache option 'expect_identity' must be blake3:<64 hex>, got {value!r}")
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ValueError(f"manifest_cache option {name!r} must be true or false, got {value!r}")
+        elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"manifest_cache option {name!r} must be a positive integer, got {value!r}")
+        values[name] = value
+    return Options(**values), rest

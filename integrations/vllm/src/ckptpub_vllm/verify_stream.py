@@ -1,0 +1,138 @@
+"""Check every tensor vLLM streams from disk against the manifest, while it streams.
+
+vLLM's disk loader yields ``(name, tensor)`` pairs straight from the safetensors
+files, with the stored dtype and bytes, and the model copies each into place. The
+verifier checks name, dtype and shape at once and hands the raw bytes to a small
+thread pool (BLAKE3 releases the GIL), so hashing overlaps with vLLM's copying
+instead of adding a second pass over the checkpoint. Loading pauses only when more
+than ``max_pending_mib`` of tensors wait for their hash. Any difference raises
+:class:`RefusedError` naming the tensor; ``finish`` waits for the last hashes and
+also refuses when manifest tensors never arrived.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Iterable, Iterator
+
+import ckptpub
+import torch
+
+from .errors import RefusedError
+
+# safetensors dtype codes (what the manifest records) of torch dtypes.
+_DTYPE_CODES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL",
+}
+for _name, _code in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64"),
+                     ("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"),
+                     ("float8_e8m0fnu", "F8_E8M0")):
+    if hasattr(torch, _name):
+        _DTYPE_CODES[getattr(torch, _name)] = _code
+
+
+def dtype_code(dtype: torch.dtype) -> str:
+    return _DTYPE_CODES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def raw_bytes(tensor: torch.Tensor):
+    """The tensor's bytes as stored (a zero-copy uint8 view for CPU tensors)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+class StreamVerifier:
+    """Verifies one folder's tensors; use :meth:`wrap` on the weight iterator, then :meth:`finish`."""
+
+    def __init__(self, folder: str, manifest: "ckptpub.Manifest", *, threads: int = 2,
+                 max_pending_mib: int = 2048) -> None:
+        self.folder = folder
+        self.identity = manifest.identity
+        self.expected = manifest.weight_tensors()
+        self.seen: set[str] = set()
+        self.partial_reason: str | None = None
+        self.verified_tensors = 0
+        self.verified_bytes = 0
+        self.hash_seconds = 0.0
+        self._max_pending = max_pending_mib << 20
+        self._pending: deque[tuple[str, Future, int]] = deque()
+        self._pending_bytes = 0
+        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="ckptpub-verify")
+
+    def refuse(self, what: str) -> RefusedError:
+        return RefusedError(f"ckptpub: refusing to serve {self.folder}: {what} (manifest identity {self.identity})")
+
+    def wrap(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            self.check(name, tensor)
+            yield name, tensor
+
+    def check(self, name: str, tensor: torch.Tensor) -> None:
+        record = self.expected.get(name)
+        if record is None:
+            raise self.refuse(f"tensor {name!r} is not in the manifest")
+        if name in self.seen:
+            raise self.refuse(f"tensor {name!r} was read twice")
+        self.seen.add(name)
+        got_dtype = dtype_code(tensor.dtype)
+        if got_dtype != record.dtype:
+            raise self.refuse(f"tensor {name!r} has dtype {got_dtype}, the manifest says {record.dtype}")
+        if tuple(tensor.shape) != tuple(record.shape):
+            raise self.refuse(f"tensor {name!r} has shape {list(tensor.shape)}, the manifest says {list(record.shape)}")
+        data = raw_bytes(tensor)
+        size = int(data.nbytes)
+        self._pending.append((name, self._pool.submit(self._digest, data), size))
+        self._pending_bytes += size
+        self._collect(block=False)
+        while self._pending_bytes > self._max_pending and self._pending:
+            self._collect_one()
+
+    def _digest(self, data) -> str:
+        start = time.perf_counter()
+        digest = ckptpub.tensor_digest(data)
+        self.hash_seconds += time.perf_counter() - start
+        return digest
+
+    def _collect(self, block: bool) -> None:
+        while self._pending and (block or self._pending[0][1].done()):
+            self._collect_one()
+
+    def _collect_one(self) -> None:
+        name, future, size = self._pending.popleft()
+        self._pending_bytes -= size
+        digest = future.result()
+        record = self.expected[name]
+        if digest != record.digest:
+            self.close()
+            raise self.refuse(
+                f"tensor {name!r} differs from the manifest (bytes hash to {digest[:19]}..., "
+                f"the manifest says {record.digest[:19]}...)"
+            )
+        self.verified_tensors += 1
+        self.verified_bytes += size
+
+    def mark_partial(self, reason: str) -> None:
+        """vLLM reads only part of the checkpoint on purpose (e.g. expert parallelism)."""
+        self.partial_reason = reason
+
+    def finish(self) -> None:
+        """Wait for the last hashes; refuse if tensors are missing. Idempotent."""
+        try:
+            self._collect(block=True)
+        finally:
+            self.close()
+        missing = sorted(set(self.expected) - self.seen)
+        if missing and self.partial_reason is None:
+            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+            raise self.refuse(f"manifest tensor {missing[0]!r}{more} never arrived from disk")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,98 @@
+"""vLLM's weight-cache key with the plugin: the manifest identity, read from one file.
+
+Real vLLM code throughout: ``WeightCacheKey.from_model_config`` on ``ModelConfig``s
+built by ``EngineArgs`` for checkpoints of 12 safetensors shards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import ckptpub
+import pytest
+
+import ckptpub_vllm
+from ckptpub_vllm.errors import RefusedError
+from ckptpub_vllm.key import original_hash_checkpoint
+
+_recording: list[str] | None = None
+
+
+def _audit(event, args):
+    if _recording is not None and event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+        _recording.append(os.fsdecode(args[0]))
+
+
+sys.addaudithook(_audit)
+
+
+def opened_during(fn, *args):
+    global _recording
+    _recording = []
+    try:
+        result = fn(*args)
+        return result, list(_recording)
+    finally:
+        _recording = None
+
+
+def model_config(folder):
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=folder, dtype="float32", max_model_len=128, enforce_eager=True).create_model_config()
+
+
+def key_of(folder):
+    from vllm.model_executor.model_loader.weight_cache.protocol import WeightCacheKey
+
+    config = model_config(folder)  # config parsing may read headers; only the key is audited
+    return opened_during(lambda: WeightCacheKey.from_model_config(config, tp_size=1, tp_rank=0))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plugin():
+    ckptpub_vllm.register()
+    ckptpub_vllm.register()  # idempotent
+
+
+def test_key_is_manifest_identity_and_opens_only_the_manifest(models):
+    shards = [n for n in os.listdir(models["v1"]) if n.endswith(".safetensors")]
+    assert len(shards) >= 8
+    key, opened = key_of(models["v1"])
+    assert key.checkpoint == ckptpub.read_manifest(models["v1"]).identity
+    inside = [p for p in opened if os.path.dirname(os.path.abspath(p)) == os.path.abspath(models["v1"])]
+    assert [os.path.basename(p) for p in inside] == [ckptpub.MANIFEST_NAME], opened
+    assert not any(p.endswith(".safetensors") for p in opened)
+
+
+def test_same_layout_different_values_get_different_keys(models):
+    # vLLM's own fingerprint cannot tell them apart: this is the bug being fixed.
+    stock = original_hash_checkpoint()
+    stock_v1, opened = opened_during(stock, models["v1"])
+    assert stock_v1 == stock(models["republished"])
+    assert sum(p.endswith(".safetensors") for p in opened) >= 8  # the audit hook does see shard opens
+    key_v1, _ = key_of(models["v1"])
+    key_re, _ = key_of(models["republished"])
+    assert key_v1.checkpoint != key_re.checkpoint
+    assert key_v1.mismatched_fields(key_re) == ["checkpoint"]
+
+
+def test_without_manifest_vllm_key_is_kept(models):
+    key, _ = key_of(models["nomanifest"])
+    assert key.checkpoint == original_hash_checkpoint()(models["nomanifest"])
+
+
+def test_fail_closed_on_missing_manifest_when_asked(models, monkeypatch):
+    monkeypatch.setenv("CKPTPUB_REQUIRE_MANIFEST", "1")
+    with pytest.raises(RefusedError, match="no ckptpub.json"):
+        key_of(models["nomanifest"])
+
+
+def test_invalid_manifest_is_an_error_not_a_fallback(models, tmp_path):
+    folder = shutil.copytree(models["v1"], tmp_path / "broken")
+    path = folder / ckptpub.MANIFEST_NAME
+    path.write_bytes(path.read_bytes().replace(b'"identity":"blake3:', b'"identity":"blake3:0', 1)[:-70] + b"\n")
+    with pytest.raises(RefusedError, match="unusable"):
+        key_of(str(folder))

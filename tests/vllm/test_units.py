@@ -1,0 +1,101 @@
+"""The plugin's pieces without an engine: options, the stream verifier, the stat guard."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import ckptpub
+import pytest
+import torch
+from safetensors import safe_open
+
+from ckptpub_vllm.errors import RefusedError
+from ckptpub_vllm.options import Options, split_extra_config
+from ckptpub_vllm.staleness import stale_files
+from ckptpub_vllm.verify_stream import StreamVerifier
+
+
+def stream(folder):
+    manifest = ckptpub.read_manifest(folder)
+    for shard in manifest.weights:
+        with safe_open(os.path.join(folder, shard), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def verifier(folder, **kw):
+    return StreamVerifier(folder, ckptpub.read_manifest(folder), **kw)
+
+
+def test_options_are_taken_out_and_the_rest_is_left_for_vllm(monkeypatch):
+    monkeypatch.delenv("CKPTPUB_REQUIRE_MANIFEST", raising=False)
+    opts, rest = split_extra_config({"verify": False, "hash_threads": 3, "mode": "copy", "fallback": False})
+    assert opts == Options(verify=False, hash_threads=3) and rest == {"mode": "copy", "fallback": False}
+    monkeypatch.setenv("CKPTPUB_REQUIRE_MANIFEST", "1")
+    assert split_extra_config(None)[0].require_manifest is True
+    assert split_extra_config({"require_manifest": False})[0].require_manifest is False
+    with pytest.raises(ValueError, match="verify"):
+        split_extra_config({"verify": "yes"})
+    with pytest.raises(ValueError, match="hash_threads"):
+        split_extra_config({"hash_threads": 0})
+
+
+def test_clean_stream_verifies(models):
+    v = verifier(models["v1"], threads=2, max_pending_mib=1)  # tiny window: exercises back-pressure
+    for _ in v.wrap(stream(models["v1"])):
+        pass
+    v.finish()
+    assert v.verified_tensors == 25
+
+
+def test_tampered_bytes_are_named(models):
+    v = verifier(models["tampered"])
+    with pytest.raises(RefusedError, match="'model.norm.weight' differs from the manifest"):
+        for _ in v.wrap(stream(models["tampered"])):
+            pass
+        v.finish()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda n, t: (n, t.double()), "has dtype F64, the manifest says F32"),
+    (lambda n, t: (n, t.reshape(-1)), "has shape"),
+    (lambda n, t: (n + ".extra", t), "is not in the manifest"),
+])
+def test_name_dtype_and_shape_are_checked(models, change, message):
+    v = verifier(models["v1"])
+    name, tensor = next(iter(stream(models["v1"])))
+    bad_name, bad_tensor = change(name, tensor)
+    if tensor.dim() < 2 and "shape" in message:
+        pytest.skip("first tensor is 1-d")
+    with pytest.raises(RefusedError, match=message):
+        v.check(bad_name, bad_tensor)
+    v.close()
+
+
+def test_duplicate_and_missing_tensors_are_refused(models):
+    items = list(stream(models["v1"]))
+    v = verifier(models["v1"])
+    v.check(*items[0])
+    with pytest.raises(RefusedError, match="read twice"):
+        v.check(*items[0])
+    v.close()
+    v = verifier(models["v1"])
+    for item in items[:-1]:
+        v.check(*item)
+    with pytest.raises(RefusedError, match=f"'{items[-1][0]}' never arrived"):
+        v.finish()
+    v = verifier(models["v1"])
+    v.check(*items[0])
+    v.mark_partial("expert-parallel weight filter")
+    v.finish()  # vLLM skipped the rest on purpose
+
+
+def test_stat_guard_sees_size_changes_and_new_shards(models, tmp_path):
+    folder = shutil.copytree(models["v1"], tmp_path / "c")
+    manifest = ckptpub.read_manifest(str(folder))
+    assert stale_files(str(folder), manifest) == []
+    (folder / "extra.safetensors").write_bytes(b"x")
+    os.remove(folder / "config.json")
+    problems = stale_files(str(folder), manifest)
+    assert "config.json is missing" in problems and "extra.safetensors is not in the manifest" in problems

@@ -88,7 +88,9 @@ def publish(
     try:
         write_manifest(root, manifest, _file_mode(entries))
     finally:  # a failed write created and removed a temp file: the folder's mtime is restored then too
-        os.utime(root, ns=(before.st_atime_ns, before.st_mtime_ns))
+        restored = _restore_mtime(root, before)
+    if not restored:
+        raise CkptpubError(f"{root}: folder vanished while its manifest was written")
     return manifest
 
 
@@ -148,6 +150,14 @@ def _file_mode(entries: list[FolderEntry]) -> int:
     for entry in entries:
         mode &= entry.mode
     return mode & 0o666 or 0o600
+
+
+def _restore_mtime(root: str, before: os.stat_result) -> bool:
+    try:
+        os.utime(root, ns=(before.st_atime_ns, before.st_mtime_ns))
+    except FileNotFoundError:  # rotated or deleted meanwhile: the caller says so
+        return False
+    return True
 
 
 def _fsync_folder(root: str) -> None:

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO / "examples"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -45,3 +44,28 @@ def manifest_json(folder: str | os.PathLike) -> dict:
     return json.loads((Path(folder) / "ckptpub.json").read_text())
 
 
+
+
+def run_group(cmd: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in its own process group; on timeout kill that group (torchrun's
+    workers too) instead of leaving orphans that hold the cores."""
+    import signal
+
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout}s: {cmd}\n{out[-2000:]}\n{err[-2000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def free_port() -> int:
+    """A TCP port free right now on 127.0.0.1, for torchrun's rendezvous (port 0 hangs)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -6,7 +6,6 @@ and checks the folders on disk with the real ``ckptpub verify`` CLI.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import subprocess
@@ -24,17 +23,18 @@ from ckptpub.callback import PublishCallback
 
 
 class Pace(TrainerCallback):
-    """Space saves out so rotation really orders checkpoints by folder mtime.
+    """Pause after the save at ``step`` so rotation really orders checkpoints by mtime.
 
     transformers falls back to ordering by step number when the checkpoints' mtimes
     span less than a second, which would hide the mtime hazard.
     """
 
-    def __init__(self, seconds: float = 1.05):
-        self.seconds = seconds
+    def __init__(self, step: int = 10, seconds: float = 1.05):
+        self.step, self.seconds = step, seconds
 
     def on_save(self, args, state, control, **kwargs):
-        time.sleep(self.seconds)
+        if state.global_step == self.step:
+            time.sleep(self.seconds)
 
 
 class LateWrite(TrainerCallback):
@@ -153,8 +153,26 @@ def test_best_checkpoint_end_of_training_deletion(tiny, tokenizer, tmp_path):
     survivors = checkpoints(tmp_path / "published")
     assert survivors == checkpoints(tmp_path / "plain") == ["checkpoint-5"]
     assert_verifies(tmp_path / "published" / "checkpoint-5")
+    assert any("step 15 " in f for f in cb.failures), cb.failures  # deleted at the end: skipped, with a warning
     # the deleted folders left nothing behind, not even a lone manifest
     assert sorted(p.name for p in (tmp_path / "published").iterdir()) == ["checkpoint-5", "ckptpub-index.jsonl"]
+
+
+@pytest.mark.parametrize("strategy", ["epoch", "best"])
+def test_other_save_strategies(tiny, tokenizer, tmp_path, strategy):
+    """Saves decided at epoch end, or after an evaluation that found a new best."""
+    if strategy == "epoch":
+        args = dict(save_strategy="epoch", max_steps=-1, num_train_epochs=2, train_size=20)
+    else:
+        args = dict(save_strategy="best", eval_strategy="steps", eval_steps=5, max_steps=15,
+                    metric_for_best_model="eval_loss", eval_dataset=tiny.build_dataset(tokenizer, n=8))
+    cb = PublishCallback()
+    train(tiny, tokenizer, tmp_path, cb, **args)
+    names = checkpoints(tmp_path)
+    assert names and cb.failures == []
+    for name in names:
+        assert_verifies(tmp_path / name)
+    assert [r["path"] for r in run_index.read(tmp_path)] == names
 
 
 def test_sharded_safetensors(tiny, tokenizer, tmp_path):
@@ -212,6 +230,33 @@ def test_peft_adapter_checkpoints(tiny, tokenizer, tmp_path):
     assert len(ids) == 2 and ids[0] != ids[1]
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_nested_distcp_and_deepspeed_style_folders(tiny, tokenizer, tmp_path):
+    """Folders with sub-folders of training state, as FSDP (``pytorch_model_fsdp_0/*.distcp``,
+    written here with torch.distributed.checkpoint on CPU) and DeepSpeed (``global_stepN/``)
+    leave them: every file is covered and verifies. (No FSDP/DeepSpeed run here: no GPU.)"""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    class ShardedStateWriter(TrainerCallback):  # runs before PublishCallback, like the Trainer's own write
+        def on_save(self, args, state, control, model=None, **kwargs):
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            dcp.save({"model": model.state_dict()}, checkpoint_id=str(folder / "pytorch_model_fsdp_0"))
+            ds = folder / f"global_step{state.global_step}"
+            ds.mkdir()
+            torch.save({"step": state.global_step}, ds / "mp_rank_00_model_states.pt")
+            (folder / "latest").write_text(f"global_step{state.global_step}")
+
+    train(tiny, tokenizer, tmp_path, ShardedStateWriter(), PublishCallback(), max_steps=10, save_steps=5)
+    for name in checkpoints(tmp_path):
+        folder = tmp_path / name
+        assert list((folder / "pytorch_model_fsdp_0").glob("*.distcp"))
+        assert_verifies(folder)
+        paths = {f["path"] for f in manifest_json(folder)["files"]}
+        assert any(p.startswith("pytorch_model_fsdp_0/") and p.endswith(".distcp") for p in paths)
+        assert f"global_step{name.split('-')[1]}/mp_rank_00_model_states.pt" in paths
+
+
 def test_hp_search_layout_folder_resolution(tmp_path):
     """Under hyper-parameter search the Trainer writes output_dir/run-{id}/checkpoint-N."""
     from ckptpub.callback import checkpoint_folder
@@ -235,14 +280,13 @@ def test_folder_deleted_while_hashing_leaves_no_manifest(tmp_path):
     from ckptpub.callback import _Job, _Publisher
 
     src = tmp_path / "src"
-    train_tiny_folder = src
     src.mkdir()
     (src / "trainer_state.json").write_text("{}")
     with open(src / "optimizer.pt", "wb") as f:
         f.write(os.urandom(64 << 20))
     for delay in (0.0, 0.005, 0.02, 0.05):
         folder = tmp_path / f"checkpoint-{int(delay * 1000)}"
-        shutil.copytree(train_tiny_folder, folder)
+        shutil.copytree(src, folder)
         pub = _Publisher(background=True, max_pending=1, require="trainer_state.json")
         pub.submit(_Job(str(folder), 1, {"step": 1}, None))
         time.sleep(delay)
@@ -268,3 +312,26 @@ def test_import_is_lazy():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_hyperparameter_search_layout(tiny, tokenizer, tmp_path):
+    """A real optuna search writes output_dir/run-{trial}/checkpoint-N; each is published."""
+    pytest.importorskip("optuna")
+    cb = PublishCallback()
+    trainer = tiny.make_trainer(str(tmp_path), tokenizer=tokenizer, callbacks=[cb], max_steps=10, save_steps=5,
+                                eval_dataset=tiny.build_dataset(tokenizer, n=8))
+    trainer.model_init = lambda trial=None: tiny.build_model()
+    trainer.hyperparameter_search(
+        hp_space=lambda trial: {"learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True)},
+        backend="optuna", n_trials=2, direction="minimize",
+    )
+    runs = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert runs == ["run-0", "run-1"]
+    for run in runs:
+        assert checkpoints(tmp_path / run) == ["checkpoint-5", "checkpoint-10"]
+        for name in checkpoints(tmp_path / run):
+            assert_verifies(tmp_path / run / name)
+            assert manifest_json(tmp_path / run / name)["provenance"]["run_dir"] == str((tmp_path / run).resolve())
+    assert [r["path"] for r in run_index.read(tmp_path)] == [
+        f"{run}/{name}" for run in runs for name in ("checkpoint-5", "checkpoint-10")
+    ]

@@ -1,0 +1,399 @@
+"""Publish a ckptpub manifest at every Hugging Face Trainer save.
+
+Why this module looks the way it does (see docs/callback.md and
+shared/reference/trainer-save-path.md for the facts it relies on):
+
+* ``import ckptpub`` must not import transformers, so ``PublishCallback`` (a
+  ``TrainerCallback`` subclass) is built on first attribute access through the
+  module ``__getattr__``; everything else here is stdlib + the core API.
+* The Trainer has no barrier between writing a checkpoint and ``on_save``; we add
+  one on every rank, then publish only where ``args.should_save``.
+* Hashing a large checkpoint takes seconds; by default it runs on one background
+  thread with a small bounded queue so training continues (blocking when full).
+* ``save_total_limit`` rotation may delete a folder while we hash it. The main
+  thread holds a "rotation lock" from the moment a save is decided until the
+  rotation that follows it is over; the worker lists the folder and checks it
+  again after publishing while holding that lock, so it never leaves a manifest in
+  a half-deleted folder (it removes its own manifest and warns instead).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ckptpub
+from ckptpub import run_index
+from ckptpub.accelerate_helper import publish_accelerate_state
+
+__all__ = ["PublishCallback", "Published", "publish_accelerate_state"]
+
+log = logging.getLogger("ckptpub")
+
+_CHECKPOINT_PREFIX = "checkpoint"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
+_DONE_MARKER = "trainer_state.json"  # written last before rotation by the saving rank
+_PRODUCER_PACKAGES = ("transformers", "torch", "accelerate", "peft", "safetensors")
+
+
+@dataclass(frozen=True)
+class Published:
+    """One manifest this callback wrote: where, for which step, with which identity."""
+
+    step: int
+    folder: str
+    identity: str
+    time: float
+
+
+@dataclass(frozen=True)
+class _Job:
+    folder: str
+    step: int
+    provenance: dict
+    index_dir: str | None
+
+
+def producer_versions() -> dict[str, str]:
+    """Versions of the training stack present in this environment (for provenance)."""
+    out = {}
+    for name in _PRODUCER_PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def base_identity_of(model: Any) -> str | None:
+    """Identity of the manifest in the folder ``model`` was loaded from, if it has one.
+
+    Looks at ``model.name_or_path``, ``model.config._name_or_path`` and, for PEFT
+    models, each adapter config's ``base_model_name_or_path``.
+    """
+    candidates = [getattr(model, "name_or_path", None), getattr(getattr(model, "config", None), "_name_or_path", None)]
+    peft_config = getattr(model, "peft_config", None)
+    if isinstance(peft_config, dict):
+        candidates += [getattr(c, "base_model_name_or_path", None) for c in peft_config.values()]
+    for cand in candidates:
+        if isinstance(cand, str) and cand and os.path.isfile(os.path.join(cand, ckptpub.MANIFEST_NAME)):
+            try:
+                return ckptpub.read_manifest(cand).identity
+            except ckptpub.CkptpubError as exc:
+                log.warning("ckptpub: base model folder %s has an unreadable manifest: %s", cand, exc)
+    return None
+
+
+def checkpoint_folder(output_dir: str, step: int, *, trial_name: str | None = None, hp_search: bool = False) -> str:
+    """The folder the Trainer just wrote for ``step``.
+
+    Plain runs: ``output_dir/checkpoint-{step}``. Under hyper-parameter search the
+    Trainer writes ``output_dir/<run name>/checkpoint-{step}`` (``run-{id}`` or the
+    ``hp_name`` result, which the state knows as ``trial_name``); callbacks are not
+    told the run name, so we pick the candidate whose ``trainer_state.json`` is newest.
+    """
+    name = f"{_CHECKPOINT_PREFIX}-{step}"
+    if trial_name and os.path.isdir(os.path.join(output_dir, trial_name, name)):
+        return os.path.join(output_dir, trial_name, name)
+    direct = os.path.join(output_dir, name)
+    if not hp_search and os.path.isdir(direct):
+        return direct
+    try:
+        subdirs = [e.path for e in os.scandir(output_dir) if e.is_dir() and not e.name.startswith(_CHECKPOINT_PREFIX)]
+    except FileNotFoundError:
+        subdirs = []
+    candidates = [os.path.join(d, name) for d in subdirs if os.path.isdir(os.path.join(d, name))]
+    if not candidates:
+        return direct
+
+    def written_at(folder: str) -> float:
+        for probe in (os.path.join(folder, _DONE_MARKER), folder):
+            try:
+                return os.stat(probe).st_mtime
+            except OSError:
+                continue
+        return 0.0
+
+    return max(candidates, key=written_at)
+
+
+def _list_files(folder: str) -> list[str] | None:
+    """Relative paths of the files in ``folder`` (None if the folder is gone)."""
+    out = []
+    try:
+        for root, _dirs, names in os.walk(folder, onerror=_raise):
+            out += [os.path.relpath(os.path.join(root, n), folder) for n in names]
+    except OSError:
+        return None
+    return out
+
+
+def _raise(exc: OSError) -> None:
+    raise exc
+
+
+class _Publisher:
+    """Publishes checkpoint folders, inline or on one background thread.
+
+    The bounded queue keeps at most ``max_pending`` saves waiting behind the one
+    being hashed; ``submit`` blocks when it is full, so a run that saves faster than
+    it can hash slows down rather than piling up memory or stale work.
+    """
+
+    def __init__(self, *, background: bool, max_pending: int, require: str | None):
+        self.background = background
+        self.require = require
+        self.rotation_lock = threading.Lock()
+        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max(1, max_pending))
+        self._thread: threading.Thread | None = None
+        self._done: list[Published] = []
+        self._done_lock = threading.Lock()
+        self.failures: list[str] = []
+
+    # -- main thread -------------------------------------------------------------
+    def submit(self, job: _Job) -> None:
+        if not self.background:
+            self._run_safely(job, locked=False)
+            return
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="ckptpub-publisher", daemon=True)
+            self._thread.start()
+        self._queue.put(job)
+
+    def join(self) -> None:
+        """Wait until every submitted save is published (or skipped), then stop the worker."""
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        self._thread = None
+
+    def take_done(self) -> list[Published]:
+        with self._done_lock:
+            done, self._done = self._done, []
+        return done
+
+    # -- worker ------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            self._run_safely(job, locked=True)
+
+    def _run_safely(self, job: _Job, *, locked: bool) -> None:
+        try:
+            self._run(job, locked=locked)
+        except Exception as exc:  # never let a publishing bug kill training
+            self._fail(job, f"unexpected error: {exc!r}")
+
+    def _run(self, job: _Job, *, locked: bool) -> None:
+        guard = self.rotation_lock if locked else contextlib.nullcontext()
+        with guard:
+            before = _list_files(job.folder)
+        if before is None:
+            return self._fail(job, "folder was removed before it could be published (rotated away?)")
+        if self.require and self.require not in before:
+            return self._fail(job, f"folder is incomplete (no {self.require}); not publishing it")
+        try:
+            manifest = ckptpub.publish(job.folder, provenance=job.provenance)
+        except (ckptpub.CkptpubError, OSError) as exc:
+            gone = not os.path.isdir(job.folder)
+            return self._fail(job, ("folder was rotated away while hashing: " if gone else "") + str(exc))
+        with guard:
+            after = _list_files(job.folder)
+            missing = sorted(set(before) - set(after or ()))
+            if after is None or missing:
+                _withdraw(job.folder)
+                return self._fail(job, f"folder was deleted while publishing (missing {missing[:3]}); manifest removed")
+            now = time.time()
+            if job.index_dir is not None:
+                rel = os.path.relpath(job.folder, job.index_dir)
+                try:
+                    run_index.append(job.index_dir, step=job.step, path=rel, identity=manifest.identity, time=now)
+                except OSError as exc:
+                    log.warning("ckptpub: could not append to the run index in %s: %s", job.index_dir, exc)
+        log.info("ckptpub: published step %d %s identity %s", job.step, job.folder, manifest.identity)
+        with self._done_lock:
+            self._done.append(Published(job.step, job.folder, manifest.identity, now))
+
+    def _fail(self, job: _Job, why: str) -> None:
+        msg = f"ckptpub: step {job.step} {job.folder}: {why}"
+        log.warning(msg)
+        self.failures.append(msg)
+
+
+def _withdraw(folder: str) -> None:
+    """Remove our manifest from a folder that is being deleted, and the folder if now empty."""
+    try:
+        os.unlink(os.path.join(folder, ckptpub.MANIFEST_NAME))
+    except OSError:
+        pass
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass
+
+
+def _make_callback_class() -> type:
+    from transformers import TrainerCallback  # imported only when the callback is used
+
+    class PublishCallback(TrainerCallback):
+        """Write ``ckptpub.json`` into every checkpoint the Trainer saves.
+
+        ``trainer.add_callback(PublishCallback())`` is enough. Options:
+
+        * ``background`` (default True): hash on a worker thread; ``on_save`` returns
+          after queueing. ``False`` publishes inside ``on_save``.
+        * ``max_pending`` (default 1): saves that may wait behind the one being hashed
+          before ``on_save`` blocks.
+        * ``index`` (default True): append to ``output_dir/ckptpub-index.jsonl``.
+
+        ``published`` lists what was published (filled on the main thread),
+        ``failures`` the skipped saves with their reasons. The final
+        ``trainer.save_model()`` fires no callback: call ``ckptpub.publish(dir)``.
+        """
+
+        def __init__(self, background: bool = True, max_pending: int = 1, index: bool = True):
+            self.background = background
+            self.index = index
+            self._pub = _Publisher(background=background, max_pending=max_pending, require=_DONE_MARKER)
+            self._holding = False
+            self._base_identity: str | None = None
+            self._producer: dict[str, str] | None = None
+            self._undelivered: list[Published] = []
+            self.published: list[Published] = []
+
+        @property
+        def failures(self) -> list[str]:
+            return list(self._pub.failures)
+
+        # -- rotation window (background mode, saving rank only) -------------------
+        def _hold(self, args) -> None:
+            if self.background and args.should_save and not self._holding:
+                self._pub.rotation_lock.acquire()
+                self._holding = True
+
+        def _release(self) -> None:
+            if self._holding:
+                self._holding = False
+                self._pub.rotation_lock.release()
+
+        # -- events --------------------------------------------------------------
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            self._producer = producer_versions()
+            self._base_identity = base_identity_of(model) if model is not None else None
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._release()  # a save window never spans into the next step
+
+        def on_evaluate(self, args, state, control, **kwargs):
+            if str(getattr(args.save_strategy, "value", args.save_strategy)) == "best":
+                self._hold(args)  # the Trainer decides a "best" save (and rotates) right after this
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self._deliver(state)
+            if control.should_save:  # DefaultFlowCallback (first in the list) decided a save
+                self._hold(args)
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            if control.should_save:
+                self._hold(args)
+
+        def on_save(self, args, state, control, **kwargs):
+            if args.world_size > 1:
+                _barrier()
+            if not args.should_save:
+                return
+            final = state.max_steps and state.global_step >= state.max_steps
+            try:
+                job = self._job(args, state)
+            except Exception as exc:  # a callback must not end the run over a manifest
+                self._release()
+                log.warning("ckptpub: step %s: not published: %r", state.global_step, exc)
+                return
+            # Rotation for this save is over. Release before queueing: a full queue
+            # waits on the worker, which may need the lock for its post-check.
+            self._release()
+            self._pub.submit(job)
+            if final:  # end of training may still delete checkpoints before on_train_end
+                self._hold(args)
+            self._deliver(state)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self._deliver(state)
+            # Only the periodic training log: the Trainer builds that dict for this one
+            # call. Evaluation metrics and train()'s result are the caller's own dicts
+            # (hyper-parameter search sums them), so they are never touched.
+            if _is_training_log(logs) and self._undelivered:
+                last = self._undelivered[-1]
+                logs["ckptpub/identity"] = last.identity
+                logs["ckptpub/step"] = last.step
+                self._undelivered.clear()
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self._release()
+            self._pub.join()
+            self._deliver(state)
+            for p in self.published:  # a checkpoint deleted after its publish leaves no manifest behind
+                if not os.path.isfile(os.path.join(p.folder, _DONE_MARKER)):
+                    _withdraw(p.folder)
+
+        # -- helpers -------------------------------------------------------------
+        def _job(self, args, state) -> _Job:
+            hp_search = getattr(state, "trial_params", None) is not None or bool(getattr(state, "trial_name", None))
+            folder = checkpoint_folder(
+                args.output_dir, state.global_step, trial_name=getattr(state, "trial_name", None), hp_search=hp_search
+            )
+            if self._producer is None:
+                self._producer = producer_versions()
+            provenance = {
+                "step": int(state.global_step),
+                "epoch": None if state.epoch is None else float(state.epoch),
+                "run_dir": os.path.abspath(os.path.dirname(folder)),
+                "base_identity": self._base_identity,
+                "producer": dict(self._producer),
+            }
+            index_dir = os.path.abspath(args.output_dir) if self.index else None
+            return _Job(os.path.abspath(folder), int(state.global_step), provenance, index_dir)
+
+        def _deliver(self, state) -> None:
+            """Report finished publishes on the main thread: log history + next on_log."""
+            for p in self._pub.take_done():
+                self.published.append(p)
+                self._undelivered.append(p)
+                state.log_history.append(
+                    {"ckptpub/identity": p.identity, "ckptpub/step": p.step, "step": state.global_step}
+                )
+
+    return PublishCallback
+
+
+def _is_training_log(logs: Any) -> bool:
+    return (
+        isinstance(logs, dict) and "loss" in logs and "train_runtime" not in logs
+        and not any(str(k).startswith(("eval_", "test_", "predict_")) for k in logs)
+    )
+
+
+def _barrier() -> None:
+    """All ranks wait here: the Trainer does not wait for the writer before on_save."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PublishCallback":
+        cls = _make_callback_class()
+        cls.__module__ = __name__
+        globals()["PublishCallback"] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,43 @@
+"""A plain accelerate loop (no Trainer): save_state() every 4 steps, then
+publish_accelerate_state(). Run directly or under torchrun; each process writes
+what the helper returned to OUT/rank-{rank}.json."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cbhelpers  # noqa: E402,F401  (puts examples/ on sys.path)
+import train_tiny  # noqa: E402
+
+import ckptpub  # noqa: E402
+
+
+def main(out: str) -> None:
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    acc = Accelerator(cpu=True, project_config=ProjectConfiguration(
+        project_dir=out, automatic_checkpoint_naming=True, total_limit=2))
+    model = train_tiny.build_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.utils.data.DataLoader(train_tiny.build_dataset(train_tiny.build_tokenizer()), batch_size=4)
+    model, opt, data = acc.prepare(model, opt, data)
+    results = []
+    for step, batch in enumerate(data, start=1):
+        acc.backward(model(**batch).loss)
+        opt.step()
+        opt.zero_grad()
+        if step % 4 == 0:
+            saved = acc.save_state()
+            m = ckptpub.publish_accelerate_state(acc, provenance={"step": step})
+            results.append({"step": step, "folder": str(saved), "identity": m and m.identity})
+        if step == 12:
+            break
+    Path(out, f"rank-{acc.process_index}.json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -19,18 +19,23 @@ RUN = ROOT / "demo-run"
 BIN = Path(sys.executable).parent
 
 
-def sh(*args: object, expect: int | tuple[int, ...] = 0) -> str:
-    """Run a command as a user would, echo it and its output, and check its exit code."""
+def sh(*args: object, expect: int | tuple[int, ...] = 0, stderr_prefix: str = "") -> str:
+    """Run a command as a user would, echo it and its output, and check its exit code.
+
+    With ``stderr_prefix``, only stderr lines starting with it are shown (training and
+    vLLM log a lot; the demo shows what ckptpub said). The full stderr is shown on failure.
+    """
     words = [str(a) for a in args]
     shown = " ".join(os.path.relpath(w, ROOT) if w.startswith(str(ROOT)) else w for w in words)
     print(f"\n$ {shown}", flush=True)
     command = [str(BIN / words[0])] + words[1:] if (BIN / words[0]).exists() else words
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     sys.stdout.write(result.stdout)
-    sys.stdout.write(result.stderr)
     expected = (expect,) if isinstance(expect, int) else expect
     if result.returncode not in expected:
+        sys.stdout.write(result.stderr)
         sys.exit(f"demo: '{shown}' exited {result.returncode}, expected {expected}")
+    sys.stdout.writelines(line for line in result.stderr.splitlines(keepends=True) if line.startswith(stderr_prefix))
     return result.stdout
 
 
@@ -51,7 +56,7 @@ def flip_tensor_byte(folder: Path, name: str) -> None:
 def main() -> None:
     shutil.rmtree(RUN, ignore_errors=True)
     print("== 1. Train a tiny Qwen3 offline; PublishCallback writes ckptpub.json at every save")
-    sh(sys.executable, ROOT / "examples" / "train_tiny.py", RUN, "--steps", "40", "--save-steps", "10")
+    sh(sys.executable, ROOT / "examples" / "train_tiny.py", RUN, "--steps", "40", "--save-steps", "10", stderr_prefix="ckptpub:")
 
     print("\n== 2. The run's published steps, and what changed between two of them")
     sh("ckptpub", "ls", RUN)
@@ -68,9 +73,9 @@ def main() -> None:
     sh("ckptpub", "verify", "--quiet", tampered, expect=1)
 
     print("\n== 5. Serve the trained checkpoint through vLLM (CPU build) with --load-format manifest_cache")
-    sh(sys.executable, ROOT / "examples" / "serve_demo.py", RUN / "checkpoint-40")
+    sh(sys.executable, ROOT / "examples" / "serve_demo.py", RUN / "checkpoint-40", stderr_prefix="serve_demo:")
     print("\n== 6. The tampered copy, served with the original's manifest, is refused")
-    sh(sys.executable, ROOT / "examples" / "serve_demo.py", "--manifest-cache-only", tampered, expect=1)
+    sh(sys.executable, ROOT / "examples" / "serve_demo.py", tampered, expect=1, stderr_prefix="serve_demo:")
     print("\ndemo: all steps behaved as expected")
 
 

@@ -1,0 +1,194 @@
+"""End-to-end check of ``ckptpub preload`` with real weight-cache daemons, for one GPU.
+
+Prepared for a CUDA host with ``vllm`` (0.32.x or 0.33.x), ``ckptpub`` and
+``ckptpub-vllm`` installed (the ``ckptpub preload`` command comes from the latter);
+it cannot run on the CPU build (the daemon needs CUDA IPC) and has NOT been run yet.
+Tiny models are built locally, nothing is downloaded; expect 5-10 minutes.
+
+    python examples/gpu_e2e_preload.py [--workdir /tmp/ckptpub-e2e-pl]
+
+Steps (engines run in their own processes; exit code 0 only if every check holds):
+
+1. A training run folder: step 10 (tiny Qwen3), published, recorded in
+   ``ckptpub-index.jsonl``. Step 20 (prepared now, published later) is a copy with
+   ``model.norm.weight`` negated in place: same headers, different values.
+   Reference tokens: plain ``auto`` loads of both (greedy).
+2. ``ckptpub preload --follow RUN`` (overlap mode, real ``vllm preload``): the status
+   becomes ``ready`` holding step 10's identity, reported by the daemon process.
+3. Engine: ``manifest_cache`` on step 10, ``socket_dir`` from the status,
+   ``fallback: false``: mapped from the daemon, step 10's tokens.
+4. Publish step 20: the supervisor re-preloads (``why: weights-changed``), confirms
+   the new daemon, then stops the old one.
+5. Restarted engine on step 20 with the new ``socket_dir`` and ``fallback: false``:
+   mapped from the new daemon, tokens equal to the disk load of step 20.
+6. Publish step 30 as a copy of step 20 and re-publish step 20: no re-preload
+   (``same-identity-*``), the same daemon pid keeps serving.
+7. ``SIGKILL`` the supervisor, start it again: it adopts the running daemon (same
+   pid, no reload). ``SIGTERM``: it stops the daemon and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_e2e import ENGINE, engine_main, run_engine  # noqa: E402  (same engine settings and child mode)
+
+DAEMON_ARGS = ["--dtype", ENGINE["dtype"], "--max-model-len", str(ENGINE["max_model_len"]), "--enforce-eager",
+               "--gpu-memory-utilization", "0.15"]
+
+
+def append_index(run_dir: str, step: int, rel: str, identity: str) -> None:
+    """One line of ``ckptpub-index.jsonl``, as the Trainer callback writes it."""
+    line = json.dumps({"step": step, "path": rel, "identity": identity, "time": time.time()}, sort_keys=True,
+                      separators=(",", ":")) + "\n"
+    with open(os.path.join(run_dir, "ckptpub-index.jsonl"), "a") as handle:
+        handle.write(line)
+
+
+def status(state_dir: str) -> dict:
+    proc = subprocess.run(["ckptpub", "preload", "--status", "--json", "--state-dir", state_dir],
+                          capture_output=True, text=True)
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        return {}
+
+
+def decisions(state_dir: str) -> list[dict]:
+    try:
+        with open(os.path.join(state_dir, "decisions.jsonl")) as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+    except OSError:
+        return []
+
+
+def wait_ready(state_dir: str, identity: str, sup: subprocess.Popen, timeout: float = 600) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = status(state_dir)
+        held = s.get("held") or {}
+        if s.get("state") == "ready" and held.get("identity") == identity and not s.get("loading"):
+            return s
+        if sup.poll() is not None:
+            raise SystemExit(f"gpu_e2e_preload: the supervisor exited ({sup.returncode}); see {state_dir}")
+        time.sleep(2)
+    raise SystemExit(f"gpu_e2e_preload: no daemon holding {identity} after {timeout:.0f}s; see {state_dir}/logs")
+
+
+def start_supervisor(run_dir: str, state_dir: str, log_path: str) -> subprocess.Popen:
+    log = open(log_path, "a")
+    return subprocess.Popen(["ckptpub", "preload", "--follow", run_dir, "--state-dir", state_dir, "--interval", "1",
+                             "--", *DAEMON_ARGS], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", default="/tmp/ckptpub-e2e-pl")
+    parser.add_argument("--engine", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.engine:
+        engine_main(json.loads(args.engine))
+        return 0
+
+    import ckptpub
+    import torch
+
+    from ckptpub_vllm.testing import build_tiny_qwen3, find_tensor_file, tensor_location
+
+    if not torch.cuda.is_available():
+        print("gpu_e2e_preload: error: needs a CUDA GPU (the weight-cache daemon uses CUDA IPC)", file=sys.stderr)
+        return 2
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    run_dir, state_dir = os.path.join(args.workdir, "run"), os.path.join(args.workdir, "st")
+    s10, s20, s30 = (os.path.join(run_dir, f"checkpoint-{n}") for n in (10, 20, 30))
+    build_tiny_qwen3(s10, max_shard_size="150KB")
+    id10 = ckptpub.publish(s10).identity
+    shutil.copytree(s10, s20)
+    os.remove(os.path.join(s20, ckptpub.MANIFEST_NAME))
+    path = find_tensor_file(s20, "model.norm.weight")
+    start, end = tensor_location(path, "model.norm.weight")
+    with open(path, "r+b") as f:  # same header, same size, different values
+        f.seek(start)
+        values = torch.frombuffer(bytearray(f.read(end - start)), dtype=torch.float32) * -1.0
+        f.seek(start)
+        f.write(values.numpy().tobytes())
+    id20 = ckptpub.publish(s20).identity  # published now for the references; recorded in the index later
+    checks: list[tuple[str, bool]] = [("steps 10 and 20 have different identities", id10 != id20)]
+
+    ref10, _ = run_engine(s10, "auto")
+    ref20, _ = run_engine(s20, "auto")
+    checks.append(("steps 10 and 20 generate different tokens from disk", ref10 is not None and ref10 != ref20))
+
+    append_index(run_dir, 10, "checkpoint-10", id10)
+    sup_log = os.path.join(args.workdir, "supervisor.log")
+    sup = start_supervisor(run_dir, state_dir, sup_log)
+    second = None
+    try:
+        st10 = wait_ready(state_dir, id10, sup)
+        pid10 = st10["held"]["pid"]
+        daemon_log = open(st10["held"]["log"]).read()
+        checks.append(("the daemon process reported step 10's manifest identity",
+                       f"is keyed by checkpoint {id10}" in daemon_log))
+        t10, log10 = run_engine(s10, "manifest_cache", {"socket_dir": st10["socket_dir"], "fallback": False})
+        checks.append(("step 10 is mapped from the daemon", "from the weight cache daemon" in log10))
+        checks.append(("step 10's tokens", t10 == ref10))
+
+        append_index(run_dir, 20, "checkpoint-20", id20)  # "publish" step 20
+        st20 = wait_ready(state_dir, id20, sup)
+        why = [e["why"] for e in decisions(state_dir) if e.get("event") == "decision" and e.get("action") == "replace"]
+        checks.append(("re-preloaded for step 20 because its weights changed", why == ["weights-changed"]))
+        checks.append(("the old daemon was stopped after the new one was confirmed", not alive(pid10)))
+        t20, log20 = run_engine(s20, "manifest_cache", {"socket_dir": st20["socket_dir"], "fallback": False})
+        checks.append(("the restarted engine maps step 20 from the new daemon", "from the weight cache daemon" in log20))
+        checks.append(("step 20's tokens equal a disk load of step 20", t20 == ref20))
+
+        pid20 = st20["held"]["pid"]
+        shutil.copytree(s20, s30)
+        append_index(run_dir, 30, "checkpoint-30", ckptpub.read_manifest(s30).identity)
+        ckptpub.publish(s30)  # re-publish: same identity
+        time.sleep(5)
+        s = status(state_dir)
+        whys = [e["why"] for e in decisions(state_dir) if e.get("event") == "decision"][-2:]
+        checks.append(("a copy at a new path and a re-publish do not re-preload",
+                       s["held"]["pid"] == pid20 and all(w.startswith("same-identity") for w in whys)))
+
+        sup.kill()
+        sup.wait()
+        second = start_supervisor(run_dir, state_dir, sup_log)
+        time.sleep(5)
+        s = wait_ready(state_dir, id20, second)
+        adopted = [e for e in decisions(state_dir) if e.get("why") == "adopted"]
+        checks.append(("a restarted supervisor adopts the running daemon", s["held"]["pid"] == pid20 and adopted))
+        second.send_signal(signal.SIGTERM)
+        code = second.wait(timeout=120)
+        checks.append(("SIGTERM stops the supervisor and its daemon", code == 0 and not alive(pid20)))
+    finally:
+        for proc in (sup, second):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=120)
+
+    for what, ok in checks:
+        print(f"{'OK  ' if ok else 'FAIL'} {what}")
+    print(f"step 10 {id10}\nstep 20 {id20}\nstate  {state_dir}")
+    return 0 if all(ok for _, ok in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

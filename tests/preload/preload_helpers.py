@@ -1,0 +1,154 @@
+"""Helpers for the ``ckptpub preload`` tests: tiny checkpoints, a supervisor process, waiting.
+
+The supervisor runs as a real process (``python -m ckptpub preload ...``, i.e. through
+the ``ckptpub.commands`` entry point) with the daemon command substituted by
+``standin_daemon.py``; everything the tests check is read from the files processes
+write (the decision log, ``status.json``, the stand-in's record).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ckptpub
+from checkpoints import CONFIG, model_tensors, write_checkpoint
+
+HERE = Path(__file__).parent
+STANDIN = HERE / "standin_daemon.py"
+STANDIN_CMD = f"{shlex.quote(sys.executable)} {shlex.quote(str(STANDIN))} --model {{folder}} " \
+              f"--weight-cache-socket-dir {{socket_dir}}"
+
+
+def make_checkpoint(folder: Path, seed: int = 0, config: dict | None = None, provenance: dict | None = None) -> str:
+    """A tiny checkpoint (real safetensors, numpy) published with ``ckptpub.publish``; returns its identity."""
+    write_checkpoint(folder, model_tensors(seed=seed, layers=1), config=config or CONFIG, extra_files=False)
+    return ckptpub.publish(folder, provenance=provenance).identity
+
+
+class Run:
+    """A training-run folder with a run index, written the way the Trainer callback writes it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def append(self, step: int, rel: str, identity: str) -> None:
+        line = json.dumps({"step": step, "path": rel, "identity": identity, "time": time.time()},
+                          sort_keys=True, separators=(",", ":")) + "\n"
+        with open(self.root / "ckptpub-index.jsonl", "a") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+class SupervisorProc:
+    """``ckptpub preload`` as a subprocess, with a state dir and a stand-in record file."""
+
+    def __init__(self, tmp: Path, target_args: list[str], *, extra_opts: list[str] | None = None,
+                 env: dict[str, str] | None = None, state_dir: Path | None = None, record: Path | None = None,
+                 passthrough: list[str] | None = None) -> None:
+        self.state_dir = state_dir or tmp / "state"
+        self.record = record or tmp / "standin-record.jsonl"
+        self.stderr_path = tmp / f"supervisor-{time.monotonic_ns()}.err"
+        self.env = {**os.environ, "STANDIN_RECORD": str(self.record), "STANDIN_LOAD_S": "0.2", **(env or {})}
+        self.argv = [sys.executable, "-m", "ckptpub", "preload", *target_args, "--state-dir", str(self.state_dir),
+                     "--daemon-cmd", STANDIN_CMD, "--interval", "0.1", "--stop-timeout", "10",
+                     "--ready-timeout", "30", "--retry-delay", "1", *(extra_opts or [])]
+        if passthrough:
+            self.argv += ["--", *passthrough]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "SupervisorProc":
+        self._err = open(self.stderr_path, "ab")
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=self._err, env=self.env,
+                                     start_new_session=True)
+        return self
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def terminate(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()  # SIGKILL the supervisor only (not its daemon's process group)
+        self.proc.wait(timeout=10)
+
+    def cleanup(self) -> None:
+        """Stop anything left running (the supervisor, then any stand-in it recorded)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        for rec in records(self.record):
+            if rec["event"] == "start" and pid_alive(rec["pid"]):
+                try:
+                    os.killpg(os.getpgid(rec["pid"]), signal.SIGKILL)  # the daemon's whole group
+                except (ProcessLookupError, PermissionError):
+                    pass
+        if getattr(self, "_err", None):
+            self._err.close()
+
+    # -- reading what it wrote -------------------------------------------
+
+    def decisions(self) -> list[dict]:
+        from ckptpub_vllm.preload.status import read_decisions
+
+        return read_decisions(str(self.state_dir))
+
+    def status(self) -> dict:
+        from ckptpub_vllm.preload.status import read_json
+
+        return read_json(str(self.state_dir / "status.json")) or {}
+
+    def standin(self) -> list[dict]:
+        return records(self.record)
+
+
+def records(path: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def wait_for(predicate, timeout: float = 30, what: str = "condition", proc: SupervisorProc | None = None):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.proc is not None and proc.proc.poll() is not None:
+            raise AssertionError(f"supervisor exited ({proc.proc.returncode}) while waiting for {what}:\n"
+                                 f"{proc.stderr()[-3000:]}")
+        if time.monotonic() > deadline:
+            tail = proc.stderr()[-3000:] if proc is not None else ""
+            raise AssertionError(f"timed out waiting for {what}\n{tail}")
+        time.sleep(0.05)
+
+
+def ready_with(sup: SupervisorProc, identity: str):
+    """Status says ready, holding ``identity`` (and no load in progress)."""
+    def check():
+        s = sup.status()
+        held = s.get("held") or {}
+        return s if (s.get("state") == "ready" and held.get("identity") == identity and not s.get("loading")) else None
+    return check
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")

@@ -1,0 +1,140 @@
+"""The decision logic as pure functions: no processes, real manifests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import ckptpub
+from checkpoints import flip_byte, locate
+from ckptpub_vllm.preload import daemon_process
+from ckptpub_vllm.preload.decide import (Failure, Held, ManifestCache, Target, decide, explain_change,
+                                         observe_folder, observe_run)
+from preload_helpers import Run, make_checkpoint
+
+I1, I2 = "blake3:" + "1" * 64, "blake3:" + "2" * 64
+
+
+def target(folder="/m/a", identity=I1, stamp=(1, 1, 1), step=None):
+    return Target(folder=folder, identity=identity, stamp=stamp, step=step)
+
+
+def held(folder="/m/a", identity=I1, stamp=(1, 1, 1), alive=True):
+    return Held(identity=identity, folder=folder, stamp=stamp, pid=123, since=0.0, alive=alive)
+
+
+def test_decide_table():
+    cases = [
+        # (held, target, previous, failure, now) -> (action, why)
+        ((None, target(), None, None, 0), ("start", "first-preload")),
+        ((held(), target(), target(), None, 0), ("keep", "same-identity")),
+        ((held(), target(stamp=(2, 2, 2)), target(), None, 0), ("keep", "same-identity-republished")),
+        ((held(), target(folder="/m/b"), target(), None, 0), ("keep", "same-identity-new-path")),
+        ((held(), target(identity=I2), target(), None, 0), ("replace", "identity-changed")),
+        ((held(alive=False), target(), target(), None, 0), ("restart", "daemon-died")),
+        ((held(alive=False), target(identity=I2), target(), None, 0), ("start", "daemon-died-new-target")),
+        ((held(), Target(error="gone"), target(), None, 0), ("keep", "target-unusable")),
+        ((None, Target(error="gone"), None, None, 0), ("wait", "target-unusable")),
+        ((held(), target(identity=I2), None, Failure(I2, 1, 100.0, "oom"), 50.0), ("wait", "backoff")),
+        ((held(), target(identity=I2), None, Failure(I2, 1, 100.0, "oom"), 150.0), ("replace", "retry")),
+        ((None, target(identity=I2), None, Failure(I2, 2, 100.0, "oom"), 150.0), ("start", "retry")),
+        # a failure of another identity does not hold back this one
+        ((held(), target(identity=I2), None, Failure(I1, 3, 1e12, "oom"), 0), ("replace", "identity-changed")),
+        ((held(alive=False), target(), None, Failure(I1, 2, 100.0, "exited"), 50.0), ("wait", "backoff")),
+        ((held(alive=False), target(), None, Failure(I1, 2, 100.0, "exited"), 150.0), ("restart", "daemon-died")),
+    ]
+    for (h, t, prev, failure, now), expected in cases:
+        d = decide(h, t, previous=prev, failure=failure, now=now)
+        assert (d.action, d.why) == expected, (h, t, prev, failure, d)
+        assert d.reason
+
+
+def test_explain_change_from_manifests(tmp_path):
+    a = tmp_path / "a"
+    make_checkpoint(a, seed=1)
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    config = json.loads((b / "config.json").read_text())
+    config["rope_theta"] = 1.0
+    (b / "config.json").write_text(json.dumps(config))
+    ckptpub.publish(b)
+    c = tmp_path / "c"
+    shutil.copytree(a, c)
+    shard, start, _ = locate(c, "model.norm.weight")
+    flip_byte(shard, start)  # same header, one weight byte differs
+    ckptpub.publish(c)
+    ma, mb, mc = (ckptpub.read_manifest(p) for p in (a, b, c))
+    assert explain_change(ma, mb)[0] == "config-changed"
+    why, text = explain_change(ma, mc)
+    assert why == "weights-changed" and "model.norm.weight" in text
+    assert explain_change(ma, None)[0] == "identity-changed"
+
+
+def test_observe_folder_follows_symlinks_and_reports_problems(tmp_path):
+    cache = ManifestCache()
+    identity = make_checkpoint(tmp_path / "m1", seed=1)
+    os.symlink("m1", tmp_path / "current")
+    t = observe_folder(str(tmp_path / "current"), cache)
+    assert t.error is None and t.identity == identity and t.folder == str((tmp_path / "m1").resolve())
+    (tmp_path / "bare").mkdir()
+    assert "no ckptpub.json" in observe_folder(str(tmp_path / "bare"), cache).error
+    assert "no such folder" in observe_folder(str(tmp_path / "missing"), cache).error
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / ckptpub.MANIFEST_NAME).write_text("{not json")
+    assert observe_folder(str(tmp_path / "bad"), cache).error
+
+
+def test_observe_run_newest_usable_step(tmp_path):
+    run = Run(tmp_path / "run")
+    cache = ManifestCache()
+    calls = []
+    real_verify = cache.verify
+    cache.verify = lambda folder: calls.append(folder) or real_verify(folder)
+    assert observe_run(str(run.root), cache).error.endswith("no published step yet")
+    i10 = make_checkpoint(run.root / "checkpoint-10", seed=1)
+    run.append(10, "checkpoint-10", i10)
+    i20 = make_checkpoint(run.root / "checkpoint-20", seed=2)
+    run.append(20, "checkpoint-20", i20)
+    run.append(30, "checkpoint-30", "blake3:" + "3" * 64)  # rotated away / never written
+    t = observe_run(str(run.root), cache)
+    assert (t.step, t.identity) == (20, i20) and any("skipped step 30" in n for n in t.notes)
+    # --verified-only: a step whose bytes changed after publishing is skipped; verify runs once per manifest
+    shard, start, _ = locate(run.root / "checkpoint-20", "model.norm.weight")
+    flip_byte(shard, start)
+    for _ in range(3):
+        t = observe_run(str(run.root), cache, verified_only=True)
+        assert (t.step, t.identity) == (10, i10), t
+    assert any("ckptpub verify failed" in n and "model.norm.weight" in n for n in t.notes), t.notes
+    assert sorted(calls) == sorted({str((run.root / f"checkpoint-{s}").resolve()) for s in (10, 20)})
+    # a torn last line (a crashed writer) is ignored
+    with open(run.root / "ckptpub-index.jsonl", "a") as handle:
+        handle.write('{"step": 40, "path": "checkp')
+    assert observe_run(str(run.root), cache).step == 20
+
+
+def test_build_argv_placeholders_and_passthrough():
+    argv = daemon_process.build_argv("numactl -N 0 vllm preload --model {folder} --weight-cache-socket-dir "
+                                     "'{socket_dir}'", ["--tensor-parallel-size", "2"], folder="/m/a b",
+                                     socket_dir="/s/g1", identity=I1)
+    assert argv == ["numactl", "-N", "0", "vllm", "preload", "--model", "/m/a b", "--weight-cache-socket-dir",
+                    "/s/g1", "--tensor-parallel-size", "2"]
+    import sys
+
+    assert daemon_process.build_argv(daemon_process.DEFAULT_COMMAND, ["--dtype", "bfloat16"], folder="/m",
+                                     socket_dir="/s", identity=I1) == [
+        sys.executable, "-m", "ckptpub_vllm.preload.vllm_launcher", "preload", "--model", "/m",
+        "--weight-cache-socket-dir", "/s", "--dtype", "bfloat16"]
+
+
+def test_identity_pattern_matches_the_plugin_daemon_log_line():
+    """The default pattern matches what ckptpub_vllm.daemon.run_daemon logs (format copied from its source)."""
+    import inspect
+    import re
+
+    from ckptpub_vllm import daemon
+
+    source = inspect.getsource(daemon.run_daemon)
+    assert "ckptpub: weight-cache daemon for %s is keyed by checkpoint %s" in source
+    line = "INFO 11-29 12:00:00 [daemon.py:91] ckptpub: weight-cache daemon for /m/x is keyed by checkpoint " + I1
+    assert re.search(daemon_process.IDENTITY_PATTERN, line).group("identity") == I1

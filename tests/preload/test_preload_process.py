@@ -1,0 +1,362 @@
+"""Real processes: the supervisor (``python -m ckptpub preload``) and stand-in daemons it spawns.
+
+Crash and signal behaviour, adoption, failed preloads, the status command, and the
+key being computed inside the spawned daemon process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ckptpub
+from checkpoints import flip_byte, locate
+from ckptpub_vllm.preload.status import write_json
+from preload_helpers import SupervisorProc, make_checkpoint, pid_alive, ready_with, wait_for
+
+
+def _status_cli(state_dir, *extra):
+    return subprocess.run([sys.executable, "-m", "ckptpub", "preload", "--status", "--state-dir", str(state_dir),
+                           *extra], capture_output=True, text=True, timeout=60)
+
+
+def _flip_link(link, target):
+    tmp = f"{link}.tmp"
+    os.symlink(target, tmp)
+    os.replace(tmp, link)  # atomic, as an operator's `ln -sfn` + `mv -T` would do
+
+
+def _outcomes(sup, why):
+    return [e for e in sup.decisions() if e.get("event") == "outcome" and e.get("why") == why]
+
+
+def test_key_is_computed_inside_the_spawned_daemon_from_the_manifest(tmp_path):
+    """Two checkpoints with byte-identical safetensors headers (vLLM's own key would be equal) and one
+    differing weight byte: the daemon process, spawned by the supervisor, keys them apart from the manifest."""
+    a = tmp_path / "a"
+    ia = make_checkpoint(a, seed=1)
+    b = tmp_path / "b"
+    os.system(f"cp -r {a} {b}")
+    shard, start, _ = locate(b, "model.norm.weight")
+    flip_byte(shard, start)
+    ib = ckptpub.publish(b).identity
+    header = lambda p: open(p / "model.safetensors", "rb").read(8 + int.from_bytes(open(p / "model.safetensors", "rb").read(8), "little"))
+    assert header(a) == header(b) and ia != ib
+
+    os.symlink("a", tmp_path / "serve")
+    sup = SupervisorProc(tmp_path, [str(tmp_path / "serve")], passthrough=["--tensor-parallel-size", "1"]).start()
+    try:
+        wait_for(ready_with(sup, ia), 30, "daemon on a", sup)
+        _flip_link(tmp_path / "serve", "b")
+        wait_for(ready_with(sup, ib), 30, "daemon on b", sup)
+        assert sup.terminate() == 0
+    finally:
+        sup.cleanup()
+    starts = [r for r in sup.standin() if r["event"] == "start"]
+    assert [r["identity"] for r in starts] == [ia, ib]
+    for rec, folder, identity in zip(starts, (a, b), (ia, ib)):
+        assert rec["pid"] != sup.proc.pid and rec["ppid"] == sup.proc.pid  # a separate process it spawned
+        assert rec["key_function"] == "ckptpub_vllm.key.checkpoint_key"
+        assert rec["identity"] == ckptpub.read_manifest(folder).identity == identity
+        assert rec["folder"] == str(folder.resolve())  # the symlink is resolved: the daemon gets a stable folder
+        assert rec["env_identity"] == identity
+        assert rec["extra"] == ["--tensor-parallel-size", "1"]  # pass-through arguments reach the daemon
+    replace = [e for e in sup.decisions() if e.get("action") == "replace"]
+    assert len(replace) == 1 and replace[0]["why"] == "weights-changed" and "model.norm.weight" in replace[0]["reason"]
+
+
+def test_fixed_target_in_place_events(tmp_path):
+    """MODEL_DIR re-published in place: same bytes -> keep; changed weights or config -> replace."""
+    m = tmp_path / "model"
+    i1 = make_checkpoint(m, seed=1)
+    sup = SupervisorProc(tmp_path, [str(m)]).start()
+    try:
+        wait_for(ready_with(sup, i1), 30, "first", sup)
+        n = len(sup.decisions())
+        ckptpub.publish(m)  # re-publish, same bytes
+        wait_for(lambda: any(e.get("why") == "same-identity-republished" for e in sup.decisions()[n:]), 30,
+                 "republish decision", sup)
+        shard, start, _ = locate(m, "model.layers.0.self_attn.q_proj.weight")
+        flip_byte(shard, start + 100)  # changed in place, not yet published: the manifest still says i1
+        time.sleep(0.5)
+        assert sup.status()["held"]["identity"] == i1
+        i2 = ckptpub.publish(m).identity
+        wait_for(ready_with(sup, i2), 30, "after weights change", sup)
+        config = json.loads((m / "config.json").read_text())
+        config["rope_theta"] = 10000.0
+        (m / "config.json").write_text(json.dumps(config))
+        i3 = ckptpub.publish(m).identity
+        wait_for(ready_with(sup, i3), 30, "after config change", sup)
+        assert sup.terminate() == 0
+    finally:
+        sup.cleanup()
+    whys = [e["why"] for e in sup.decisions() if e.get("event") == "decision"]
+    assert whys == ["first-preload", "same-identity-republished", "weights-changed", "config-changed"]
+    assert [r["identity"] for r in sup.standin() if r["event"] == "start"] == [i1, i2, i3]
+
+
+def test_supervisor_killed_and_restarted_adopts_the_running_daemon(tmp_path):
+    m = tmp_path / "model"
+    identity = make_checkpoint(m, seed=1)
+    first = SupervisorProc(tmp_path, [str(m)]).start()
+    second = None
+    try:
+        status = wait_for(ready_with(first, identity), 30, "ready", first)
+        daemon_pid = status["held"]["pid"]
+        first.kill()  # SIGKILL: no clean-up at all
+        assert pid_alive(daemon_pid)  # the daemon is in its own session: it survives its supervisor
+        second = SupervisorProc(tmp_path, [str(m)]).start()
+        wait_for(lambda: _outcomes(second, "adopted"), 30, "adoption", second)
+        status = wait_for(lambda: (s := ready_with(second, identity)()) and s["supervisor_pid"] == second.proc.pid
+                          and s, 30, "ready after adoption", second)
+        assert status["held"]["pid"] == daemon_pid and status["supervisor_pid"] == second.proc.pid
+        time.sleep(0.5)  # a few polls: still the same daemon, nothing reloaded
+        starts = [r for r in second.standin() if r["event"] == "start"]
+        assert len(starts) == 1 and starts[0]["pid"] == daemon_pid
+        assert "adopted, not reloaded" in _outcomes(second, "adopted")[0]["reason"]
+        # SIGTERM to the new supervisor stops the adopted daemon (not its child) cleanly
+        assert second.terminate() == 0
+        wait_for(lambda: not pid_alive(daemon_pid), 15, "adopted daemon stopped")
+        assert [r["during"] for r in second.standin() if r["event"] == "stop"] == ["serve"]
+    finally:
+        first.cleanup()
+        if second is not None:
+            second.cleanup()
+
+
+def test_restart_does_not_adopt_a_reused_pid(tmp_path):
+    m = tmp_path / "model"
+    identity = make_checkpoint(m, seed=1)
+    state = tmp_path / "state"
+    state.mkdir()
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sup = None
+    try:
+        # a record naming a live process that is not our daemon (as after a reboot and pid reuse)
+        write_json(str(state / "daemon.json"), {"pid": stranger.pid, "identity": identity, "folder": str(m),
+                                                "argv": ["vllm", "preload", "--model", str(m)], "generation": 3,
+                                                "log": str(state / "logs" / "daemon-3.log")})
+        sup = SupervisorProc(tmp_path, [str(m)]).start()
+        status = wait_for(ready_with(sup, identity), 30, "fresh daemon", sup)
+        assert stranger.poll() is None  # never signalled
+        assert status["held"]["pid"] != stranger.pid and status["held"]["generation"] == 4
+        assert "another command" in _outcomes(sup, "not-adopted")[0]["reason"]
+        assert sup.terminate() == 0
+    finally:
+        stranger.kill()
+        stranger.wait()
+        if sup is not None:
+            sup.cleanup()
+
+
+def test_restart_does_not_adopt_a_daemon_started_for_another_identity(tmp_path):
+    """A live daemon whose command line matches the record but whose environment names another identity."""
+    import shlex
+
+    from preload_helpers import STANDIN_CMD
+
+    m = tmp_path / "model"
+    identity = make_checkpoint(m, seed=1)
+    state = tmp_path / "state"
+    (state / "logs").mkdir(parents=True)
+    argv = [a.replace("{folder}", str(m)).replace("{socket_dir}", str(tmp_path / "other-sockets"))
+            for a in shlex.split(STANDIN_CMD)]
+    log = state / "logs" / "daemon-1.log"
+    other = "blake3:" + "0" * 64
+    with open(log, "wb") as out:
+        daemon = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                  env={**os.environ, "CKPTPUB_PRELOAD_IDENTITY": other,
+                                       "STANDIN_RECORD": str(tmp_path / "manual.jsonl")})
+    sup = None
+    try:
+        wait_for(lambda: "READY" in log.read_text(), 30, "manual daemon ready")
+        write_json(str(state / "daemon.json"), {"pid": daemon.pid, "identity": identity, "folder": str(m),
+                                                "argv": argv, "generation": 1, "log": str(log)})
+        sup = SupervisorProc(tmp_path, [str(m)]).start()
+        status = wait_for(ready_with(sup, identity), 30, "fresh daemon", sup)
+        assert status["held"]["pid"] != daemon.pid and daemon.poll() is None  # not adopted, not signalled
+        assert f"not started for {identity}" in _outcomes(sup, "not-adopted")[0]["reason"]
+        assert sup.terminate() == 0
+    finally:
+        daemon.kill()
+        daemon.wait()
+        if sup is not None:
+            sup.cleanup()
+
+
+def test_daemon_that_dies_is_restarted_for_the_same_identity(tmp_path):
+    m = tmp_path / "model"
+    identity = make_checkpoint(m, seed=1)
+    sup = SupervisorProc(tmp_path, [str(m)],
+                         env={"STANDIN_CRASH_AFTER_S": "0.3", "STANDIN_CRASH_ONCE": str(tmp_path)}).start()
+    try:
+        # the first daemon crashes by itself 0.3 s after READY (exit 9); the second is killed from outside
+        wait_for(lambda: _outcomes(sup, "daemon-exited"), 30, "first crash", sup)
+        status = wait_for(lambda: (s := ready_with(sup, identity)()) and
+                          len([r for r in sup.standin() if r["event"] == "ready"]) == 2 and s, 30, "restart", sup)
+        os.killpg(status["held"]["pid"], signal.SIGKILL)
+        wait_for(lambda: len(_outcomes(sup, "daemon-exited")) == 2, 30, "second death", sup)
+        wait_for(lambda: len([r for r in sup.standin() if r["event"] == "ready"]) == 3, 30, "second restart", sup)
+        wait_for(ready_with(sup, identity), 30, "ready again", sup)
+        assert sup.terminate() == 0
+    finally:
+        sup.cleanup()
+    starts = [r for r in sup.standin() if r["event"] == "start"]
+    assert [r["identity"] for r in starts] == [identity] * 3
+    deaths = _outcomes(sup, "daemon-exited")
+    assert "code 9" in deaths[0]["reason"] and "simulated crash" in deaths[0]["reason"]
+    assert "code -9" in deaths[1]["reason"]
+    restarts = [e for e in sup.decisions() if e.get("action") == "restart"]
+    assert [e["why"] for e in restarts] == ["daemon-died", "daemon-died"]
+
+
+def test_failed_preload_keeps_old_daemon_and_says_so(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    ia, ib = make_checkpoint(a, seed=1), make_checkpoint(b, seed=2)
+    os.symlink("a", tmp_path / "serve")
+    sup = SupervisorProc(tmp_path, [str(tmp_path / "serve")], env={"STANDIN_FAIL": ib},
+                         extra_opts=["--retry-delay", "30"]).start()
+    try:
+        status = wait_for(ready_with(sup, ia), 30, "first", sup)
+        old_pid = status["held"]["pid"]
+        _flip_link(tmp_path / "serve", "b")
+        status = wait_for(lambda: (s := sup.status()).get("state") == "failed" and s, 30, "failed state", sup)
+        assert status["held"]["identity"] == ia and status["held"]["pid"] == old_pid and pid_alive(old_pid)
+        assert status["target"]["identity"] == ib
+        assert "simulated load failure" in status["last_error"]
+        human = _status_cli(sup.state_dir)
+        assert human.returncode == 1 and "state:      failed" in human.stdout and "simulated" in human.stdout
+        as_json = _status_cli(sup.state_dir, "--json")
+        assert as_json.returncode == 1 and json.loads(as_json.stdout)["held"]["identity"] == ia
+        failed = _outcomes(sup, "failed")
+        assert len(failed) == 1 and f"still holds the previous identity {ia}" in failed[0]["reason"]
+        time.sleep(0.5)  # back-off: no retry storm
+        assert len([r for r in sup.standin() if r["event"] == "start"]) == 2
+        _flip_link(tmp_path / "serve", "a")  # back to what is held: nothing to load
+        wait_for(ready_with(sup, ia), 30, "ready on a again", sup)
+        assert _status_cli(sup.state_dir).returncode == 0
+        assert sup.terminate() == 0
+    finally:
+        sup.cleanup()
+    assert len([r for r in sup.standin() if r["event"] == "start"]) == 2
+
+
+def test_one_at_a_time_with_a_fixed_socket_dir(tmp_path):
+    """With one socket directory, the old daemon must be gone before the new one binds (vLLM's per-GPU lock)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    ia, ib = make_checkpoint(a, seed=1), make_checkpoint(b, seed=2)
+    os.symlink("a", tmp_path / "serve")
+    sockets = tmp_path / "sockets"
+    sup = SupervisorProc(tmp_path, [str(tmp_path / "serve")], extra_opts=["--socket-dir", str(sockets)]).start()
+    try:
+        wait_for(ready_with(sup, ia), 30, "first", sup)
+        _flip_link(tmp_path / "serve", "b")
+        wait_for(ready_with(sup, ib), 30, "second", sup)
+        assert sup.status()["mode"] == "one-at-a-time" and sup.status()["socket_dir"] == str(sockets)
+        assert sup.terminate() == 0
+    finally:
+        sup.cleanup()
+    events = [(r["event"], r.get("identity")) for r in sup.standin()]
+    assert events.index(("stop", ia)) < events.index(("start", ib))
+    assert not [r for r in sup.standin() if r["event"] == "fail"]
+    whys = [e["why"] for e in sup.decisions()]
+    assert whys.index("stopped-old") < whys.index("launched", whys.index("weights-changed"))
+
+
+def test_sigterm_while_loading_and_cli_errors(tmp_path):
+    m = tmp_path / "model"
+    identity = make_checkpoint(m, seed=1)
+    sup = SupervisorProc(tmp_path, [str(m)], env={"STANDIN_LOAD_S": "30"}).start()
+    try:
+        wait_for(lambda: [r for r in sup.standin() if r["event"] == "start"], 30, "loading", sup)
+        assert sup.status()["state"] == "loading"
+        pid = sup.standin()[0]["pid"]
+        assert sup.terminate() == 0
+        assert not pid_alive(pid)
+        assert sup.status()["state"] == "stopped" and not os.path.exists(sup.state_dir / "loading.json")
+    finally:
+        sup.cleanup()
+    assert sup.standin()[-1]["event"] == "stop" and sup.standin()[-1]["during"] == "load"
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "ckptpub", "preload", *map(str, args)], capture_output=True,
+                              text=True, timeout=60)
+
+    (tmp_path / "bare").mkdir()
+    for args in ([], [m, "--follow", tmp_path], [tmp_path / "missing"], [tmp_path / "bare"],
+                 ["--status", "--state-dir", tmp_path / "nothing"], [m, "--interval", "0"],
+                 [m, "--daemon-cmd", "echo hi"], [m, "--", "--weight-cache-socket-dir", "/x"],
+                 [m, "--identity-pattern", "keyed"], [m, "--ready-pattern", "("]):
+        result = cli(*args)
+        assert result.returncode == 2, (args, result)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("ckptpub preload: error:"), (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert identity
+
+
+def test_second_supervisor_on_the_same_state_dir_is_refused(tmp_path):
+    m = tmp_path / "model"
+    identity = make_checkpoint(m, seed=1)
+    sup = SupervisorProc(tmp_path, [str(m)]).start()
+    try:
+        wait_for(ready_with(sup, identity), 30, "ready", sup)
+        other = SupervisorProc(tmp_path, [str(m)], state_dir=sup.state_dir)
+        result = subprocess.run(other.argv, capture_output=True, text=True, env=other.env, timeout=60)
+        assert result.returncode == 2 and "another supervisor" in result.stderr
+        human = _status_cli(sup.state_dir)
+        assert human.returncode == 0, human
+        for text in (identity, str(m.resolve()), f"pid:      {sup.status()['held']['pid']}", "since:", "first-preload",
+                     "no daemon held"):
+            assert text in human.stdout, (text, human.stdout)
+        data = json.loads(_status_cli(sup.state_dir, "--json").stdout)
+        assert data["supervisor_alive"] and data["held"]["identity"] == identity and data["socket_dir"]
+        assert data["last_decision"]["why"] == "first-preload"
+        assert sup.terminate() == 0
+        assert _status_cli(sup.state_dir).returncode == 1  # stopped: nothing held
+    finally:
+        sup.cleanup()
+
+
+def test_real_plugin_daemon_wrapper_in_a_spawned_child(tmp_path):
+    """The supervisor confirms a daemon through the plugin's own ``run_daemon`` in a spawned child.
+
+    ``vllm_spawn_daemon.py`` launches ``ckptpub_vllm.daemon.run_daemon`` with multiprocessing
+    spawn, as ``vllm preload`` does; in the child the plugin patches vLLM's ``hash_checkpoint``
+    and logs its identity line through vLLM's logging; vLLM's ``_run_daemon`` (CUDA) is faked in
+    the child only. Checks that the line the supervisor waits for really comes out of a vLLM
+    daemon child, and that vLLM's own key function there returns the manifest identity.
+
+    Without ``configure_child_logging`` (what the default daemon command, ``vllm_launcher``, adds in
+    each child) the identity line is dropped: vLLM 0.32 does not configure logging in daemon
+    children, and the supervisor reports "READY but no manifest-keyed identity".
+    """
+    import shlex
+
+    m = tmp_path / "model"
+    identity = make_checkpoint(m, seed=1)
+    launcher = Path(__file__).parent / "vllm_spawn_daemon.py"
+    cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(launcher))} --model {{folder}} " \
+          f"--weight-cache-socket-dir {{socket_dir}}"
+    sup = SupervisorProc(tmp_path, [str(m)], extra_opts=["--daemon-cmd", cmd, "--ready-timeout", "240",
+                                                         "--retry-delay", "600"]).start()
+    try:
+        status = wait_for(lambda: (s := sup.status()).get("state") in ("ready", "failed") and s, 240,
+                          "plugin daemon ready or failed", sup)
+        assert status["state"] == "ready", status.get("last_error")
+        assert status["held"]["identity"] == identity
+        assert sup.terminate() == 0
+    finally:
+        sup.cleanup()
+    (start,) = [r for r in sup.standin() if r["event"] == "start"]
+    assert start["identity"] == identity and start["patched"]
+    assert start["key_function"] == "ckptpub_vllm.key._patched"
+    assert start["ppid"] == status["held"]["pid"]  # the launcher's child, not the launcher or the supervisor
+    log = Path(status["held"]["log"]).read_text()
+    assert f"is keyed by checkpoint {identity}" in log
+    assert not pid_alive(start["pid"])

@@ -25,6 +25,10 @@ import numpy as np
 from safetensors.numpy import save_file
 
 HIDDEN, INTERMEDIATE, VOCAB = 2048, 5632, 32000
+IN_PROCESS = (
+    "import sys, time, ckptpub.compare as c; start = time.perf_counter(); "
+    "assert c.verify(sys.argv[1]).ok; print(time.perf_counter() - start)"
+)
 
 
 def build_checkpoint(folder: Path, target_gb: float) -> None:
@@ -44,7 +48,7 @@ def build_checkpoint(folder: Path, target_gb: float) -> None:
     }
     layer_bytes = sum(4 * int(np.prod(s)) for s in layer_shapes.values())
     fixed = 2 * 4 * VOCAB * HIDDEN
-    layers = max(1, int((target_gb * 1e9 - fixed) / layer_bytes))
+    layers = max(1, round((target_gb * 1e9 - fixed) / layer_bytes))
     names = {"model.embed_tokens.weight": (VOCAB, HIDDEN), "lm_head.weight": (VOCAB, HIDDEN), "model.norm.weight": (HIDDEN,)}
     for layer in range(layers):
         names.update({f"model.layers.{layer}.{k}": v for k, v in layer_shapes.items()})
@@ -111,6 +115,9 @@ def main() -> None:
         "ckptpub publish": [ckptpub, "publish", str(args.dir)],
         "ckptpub verify": [ckptpub, "verify", str(args.dir)],
     }
+    # Where the difference comes from: the interpreter's own start, and verify() without it.
+    python_start = [sys.executable, "-c", "pass"]
+    in_process = [sys.executable, "-c", IN_PROCESS, str(args.dir)]
     for command in commands.values():  # warm the page cache and create the manifest
         timed(command)
     times: dict[str, list[float]] = {name: [] for name in commands}
@@ -121,6 +128,8 @@ def main() -> None:
             elapsed, peak = timed(commands[name])
             times[name].append(elapsed)
             peaks[name] = max(peaks[name], peak)
+    starts = [timed(python_start)[0] for _ in range(args.rounds)]
+    inner = [float(subprocess.run(in_process, capture_output=True, text=True, check=True).stdout) for _ in range(args.rounds)]
     reference = statistics.median(times["b3sum"])
     tensors = len(json.loads((args.dir / "ckptpub.json").read_text())["tensors"])
     print(f"checkpoint: {args.dir} ({size / 1e9:.2f} GB, {len(files)} files, {tensors} tensors), "
@@ -130,6 +139,11 @@ def main() -> None:
         median = statistics.median(times[name])
         print(f"{name:<18}{median:>10.3f}{min(times[name]):>9.3f}{size / median / 1e9:>8.2f}"
               f"{median / reference:>9.2f}x{peaks[name] / 1024:>15.1f}")
+    print(f"{'verify() inside':<18}{statistics.median(inner):>10.3f}{min(inner):>9.3f}"
+          f"{size / statistics.median(inner) / 1e9:>8.2f}{statistics.median(inner) / reference:>9.2f}x"
+          f"{'(no interpreter start)':>23}")
+    print(f"{'python -c pass':<18}{statistics.median(starts):>10.3f}{min(starts):>9.3f}{'':>8}"
+          f"{statistics.median(starts) / reference:>9.2f}x{'(interpreter start)':>20}")
 
 
 if __name__ == "__main__":

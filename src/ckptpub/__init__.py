@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .compare import ManifestDiff, Problem, VerifyReport, diff_manifests, verify
     from .errors import CkptpubError
     from .hashing import digest_bytes as tensor_digest
-    from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
+    from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, config_digest
     from .publishing import build_manifest, publish
     from .read import read_manifest
     from .run_index import read as read_run_index
@@ -38,6 +38,7 @@ _WHERE = {
     "TensorRecord": ("manifest", "TensorRecord"),
     "VerifyReport": ("compare", "VerifyReport"),
     "build_manifest": ("publishing", "build_manifest"),
+    "config_digest": ("manifest", "config_digest"),
     "diff_manifests": ("compare", "diff_manifests"),
     "publish": ("publishing", "publish"),
     "publish_accelerate_state": ("callback", "publish_accelerate_state"),

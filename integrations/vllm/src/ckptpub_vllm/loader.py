@@ -30,6 +30,7 @@ from .errors import RefusedError
 from .key import load_manifest
 from .log import logger
 from .options import Options, split_extra_config
+from .small_files import check_small_files
 from .staleness import check_not_stale
 from .verify_stream import StreamVerifier
 
@@ -108,6 +109,8 @@ class ManifestCacheLoader(IpcModelLoader):
             raise RefusedError(f"ckptpub: refusing {folder}: its identity {manifest.identity} is not the expected {expected}")
         if self.options.stat_check:
             check_not_stale(folder, manifest)
+        if self.options.verify:
+            check_small_files(folder, manifest)
         logger.info("ckptpub: requested %s, identity %s", folder, manifest.identity)
         self._manifest = manifest
         return manifest

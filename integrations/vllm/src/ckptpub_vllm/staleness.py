@@ -20,8 +20,12 @@ from .errors import RefusedError
 def stale_files(folder: str, manifest: "ckptpub.Manifest") -> list[str]:
     """Human-readable differences between the folder and the manifest's file list."""
     problems: list[str] = []
+    root = os.path.realpath(folder)
     for record in manifest.files:
         path = os.path.join(folder, record.path)
+        if os.path.islink(path) and os.path.commonpath([root, os.path.realpath(path)]) != root:
+            problems.append(f"{record.path} is a symlink out of the folder")
+            continue
         try:
             size = os.stat(path).st_size
         except FileNotFoundError:

@@ -83,35 +83,58 @@ def stop_daemon(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", default="/tmp/ckptpub-gpu-e2e")
+def script_args(default_workdir: str) -> argparse.Namespace | None:
+    """Arguments of a GPU script (``--workdir``); None once this process ran as an engine child."""
+    parser = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__.splitlines()[0])
+    parser.add_argument("--workdir", default=default_workdir)
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.engine:
         engine_main(json.loads(args.engine))
-        return 0
+        return None
+    return args
 
-    import ckptpub
+
+def cuda_available(program: str) -> bool:
     import torch
 
-    from ckptpub_vllm.testing import build_tiny_qwen3, find_tensor_file, tensor_location
-
     if not torch.cuda.is_available():
-        print("gpu_e2e: error: needs a CUDA GPU (the weight-cache daemon uses CUDA IPC)", file=sys.stderr)
+        print(f"{program}: error: needs a CUDA GPU (the weight-cache daemon uses CUDA IPC)", file=sys.stderr)
+    return torch.cuda.is_available()
+
+
+def negate_tensor(folder: str, name: str = "model.norm.weight") -> None:
+    """Same header, same size, different values: the case header-only keys cannot tell apart."""
+    import torch
+
+    from ckptpub_vllm.testing import find_tensor_file, tensor_location
+
+    path = find_tensor_file(folder, name)
+    start, end = tensor_location(path, name)
+    with open(path, "r+b") as f:
+        f.seek(start)
+        values = torch.frombuffer(bytearray(f.read(end - start)), dtype=torch.float32) * -1.0
+        f.seek(start)
+        f.write(values.numpy().tobytes())
+
+
+def main() -> int:
+    args = script_args("/tmp/ckptpub-gpu-e2e")
+    if args is None:
+        return 0
+    if not cuda_available("gpu_e2e"):
         return 2
+
+    import ckptpub
+
+    from ckptpub_vllm.testing import build_tiny_qwen3
+
     shutil.rmtree(args.workdir, ignore_errors=True)
     v1, v2 = os.path.join(args.workdir, "v1"), os.path.join(args.workdir, "v2")
     build_tiny_qwen3(v1, max_shard_size="150KB")
     ckptpub.publish(v1)
     shutil.copytree(v1, v2)
-    path = find_tensor_file(v2, "model.norm.weight")
-    start, end = tensor_location(path, "model.norm.weight")
-    with open(path, "r+b") as f:  # same header, same size, different values
-        f.seek(start)
-        values = torch.frombuffer(bytearray(f.read(end - start)), dtype=torch.float32) * -1.0
-        f.seek(start)
-        f.write(values.numpy().tobytes())
+    negate_tensor(v2)
     ckptpub.publish(v2)
     id1, id2 = ckptpub.read_manifest(v1).identity, ckptpub.read_manifest(v2).identity
     checks: list[tuple[str, bool]] = [("v1 and v2 have different identities", id1 != id2)]

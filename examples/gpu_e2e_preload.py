@@ -29,7 +29,6 @@ Steps (engines run in their own processes; exit code 0 only if every check holds
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -39,7 +38,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_e2e import ENGINE, engine_main, run_engine  # noqa: E402  (same engine settings and child mode)
+from gpu_e2e import ENGINE, cuda_available, negate_tensor, run_engine, script_args  # noqa: E402  (shared with gpu_e2e)
 
 DAEMON_ARGS = ["--dtype", ENGINE["dtype"], "--max-model-len", str(ENGINE["max_model_len"]), "--enforce-eager",
                "--gpu-memory-utilization", "0.15"]
@@ -98,22 +97,16 @@ def alive(pid: int) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", default="/tmp/ckptpub-e2e-pl")
-    parser.add_argument("--engine", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.engine:
-        engine_main(json.loads(args.engine))
+    args = script_args("/tmp/ckptpub-e2e-pl")
+    if args is None:
         return 0
+    if not cuda_available("gpu_e2e_preload"):
+        return 2
 
     import ckptpub
-    import torch
 
-    from ckptpub_vllm.testing import build_tiny_qwen3, find_tensor_file, tensor_location
+    from ckptpub_vllm.testing import build_tiny_qwen3
 
-    if not torch.cuda.is_available():
-        print("gpu_e2e_preload: error: needs a CUDA GPU (the weight-cache daemon uses CUDA IPC)", file=sys.stderr)
-        return 2
     shutil.rmtree(args.workdir, ignore_errors=True)
     run_dir, state_dir = os.path.join(args.workdir, "run"), os.path.join(args.workdir, "st")
     s10, s20, s30 = (os.path.join(run_dir, f"checkpoint-{n}") for n in (10, 20, 30))
@@ -121,13 +114,7 @@ def main() -> int:
     id10 = ckptpub.publish(s10).identity
     shutil.copytree(s10, s20)
     os.remove(os.path.join(s20, ckptpub.MANIFEST_NAME))
-    path = find_tensor_file(s20, "model.norm.weight")
-    start, end = tensor_location(path, "model.norm.weight")
-    with open(path, "r+b") as f:  # same header, same size, different values
-        f.seek(start)
-        values = torch.frombuffer(bytearray(f.read(end - start)), dtype=torch.float32) * -1.0
-        f.seek(start)
-        f.write(values.numpy().tobytes())
+    negate_tensor(s20)
     id20 = ckptpub.publish(s20).identity  # published now for the references; recorded in the index later
     checks: list[tuple[str, bool]] = [("steps 10 and 20 have different identities", id10 != id20)]
 

@@ -47,7 +47,26 @@ _WHERE = {
     "tensor_digest": ("hashing", "digest_bytes"),
     "verify": ("compare", "verify"),
 }
-__all__ = sorted(_WHERE)
+__all__ = [
+    "CkptpubError",
+    "FileRecord",
+    "MANIFEST_NAME",
+    "Manifest",
+    "ManifestDiff",
+    "Problem",
+    "PublishCallback",
+    "TensorRecord",
+    "VerifyReport",
+    "build_manifest",
+    "config_digest",
+    "diff_manifests",
+    "publish",
+    "publish_accelerate_state",
+    "read_manifest",
+    "read_run_index",
+    "tensor_digest",
+    "verify",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO / "examples"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import train_tiny  # noqa: E402
+import train_tiny  # noqa: E402,F401  (conftest and tests use cbhelpers.train_tiny)
 
 
 def cli_command() -> list[str]:

@@ -205,3 +205,9 @@ def test_commands_from_other_distributions(tmp_path: Path) -> None:
     assert (result.returncode, result.stdout) == (7, "hello a b\n")
     unknown = subprocess.run([sys.executable, "-m", "ckptpub", "nope"], capture_output=True, text=True, env=env)
     assert unknown.returncode == 2 and "invalid choice: 'nope'" in unknown.stderr
+
+
+def test_all_names_every_lazy_export() -> None:
+    import ckptpub
+
+    assert sorted(ckptpub.__all__) == sorted(ckptpub._WHERE)

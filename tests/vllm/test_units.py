@@ -7,7 +7,6 @@ import shutil
 
 import ckptpub
 import pytest
-import torch
 from safetensors import safe_open
 
 from ckptpub_vllm.errors import RefusedError

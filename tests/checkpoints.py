@@ -74,6 +74,19 @@ def write_checkpoint(
     return folder
 
 
+def sparse_shard(path: Path, tensors: int, tensor_bytes: int) -> None:
+    """A valid safetensors file of ``tensors`` U8 tensors whose data is a hole (reads as zeros):
+    large to hash, free to write."""
+    header = {
+        f"{path.stem}.t{i}": {"dtype": "U8", "shape": [tensor_bytes], "data_offsets": [i * tensor_bytes, (i + 1) * tensor_bytes]}
+        for i in range(tensors)
+    }
+    encoded = json.dumps(header).encode()
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(encoded)) + encoded)
+        handle.truncate(8 + len(encoded) + tensors * tensor_bytes)
+
+
 def tensor_range(shard: Path, name: str) -> tuple[int, int]:
     """Absolute byte range of ``name`` in ``shard``, read from its header."""
     with open(shard, "rb") as handle:

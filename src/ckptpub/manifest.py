@@ -70,9 +70,6 @@ class Manifest(NamedTuple):
         weight_files = set(self.weights)
         return {t.name: t for t in self.tensors if t.file in weight_files}
 
-    def file(self, path: str) -> FileRecord | None:
-        return next((f for f in self.files if f.path == path), None)
-
     def to_json(self) -> bytes:
         """The canonical encoding written to ``ckptpub.json`` (followed by a newline)."""
         return canonical_json(self.to_dict()) + b"\n"

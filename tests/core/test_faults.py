@@ -6,7 +6,6 @@ that verifies, never a partial one, and bad outcomes are one-line errors.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -19,24 +18,10 @@ from pathlib import Path
 import pytest
 
 import ckptpub
-from checkpoints import run_cli, snapshot, write_checkpoint
+from checkpoints import run_cli, snapshot, sparse_shard, write_checkpoint
 
 KILL_TRIALS = 40
 RACE_TRIALS = 8
-
-
-def sparse_shard(path: Path, tensors: int, tensor_bytes: int) -> None:
-    """A valid safetensors file whose data is a hole: large to hash, free to write."""
-    import struct
-
-    header = {
-        f"{path.stem}.t{i}": {"dtype": "U8", "shape": [tensor_bytes], "data_offsets": [i * tensor_bytes, (i + 1) * tensor_bytes]}
-        for i in range(tensors)
-    }
-    encoded = json.dumps(header).encode()
-    with open(path, "wb") as handle:
-        handle.write(struct.pack("<Q", len(encoded)) + encoded)
-        handle.truncate(8 + len(encoded) + tensors * tensor_bytes)
 
 
 def publish_command(folder: Path, *extra: str) -> list[str]:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import io
-import json
 import os
-import struct
 import subprocess
 import sys
 import threading
@@ -14,28 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from checkpoints import sparse_shard
 from ckptpub.progress import ProgressBar
 
-SHARD_BYTES = 1 << 30  # two 1 GiB shards of zeros, written sparse so the test costs no disk
-
-
-def sparse_shard(path: Path, data_bytes: int, tensor_bytes: int = 64 << 20) -> None:
-    """A valid safetensors file of U8 tensors whose data is a hole (reads as zeros)."""
-    header = {
-        f"{path.stem}.t{i}": {"dtype": "U8", "shape": [tensor_bytes], "data_offsets": [i * tensor_bytes, (i + 1) * tensor_bytes]}
-        for i in range(data_bytes // tensor_bytes)
-    }
-    encoded = json.dumps(header).encode()
-    with open(path, "wb") as handle:
-        handle.write(struct.pack("<Q", len(encoded)) + encoded)
-        handle.truncate(8 + len(encoded) + data_bytes)
+SHARD_TENSORS = 16  # two 1 GiB shards of 64 MiB zero tensors, written sparse so the test costs no disk
 
 
 @pytest.fixture(scope="module")
 def big_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("big")
     for index in range(2):
-        sparse_shard(folder / f"model-{index}.safetensors", SHARD_BYTES)
+        sparse_shard(folder / f"model-{index}.safetensors", SHARD_TENSORS, 64 << 20)
     (folder / "config.json").write_text("{}")
     return folder
 

@@ -129,29 +129,35 @@ def test_supervisor_killed_and_restarted_adopts_the_running_daemon(tmp_path):
             second.cleanup()
 
 
-def test_restart_does_not_adopt_a_reused_pid(tmp_path):
-    m = tmp_path / "model"
-    identity = make_checkpoint(m, seed=1)
-    state = tmp_path / "state"
-    state.mkdir()
-    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+def _assert_not_adopted(tmp_path, model, identity, stranger, record, reason):
+    """A supervisor started over ``record`` (naming the live process ``stranger``) starts a
+    fresh daemon for ``identity``, never adopts or signals ``stranger``, and says ``reason``."""
     sup = None
     try:
-        # a record naming a live process that is not our daemon (as after a reboot and pid reuse)
-        write_json(str(state / "daemon.json"), {"pid": stranger.pid, "identity": identity, "folder": str(m),
-                                                "argv": ["vllm", "preload", "--model", str(m)], "generation": 3,
-                                                "log": str(state / "logs" / "daemon-3.log")})
-        sup = SupervisorProc(tmp_path, [str(m)]).start()
+        write_json(str(tmp_path / "state" / "daemon.json"), record)
+        sup = SupervisorProc(tmp_path, [str(model)]).start()
         status = wait_for(ready_with(sup, identity), 30, "fresh daemon", sup)
-        assert stranger.poll() is None  # never signalled
-        assert status["held"]["pid"] != stranger.pid and status["held"]["generation"] == 4
-        assert "another command" in _outcomes(sup, "not-adopted")[0]["reason"]
+        assert status["held"]["pid"] != stranger.pid and stranger.poll() is None  # not adopted, not signalled
+        assert reason in _outcomes(sup, "not-adopted")[0]["reason"]
         assert sup.terminate() == 0
+        return status
     finally:
         stranger.kill()
         stranger.wait()
         if sup is not None:
             sup.cleanup()
+
+
+def test_restart_does_not_adopt_a_reused_pid(tmp_path):
+    m = tmp_path / "model"
+    identity = make_checkpoint(m, seed=1)
+    (tmp_path / "state").mkdir()
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # a record naming a live process that is not our daemon (as after a reboot and pid reuse)
+    record = {"pid": stranger.pid, "identity": identity, "folder": str(m), "argv": ["vllm", "preload", "--model", str(m)],
+              "generation": 3, "log": str(tmp_path / "state" / "logs" / "daemon-3.log")}
+    status = _assert_not_adopted(tmp_path, m, identity, stranger, record, "another command")
+    assert status["held"]["generation"] == 4
 
 
 def test_restart_does_not_adopt_a_daemon_started_for_another_identity(tmp_path):
@@ -172,21 +178,14 @@ def test_restart_does_not_adopt_a_daemon_started_for_another_identity(tmp_path):
         daemon = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                   env={**os.environ, "CKPTPUB_PRELOAD_IDENTITY": other,
                                        "STANDIN_RECORD": str(tmp_path / "manual.jsonl")})
-    sup = None
     try:
         wait_for(lambda: "READY" in log.read_text(), 30, "manual daemon ready")
-        write_json(str(state / "daemon.json"), {"pid": daemon.pid, "identity": identity, "folder": str(m),
-                                                "argv": argv, "generation": 1, "log": str(log)})
-        sup = SupervisorProc(tmp_path, [str(m)]).start()
-        status = wait_for(ready_with(sup, identity), 30, "fresh daemon", sup)
-        assert status["held"]["pid"] != daemon.pid and daemon.poll() is None  # not adopted, not signalled
-        assert f"not started for {identity}" in _outcomes(sup, "not-adopted")[0]["reason"]
-        assert sup.terminate() == 0
-    finally:
+    except BaseException:
         daemon.kill()
         daemon.wait()
-        if sup is not None:
-            sup.cleanup()
+        raise
+    record = {"pid": daemon.pid, "identity": identity, "folder": str(m), "argv": argv, "generation": 1, "log": str(log)}
+    _assert_not_adopted(tmp_path, m, identity, daemon, record, f"not started for {identity}")
 
 
 def test_daemon_that_dies_is_restarted_for_the_same_identity(tmp_path):

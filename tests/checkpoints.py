@@ -129,11 +129,12 @@ def copy_checkpoint(source: Path, target: Path) -> Path:
     return target
 
 
-def run_cli(*args: object, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(*args: object, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m ckptpub`` as a real subprocess and capture its output."""
     return subprocess.run(
         [sys.executable, "-m", "ckptpub", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
+        cwd=cwd,
     )

@@ -12,12 +12,13 @@ the Trainer callback imports transformers only when it is used.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from .callback import PublishCallback, publish_accelerate_state
     from .compare import ManifestDiff, Problem, VerifyReport, diff_manifests, verify
     from .errors import CkptpubError
@@ -74,6 +75,8 @@ def __getattr__(name: str) -> Any:
         module, attribute = _WHERE[name]
     except KeyError:
         raise AttributeError(f"module 'ckptpub' has no attribute {name!r}") from None
+    import importlib  # here, not at the top: the CLI never needs it
+
     value = getattr(importlib.import_module(f".{module}", __name__), attribute)
     globals()[name] = value
     return value

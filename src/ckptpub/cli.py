@@ -8,46 +8,50 @@ scripts can both read (``path: OK`` / ``path: FAILED (...)``), or as JSON.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import re
 import sys
-from typing import TYPE_CHECKING, Any, Sequence
 
 from . import __version__
+from .arguments import Arguments, Command, HelpRequested, Option, UsageError, parse
 from .errors import CkptpubError
 from .manifest import MANIFEST_NAME
 from .progress import ProgressBar
 from .read import read_manifest
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
     from .compare import ManifestDiff, VerifyReport
     from .manifest import Manifest
 
 EXIT_OK, EXIT_MISMATCH, EXIT_UNUSABLE = 0, 1, 2
-_STEP_FOLDER = re.compile(r"checkpoint[-_](\d+)\Z")
 _LS_DEPTH = 3
 
 
 #: Entry-point group through which other distributions add commands (``ckptpub preload``
 #: comes from ckptpub-vllm). Each entry point is a ``main(argv: list[str]) -> int``.
 COMMANDS_GROUP = "ckptpub.commands"
-_BUILTIN = ("publish", "verify", "show", "diff", "ls")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] not in _BUILTIN and not argv[0].startswith("-"):
+        if argv and not argv[0].startswith("-") and all(argv[0] != c.name for c in COMMANDS):
             extension = _extension_command(argv[0])
             if extension is not None:
                 return extension(argv[1:])
-        args = _parser().parse_args(argv)
-        return args.run(args)
-    except _UsageError as error:
-        _fail(f"{error} (see 'ckptpub --help')")
+        command, args = parse("ckptpub", DESCRIPTION, __version__, COMMANDS, argv)
+        return command.run(args)
+    except HelpRequested as text:
+        print(text)
+        if argv[0] in ("-h", "--help"):
+            _print_extension_commands()
+        return EXIT_OK
+    except UsageError as error:
+        _fail(f"{error} (see 'ckptpub {error.command + ' ' if error.command else ''}--help')")
         return EXIT_UNUSABLE
     except CkptpubError as error:
         _fail(str(error))
@@ -85,7 +89,7 @@ def run() -> None:
     os._exit(code)
 
 
-def _cmd_publish(args: argparse.Namespace) -> int:
+def _cmd_publish(args: Arguments) -> int:
     from .publishing import publish
 
     bar = ProgressBar("hashing")
@@ -104,7 +108,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_verify(args: argparse.Namespace) -> int:
+def _cmd_verify(args: Arguments) -> int:
     from .compare import verify
 
     bar = ProgressBar("verifying")
@@ -126,7 +130,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_MISMATCH
 
 
-def _cmd_show(args: argparse.Namespace) -> int:
+def _cmd_show(args: Arguments) -> int:
+    import json  # for nested provenance values; not imported above (see strict_json)
+
     manifest = read_manifest(args.folder)
     summary = _summary(manifest, args.folder)
     if args.json:
@@ -144,7 +150,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_diff(args: argparse.Namespace) -> int:
+def _cmd_diff(args: Arguments) -> int:
     from .compare import diff_manifests
 
     difference = diff_manifests(read_manifest(args.a), read_manifest(args.b))
@@ -164,7 +170,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     return EXIT_OK if difference.same else EXIT_MISMATCH
 
 
-def _cmd_ls(args: argparse.Namespace) -> int:
+def _cmd_ls(args: Arguments) -> int:
     if not os.path.isdir(args.run_dir):
         raise CkptpubError(f"{args.run_dir}: not a folder")
     rows, unusable = [], 0
@@ -202,6 +208,14 @@ def _extension_command(name: str):
     return None
 
 
+def _print_extension_commands() -> None:
+    from importlib.metadata import entry_points
+
+    names = sorted({entry.name for entry in entry_points(group=COMMANDS_GROUP)})
+    if names:
+        print(f"\nadded by installed distributions: {', '.join(names)} ('ckptpub NAME --help' for each)")
+
+
 def _published_folders(run_dir: str):
     """Folders holding a manifest, at most ``_LS_DEPTH`` levels down, not inside another checkpoint."""
     for current, dirs, files in os.walk(run_dir):
@@ -217,7 +231,9 @@ def _step(manifest: Manifest | None, folder: str) -> int | None:
     step = manifest.provenance.get("step") if manifest else None
     if type(step) is int:
         return step
-    match = _STEP_FOLDER.search(os.path.basename(os.path.normpath(folder)))
+    import re  # only ls needs it
+
+    match = re.fullmatch(r"checkpoint[-_](\d+)", os.path.basename(os.path.normpath(folder)))
     return int(match.group(1)) if match else None
 
 
@@ -277,62 +293,49 @@ def _print_verify_lines(report: VerifyReport, *, quiet: bool) -> None:
             print(f"{_safe(path)}: FAILED ({what})")
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line instead of argparse's usage block
-        raise _UsageError(message)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="ckptpub", description="BLAKE3 manifests for model checkpoints.")
-    parser.add_argument("--version", action="version", version=f"ckptpub {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    def command(name: str, run, help_text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.set_defaults(run=run)
-        return sub
-
-    def hashing_options(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--threads", type=_positive, default=None, help="hashing threads (default: one per CPU)")
-        sub.add_argument("--no-mmap", action="store_true", help="read with pread instead of mmap (spinning disks, some network file systems)")
-        sub.add_argument("--json", action="store_true", help="print a JSON object")
-
-    sub = command("publish", _cmd_publish, "hash a checkpoint folder and write its ckptpub.json")
-    sub.add_argument("folder")
-    hashing_options(sub)
-    sub = command("verify", _cmd_verify, "re-hash a folder and report every difference from its manifest")
-    sub.add_argument("folder")
-    sub.add_argument("--quiet", action="store_true", help="print only failures")
-    sub.add_argument("--expect-identity", metavar="ID", help="also fail unless the manifest's identity is ID")
-    hashing_options(sub)
-    sub = command("show", _cmd_show, "print a checkpoint's identity and summary from its manifest")
-    sub.add_argument("folder")
-    sub.add_argument("--json", action="store_true", help="print a JSON object")
-    sub = command("diff", _cmd_diff, "compare the model tensors of two manifests (no data is read)")
-    sub.add_argument("a", help="checkpoint folder or manifest file")
-    sub.add_argument("b", help="checkpoint folder or manifest file")
-    sub.add_argument("--json", action="store_true", help="print a JSON object")
-    sub = command("ls", _cmd_ls, "list the published checkpoints of a training run")
-    sub.add_argument("run_dir")
-    sub.add_argument("--json", action="store_true", help="print a JSON array")
-    return parser
-
-
 def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
+    if not (text.isdigit() and int(text) >= 1):
+        raise ValueError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+DESCRIPTION = "BLAKE3 manifests for model checkpoints."
+_FOLDER = ("folder", "the checkpoint folder")
+_JSON = Option("--json", "print JSON instead of lines")
+#: Options of the two commands that hash: the knobs of ``hashing.hash_spans``.
+_HASHING = (
+    Option("--threads", "hashing threads (default: one per CPU)", "N", _positive),
+    Option("--no-mmap", "read with pread instead of mmap (spinning disks, some network file systems)"),
+)
+COMMANDS = (
+    Command("publish", "hash a checkpoint folder and write its ckptpub.json", _cmd_publish, (_FOLDER,), (*_HASHING, _JSON)),
+    Command(
+        "verify",
+        "re-hash a folder and report every difference from its manifest",
+        _cmd_verify,
+        (_FOLDER,),
+        (
+            Option("--quiet", "print only failures"),
+            Option("--expect-identity", "also fail unless the manifest's identity is ID", "ID"),
+            *_HASHING,
+            _JSON,
+        ),
+    ),
+    Command("show", "print a checkpoint's identity and summary from its manifest", _cmd_show, (_FOLDER,), (_JSON,)),
+    Command(
+        "diff",
+        "compare the model tensors of two manifests (no data is read)",
+        _cmd_diff,
+        (("a", "checkpoint folder or manifest file"), ("b", "checkpoint folder or manifest file")),
+        (_JSON,),
+    ),
+    Command("ls", "list the published checkpoints of a training run", _cmd_ls, (("run_dir", "the run's output folder"),), (_JSON,)),
+)
 
 
 def _print_json(value: Any) -> None:
+    import json  # only --json needs it (see strict_json for why it is not imported above)
+
     print(json.dumps(value, indent=2, sort_keys=True))
 
 

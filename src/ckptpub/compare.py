@@ -9,18 +9,19 @@ input that cannot be used at all.
 from __future__ import annotations
 
 import os
-import re
-from typing import NamedTuple
 
 from .errors import CkptpubError
-from .hashing import ProgressCallback, Span, hash_spans
-from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord
+from .hashing import Span, hash_spans
+from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, is_digest
 from .model_files import config_digests, weight_files
 from .read import read_manifest
+from .records import NamedTuple
 from .safetensors import ShardLayout, read_layout
 from .scan import FolderEntry, resolve_folder, scan_folder
 
-_IDENTITY = re.compile(r"blake3:[0-9a-f]{64}\Z")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
+if TYPE_CHECKING:
+    from .hashing import ProgressCallback
 
 
 class Problem(NamedTuple):
@@ -78,7 +79,7 @@ def verify(
     With ``expect_identity``, a manifest of any other identity is a problem too,
     which turns "the folder matches its manifest" into "the folder is this model".
     """
-    if expect_identity is not None and not _IDENTITY.match(expect_identity):
+    if expect_identity is not None and not is_digest(expect_identity):
         raise CkptpubError(f"expected identity {expect_identity!r} is not of the form blake3:<64 hex>")
     root = resolve_folder(folder)
     manifest = read_manifest(root)

@@ -29,15 +29,20 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from typing import Callable, Iterable, NamedTuple, Sequence
 
 import blake3
 
 from .errors import CkptpubError
+from .records import NamedTuple
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+
+    #: ``on_progress(done_bytes, total_bytes)``, called as hashing advances.
+    ProgressCallback = Callable[[int, int], None]
 
 DIGEST_PREFIX = "blake3:"
-#: ``on_progress(done_bytes, total_bytes)``, called as hashing advances.
-ProgressCallback = Callable[[int, int], None]
 SPLIT_MIN_BYTES = 32 << 20
 CHUNK_BYTES = 64 << 20
 READ_BUFFER_BYTES = 8 << 20

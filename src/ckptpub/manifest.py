@@ -10,14 +10,17 @@ copied from another checkpoint is refused instead of being trusted.
 
 from __future__ import annotations
 
-import re
-from typing import Any, Mapping, NamedTuple
-
 from .canonical import canonical_json
 from .errors import CkptpubError
-from .hashing import digest_bytes
+from .hashing import DIGEST_PREFIX, digest_bytes
+from .records import NamedTuple
 from .safetensors import DTYPE_BITS
 from .strict_json import loads_strict
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
 FORMAT = "ckptpub/1"
 MANIFEST_NAME = "ckptpub.json"
@@ -26,7 +29,17 @@ MAX_MANIFEST_BYTES = 64 << 20
 #: Config files whose meaning (not formatting) is part of the identity.
 CONFIG_FILES = ("config.json", "adapter_config.json")
 
-_DIGEST = re.compile(r"blake3:[0-9a-f]{64}\Z")
+def is_digest(value: object) -> bool:
+    """Whether ``value`` is a ckptpub digest: ``blake3:`` and 64 lowercase hex digits.
+
+    Checked without a regular expression: ``re`` is not imported on the CLI's path.
+    """
+    return (
+        isinstance(value, str)
+        and len(value) == len(DIGEST_PREFIX) + 64
+        and value.startswith(DIGEST_PREFIX)
+        and not value[len(DIGEST_PREFIX) :].strip("0123456789abcdef")
+    )
 
 
 class TensorRecord(NamedTuple):
@@ -170,7 +183,7 @@ class _Validator:
             raise self.fail("provenance is not an object")
         self.cross_check(files, tensors, weights)
         identity = document["identity"]
-        if not (isinstance(identity, str) and _DIGEST.match(identity)):
+        if not is_digest(identity):
             raise self.fail(f"identity {identity!r} is not a blake3 digest")
         if identity != compute_identity(tensors, files, weights, config):
             raise self.fail("recorded identity does not match the manifest's own entries (edited or corrupt manifest)")
@@ -182,7 +195,7 @@ class _Validator:
         return value
 
     def digest(self, value: Any, where: str) -> str:
-        if not (isinstance(value, str) and _DIGEST.match(value)):
+        if not is_digest(value):
             raise self.fail(f"{where}: {value!r} is not a blake3 digest")
         return value
 

@@ -9,13 +9,15 @@ files or another config than the folder's own is caught.
 
 from __future__ import annotations
 
-from typing import Mapping
-
 from .errors import CkptpubError
 from .manifest import CONFIG_FILES, config_digest
 from .safetensors import ShardLayout
 from .scan import FolderEntry
 from .strict_json import loads_strict, read_bounded
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_CONFIG_BYTES = 16 << 20

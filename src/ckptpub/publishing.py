@@ -10,16 +10,23 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Mapping
 
 from . import __version__
 from .canonical import canonical_json
 from .errors import CkptpubError
-from .hashing import ProgressCallback, Span, hash_spans
+from .hashing import Span, hash_spans
 from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, compute_identity
 from .model_files import config_digests, weight_files
 from .safetensors import ShardLayout, read_layout
 from .scan import TEMP_PREFIX, TEMP_SUFFIX, FolderEntry, resolve_folder, restat, scan_folder
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from .hashing import ProgressCallback
+
 
 def build_manifest(
     folder: str | os.PathLike[str],

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import struct
 from math import prod
-from typing import NamedTuple
 
 from .errors import CkptpubError
+from .records import NamedTuple
 from .strict_json import loads_strict
 
 #: The safetensors reference implementation refuses headers above 100 MB; so do we.

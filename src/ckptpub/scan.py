@@ -12,10 +12,10 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import NamedTuple
 
 from .errors import CkptpubError
 from .manifest import MANIFEST_NAME
+from .records import NamedTuple
 
 #: Prefix and suffix of the temporary files an atomic manifest write uses.
 TEMP_PREFIX = "." + MANIFEST_NAME + "."

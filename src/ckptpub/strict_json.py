@@ -2,25 +2,35 @@
 
 Duplicate keys and NaN/Infinity are refused rather than silently resolved, so two
 readers can never disagree about what a file says; sizes are bounded before reading.
+
+Documents are decoded by CPython's C scanner (``_json.make_scanner``), the one
+``json.loads`` itself runs, called directly: importing the ``json`` package costs
+7 ms of every ``ckptpub`` start (it compiles regular expressions at import, which
+imports ``re`` and ``enum``), 3% of verifying a 2 GB checkpoint. The grammar and
+error messages are ``json.loads``'s; where ``_json`` is missing (not CPython),
+``json.loads`` does the same work.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any
 
 from .errors import CkptpubError
+
+try:
+    from _json import make_scanner as _make_c_scanner
+except ImportError:  # pragma: no cover - CPython always has it
+    _make_c_scanner = None
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def loads_strict(data: bytes, display_name: str, what: str) -> Any:
     """Decode UTF-8 JSON ``data``; errors name ``display_name`` and ``what`` it was meant to be."""
     try:
-        return json.loads(
-            data.decode("utf-8"),
-            object_pairs_hook=_reject_duplicate_keys,
-            parse_constant=_reject_constant,
-        )
+        return _decode(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise CkptpubError(f"{display_name}: {what} is not valid UTF-8") from None
     except (ValueError, RecursionError) as error:
@@ -54,3 +64,45 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
 
 def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not allowed")
+
+
+class _StrictSettings:
+    """What ``json.loads(text, object_pairs_hook=..., parse_constant=...)`` hands its C scanner."""
+
+    strict = True  # no raw control characters inside strings
+    object_hook = None
+    parse_float = float
+    parse_int = int
+    object_pairs_hook = staticmethod(_reject_duplicate_keys)
+    parse_constant = staticmethod(_reject_constant)
+
+
+def _decode(text: str) -> Any:
+    """``json.loads`` with the strict settings, without importing ``json`` unless the text is bad."""
+    if _make_c_scanner is None:  # pragma: no cover - CPython always has _json
+        import json
+
+        return json.loads(text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant)
+    if text.startswith("\ufeff"):
+        raise _error("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    try:
+        value, end = _make_c_scanner(_StrictSettings)(text, _skip_whitespace(text, 0))
+    except StopIteration as stop:
+        raise _error("Expecting value", text, stop.value) from None
+    end = _skip_whitespace(text, end)
+    if end != len(text):
+        raise _error("Extra data", text, end)
+    return value
+
+
+def _skip_whitespace(text: str, position: int) -> int:
+    while position < len(text) and text[position] in " \t\n\r":
+        position += 1
+    return position
+
+
+def _error(message: str, text: str, position: int) -> ValueError:
+    """What ``json.loads`` raises here: "Expecting value: line 1 column 1 (char 0)"."""
+    from json import JSONDecodeError
+
+    return JSONDecodeError(message, text, position)

@@ -78,3 +78,42 @@ def test_manifest_parser_structured(files: list, tensors: list, weights: list) -
         parse_manifest(json.dumps(document).encode())
     except ckptpub.CkptpubError:
         pass
+
+
+def _json_loads_verdict(data: bytes) -> tuple[str, object]:
+    """What ``json.loads`` with ckptpub's strictness says of ``data``: the value, or the one-line error."""
+    from ckptpub.strict_json import _reject_constant, _reject_duplicate_keys
+
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return ("error", "fuzz.json: document is not valid UTF-8")
+    try:
+        return ("value", json.loads(text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant))
+    except (ValueError, RecursionError) as error:
+        return ("error", " ".join(f"fuzz.json: document is not valid JSON: {str(error).splitlines()[0]}".split()))
+
+
+def _mutations(text: str) -> st.SearchStrategy[str]:
+    edits = st.sampled_from(["", " ", "\n", "\ufeff", ",", "]", "}", "{", '"', "NaN", "1e999", "\x00", "\\", ":", '{"a":1,"a":2}'])
+    return st.tuples(st.integers(0, len(text)), st.integers(0, 3), edits).map(lambda e: text[: e[0]] + e[2] + text[e[0] + e[1] :])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(data=st.data())
+def test_strict_reader_agrees_with_json_loads(data: st.DataObject) -> None:
+    """loads_strict calls json's C scanner directly; on any input it must say exactly what json.loads says."""
+    from ckptpub.strict_json import loads_strict
+
+    document = data.draw(json_values)
+    text = json.dumps(document, indent=data.draw(st.sampled_from([None, 1])), ensure_ascii=data.draw(st.booleans()))
+    raw = data.draw(_mutations(text)).encode("utf-8", "surrogatepass") if data.draw(st.booleans()) else data.draw(st.binary(max_size=40))
+    expected = _json_loads_verdict(raw)
+    try:
+        actual: tuple[str, object] = ("value", loads_strict(raw, "fuzz.json", "document"))
+    except ckptpub.CkptpubError as error:
+        actual = ("error", str(error))
+    if expected[0] == "value" and actual[0] == "value":
+        assert json.dumps(actual[1], sort_keys=True) == json.dumps(expected[1], sort_keys=True)
+    else:
+        assert actual == expected

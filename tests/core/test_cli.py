@@ -160,8 +160,8 @@ def test_commands_import_only_what_they_need(published: Path) -> None:
 
     ``re`` (with ``enum``) and ``json`` matter most: together 7 ms of a 0.27 s verify of 2 GB.
     """
-    heavy = {"re", "enum", "json", "typing", "argparse", "shutil", "locale", "gettext", "dataclasses", "inspect",
-             "decimal", "importlib.metadata", "concurrent.futures", "logging", "subprocess", "tempfile"}
+    heavy = {"re", "enum", "json", "typing", "threading", "argparse", "shutil", "locale", "gettext", "dataclasses",
+             "inspect", "decimal", "importlib.metadata", "concurrent.futures", "logging", "subprocess", "tempfile"}
     program = "import sys; from ckptpub.cli import main; main(sys.argv[1:]); sys.stderr.write(' '.join(sys.modules))"
     for args in (["publish", published], ["verify", published], ["diff", published, published], ["show", published]):
         result = subprocess.run([sys.executable, "-c", program, *map(str, args)], capture_output=True, text=True)

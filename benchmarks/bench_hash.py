@@ -65,6 +65,13 @@ def build_checkpoint(folder: Path, target_gb: float) -> None:
     marker.touch()
 
 
+def build_tiny_checkpoint(folder: Path) -> None:
+    """One small tensor and a config: a ckptpub run on it is nearly all fixed cost (start-up)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"weight": np.zeros((16, 16), dtype=np.float32)}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text('{"model_type": "llama", "rms_norm_eps": 1e-06}')
+
+
 def peak_anon_rss(process: subprocess.Popen) -> list[int]:
     """Poll /proc/PID/status every 2 ms for RssAnon (kB) while the process lives."""
     peak = [0]
@@ -115,8 +122,13 @@ def main() -> None:
         "ckptpub publish": [ckptpub, "publish", str(args.dir)],
         "ckptpub verify": [ckptpub, "verify", str(args.dir)],
     }
-    # Where the difference comes from: the interpreter's own start, and verify() without it.
+    # Where the difference comes from: the interpreter's own start, a whole ckptpub run
+    # on a one-tensor folder (the fixed cost), and verify() without any start-up.
     python_start = [sys.executable, "-c", "pass"]
+    tiny = args.dir.parent / f"{args.dir.name}-tiny"
+    build_tiny_checkpoint(tiny)
+    timed([ckptpub, "publish", str(tiny)])
+    tiny_verify = [ckptpub, "verify", str(tiny)]
     in_process = [sys.executable, "-c", IN_PROCESS, str(args.dir)]
     for command in commands.values():  # warm the page cache and create the manifest
         timed(command)
@@ -129,6 +141,7 @@ def main() -> None:
             times[name].append(elapsed)
             peaks[name] = max(peaks[name], peak)
     starts = [timed(python_start)[0] for _ in range(args.rounds)]
+    fixed = [timed(tiny_verify)[0] for _ in range(args.rounds)]
     inner = [float(subprocess.run(in_process, capture_output=True, text=True, check=True).stdout) for _ in range(args.rounds)]
     reference = statistics.median(times["b3sum"])
     tensors = len(json.loads((args.dir / "ckptpub.json").read_text())["tensors"])
@@ -142,6 +155,8 @@ def main() -> None:
     print(f"{'verify() inside':<18}{statistics.median(inner):>10.3f}{min(inner):>9.3f}"
           f"{size / statistics.median(inner) / 1e9:>8.2f}{statistics.median(inner) / reference:>9.2f}x"
           f"{'(no interpreter start)':>23}")
+    print(f"{'verify, 1 tensor':<18}{statistics.median(fixed):>10.3f}{min(fixed):>9.3f}{'':>8}"
+          f"{statistics.median(fixed) / reference:>9.2f}x{'(fixed cost of a run)':>22}")
     print(f"{'python -c pass':<18}{statistics.median(starts):>10.3f}{min(starts):>9.3f}{'':>8}"
           f"{statistics.median(starts) / reference:>9.2f}x{'(interpreter start)':>20}")
 

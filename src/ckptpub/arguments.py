@@ -6,7 +6,7 @@ and building its parsers for the five commands took 3.7 ms (argparse pulls in
 shutil, gettext and locale and formats help text while it is being built); this
 module takes about 0.1 ms. The grammar is small and fixed:
 
-* one command, then long options (``--name`` or ``--name=value``, in any order,
+* one command, then long options (``--name`` or ``--name=value``, exact names, in any order,
   before or after the positional arguments; a repeated option keeps its last
   value) and the command's positional arguments;
 * ``--`` ends the options; ``-h``/``--help`` prints help; ``--version`` (before
@@ -112,7 +112,7 @@ def _parse_command(program: str, command: Command, argv: Sequence[str]) -> Argum
             continue
         if not has_value:
             value = next(tokens, None)
-            if value is None:
+            if value is None or (value.startswith("-") and value != "-"):  # "--threads --json": no value given
                 raise UsageError(f"{flag} needs a value ({option.metavar})", command.name)
         try:
             values[option.dest] = option.convert(value)

@@ -294,7 +294,7 @@ def _print_verify_lines(report: VerifyReport, *, quiet: bool) -> None:
 
 
 def _positive(text: str) -> int:
-    if not (text.isdigit() and int(text) >= 1):
+    if not (text.isascii() and text.isdigit() and int(text) >= 1):
         raise ValueError(f"{text!r} is not a positive integer")
     return int(text)
 

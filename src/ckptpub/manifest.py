@@ -10,6 +10,8 @@ copied from another checkpoint is refused instead of being trusted.
 
 from __future__ import annotations
 
+from collections.abc import Mapping  # at run time too: typing.get_type_hints(Manifest) must resolve
+
 from .canonical import canonical_json
 from .errors import CkptpubError
 from .hashing import DIGEST_PREFIX, digest_bytes
@@ -19,7 +21,6 @@ from .strict_json import loads_strict
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
 if TYPE_CHECKING:
-    from collections.abc import Mapping
     from typing import Any
 
 FORMAT = "ckptpub/1"
@@ -76,7 +77,7 @@ class Manifest(NamedTuple):
     files: tuple[FileRecord, ...]
     weights: tuple[str, ...]
     config: Mapping[str, str]
-    provenance: Mapping[str, Any]
+    provenance: Mapping[str, object]
 
     def weight_tensors(self) -> dict[str, TensorRecord]:
         """The model's tensors (those in ``weights`` files) by name."""

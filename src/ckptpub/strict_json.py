@@ -1,7 +1,8 @@
 """Strict JSON reading shared by every parser of untrusted files (headers, manifests, configs).
 
-Duplicate keys and NaN/Infinity are refused rather than silently resolved, so two
-readers can never disagree about what a file says; sizes are bounded before reading.
+Duplicate keys, NaN/Infinity and numbers too large for a double (``1e400``) are
+refused rather than silently resolved, so two readers can never disagree about what
+a file says; sizes are bounded before reading.
 
 Documents are decoded by CPython's C scanner (``_json.make_scanner``), the one
 ``json.loads`` itself runs, called directly: importing the ``json`` package costs
@@ -13,6 +14,7 @@ error messages are ``json.loads``'s; where ``_json`` is missing (not CPython),
 
 from __future__ import annotations
 
+import math
 import os
 
 from .errors import CkptpubError
@@ -66,12 +68,20 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not allowed")
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number as a double, refusing one too large for it (``1e400`` would be Infinity)."""
+    value = float(text)
+    if value in (math.inf, -math.inf):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
 class _StrictSettings:
     """What ``json.loads(text, object_pairs_hook=..., parse_constant=...)`` hands its C scanner."""
 
     strict = True  # no raw control characters inside strings
     object_hook = None
-    parse_float = float
+    parse_float = staticmethod(_finite_float)
     parse_int = int
     object_pairs_hook = staticmethod(_reject_duplicate_keys)
     parse_constant = staticmethod(_reject_constant)
@@ -82,7 +92,9 @@ def _decode(text: str) -> Any:
     if _make_c_scanner is None:  # pragma: no cover - CPython always has _json
         import json
 
-        return json.loads(text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant)
+        return json.loads(
+            text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant, parse_float=_finite_float
+        )
     if text.startswith("\ufeff"):
         raise _error("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
     try:
@@ -96,9 +108,7 @@ def _decode(text: str) -> Any:
 
 
 def _skip_whitespace(text: str, position: int) -> int:
-    while position < len(text) and text[position] in " \t\n\r":
-        position += 1
-    return position
+    return len(text) - len(text[position:].lstrip(" \t\n\r"))  # in C: a hostile file may be all spaces
 
 
 def _error(message: str, text: str, position: int) -> ValueError:

@@ -215,6 +215,17 @@ def test_commands_from_other_distributions(tmp_path: Path) -> None:
     assert "added by installed distributions:" in listed.stdout and "hello" in listed.stdout
 
 
+def test_public_records_have_resolvable_type_hints() -> None:
+    """Annotations stay strings at run time (no typing import), and tools that resolve them (pydantic, cattrs) still can."""
+    import typing
+
+    records = [getattr(ckptpub, name) for name in ckptpub.__all__ if name not in ("PublishCallback", "publish_accelerate_state")]
+    records = [value for value in records if isinstance(value, type) and issubclass(value, tuple)]
+    assert {r.__name__ for r in records} == {"FileRecord", "Manifest", "ManifestDiff", "Problem", "TensorRecord", "VerifyReport"}
+    for record in records:
+        assert list(typing.get_type_hints(record)) == list(record._fields), record
+
+
 def test_all_names_every_lazy_export() -> None:
     import ckptpub
 

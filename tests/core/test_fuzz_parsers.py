@@ -82,14 +82,15 @@ def test_manifest_parser_structured(files: list, tensors: list, weights: list) -
 
 def _json_loads_verdict(data: bytes) -> tuple[str, object]:
     """What ``json.loads`` with ckptpub's strictness says of ``data``: the value, or the one-line error."""
-    from ckptpub.strict_json import _reject_constant, _reject_duplicate_keys
+    from ckptpub.strict_json import _finite_float, _reject_constant, _reject_duplicate_keys
 
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return ("error", "fuzz.json: document is not valid UTF-8")
     try:
-        return ("value", json.loads(text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant))
+        value = json.loads(text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant, parse_float=_finite_float)
+        return ("value", value)
     except (ValueError, RecursionError) as error:
         return ("error", " ".join(f"fuzz.json: document is not valid JSON: {str(error).splitlines()[0]}".split()))
 

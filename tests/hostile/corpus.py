@@ -104,6 +104,8 @@ CASES = [
     Case("same tensor in two weight shards", lambda f: shutil.copy(f / "model.safetensors", f / "copy.safetensors"), False, UNPUBLISHED_BAD, "is also in"),
     Case("config not JSON", lambda f: (f / "config.json").write_text("{"), False, UNPUBLISHED_BAD, "config is not valid JSON"),
     Case("config is an array", lambda f: (f / "config.json").write_text("[]"), False, UNPUBLISHED_BAD, "config is not a JSON object"),
+    Case("config number too large for a double", lambda f: (f / "config.json").write_text('{"eps": 1e400}'), False, UNPUBLISHED_BAD,
+         "config is not valid JSON: number 1e400 is out of range"),
     Case("config of 17 MiB", lambda f: sparse(f / "config.json", 17 << 20), False, UNPUBLISHED_BAD, "over the 16777216-byte limit"),
     # The folder itself.
     Case("symlink out of the folder", lambda f: os.symlink("/etc/passwd", f / "passwd"), False, UNPUBLISHED_BAD, "symlink points outside"),

@@ -15,6 +15,7 @@ import struct
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+import ckptpub
 from checkpoints import flip_byte, locate
 
 
@@ -48,9 +49,29 @@ def rewrite_manifest(change: Callable[[dict], object]) -> Callable[[Path], None]
 
 def forge_config(document: dict) -> None:
     """Claim another config digest and recompute the identity, as a careful forger would."""
+    document["config"]["config.json"] = "blake3:" + "5" * 64
+    reidentify(document)
+
+
+def forge_config_file(data: bytes) -> Callable[[Path], None]:
+    """Replace config.json and record its new bytes and the identity, as a careful forger would."""
+
+    def record(document: dict) -> None:
+        entry = next(f for f in document["files"] if f["path"] == "config.json")
+        entry.update(size=len(data), digest=ckptpub.tensor_digest(data))
+        reidentify(document)
+
+    def damage(folder: Path) -> None:
+        (folder / "config.json").write_bytes(data)
+        rewrite_manifest(record)(folder)
+
+    return damage
+
+
+def reidentify(document: dict) -> None:
+    """Recompute a manifest document's identity from its (edited) entries."""
     from ckptpub.manifest import FileRecord, TensorRecord, compute_identity
 
-    document["config"]["config.json"] = "blake3:" + "5" * 64
     tensors = tuple(TensorRecord(t["name"], t["dtype"], tuple(t["shape"]), t["file"], tuple(t["data_offsets"]), t["digest"]) for t in document["tensors"])
     files = tuple(FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in document["files"])
     document["identity"] = compute_identity(tensors, files, tuple(document["weights"]), document["config"])
@@ -141,6 +162,7 @@ CASES = [
     # Manifests that parse but do not describe the folder: a mismatch.
     Case("manifest of another checkpoint", lambda f: (f / "config.json").write_text('{"model_type": "other"}'), True, MISMATCH),
     Case("manifest with a forged config digest", rewrite_manifest(forge_config), True, {"verify": 1, "show": 0}),
+    Case("manifest forged for a config holding NaN", forge_config_file(b'{"model_type": "x", "eps": NaN}'), True, {"verify": 1, "show": 0}),
     Case("manifest reordered and indented by hand", lambda f: (f / "ckptpub.json").write_text(json.dumps(dict(reversed(list(json.loads((f / "ckptpub.json").read_text()).items()))), indent=3)), True, {"verify": 0, "show": 0, "diff": 0}),
     # Bytes changed after publishing.
     Case("tensor byte flipped", flip_tensor, True, MISMATCH),

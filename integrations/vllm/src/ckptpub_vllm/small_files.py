@@ -53,11 +53,17 @@ def changed_small_files(folder: str, manifest: "ckptpub.Manifest") -> list[str]:
 
 
 def _config_meaning(data: bytes) -> str | None:
+    """The config digest of ``data``, or None for a config no manifest can record.
+
+    That covers text that is not a JSON object and values canonical JSON cannot
+    write (NaN, or ``1e400`` read as Infinity): a forged manifest may list such a
+    config with matching bytes, and it must be refused like any other mismatch.
+    """
     try:
         document = json.loads(data)
+        return ckptpub.config_digest(document) if isinstance(document, dict) else None
     except ValueError:
         return None
-    return ckptpub.config_digest(document) if isinstance(document, dict) else None
 
 
 def check_small_files(folder: str, manifest: "ckptpub.Manifest") -> None:

@@ -30,6 +30,7 @@ MAX_MANIFEST_BYTES = 64 << 20
 #: Config files whose meaning (not formatting) is part of the identity.
 CONFIG_FILES = ("config.json", "adapter_config.json")
 
+
 def is_digest(value: object) -> bool:
     """Whether ``value`` is a ckptpub digest: ``blake3:`` and 64 lowercase hex digits.
 

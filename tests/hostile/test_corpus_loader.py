@@ -1,8 +1,8 @@
 """The vLLM loader's checks over the hostile corpus (no engine: the same functions it runs).
 
 For every case that has a manifest: reading it as vLLM's weight-cache key does,
-the stat guard, the small-file check and streaming verification of every weight
-tensor. The loader must refuse (one-line RefusedError, never another exception)
+the start-time checks (``startup.check_before_start``: manifest, engine files) and
+streaming verification of every weight tensor as vLLM reads it. The loader must refuse (one-line RefusedError, never another exception)
 exactly when the weights or files an engine reads are not what the manifest says,
 and must never open a path outside the folder.
 """
@@ -23,9 +23,9 @@ import ckptpub  # noqa: E402
 from checkpoints import write_checkpoint  # noqa: E402
 
 from ckptpub_vllm.errors import RefusedError  # noqa: E402
-from ckptpub_vllm.key import checkpoint_key, load_manifest  # noqa: E402
-from ckptpub_vllm.small_files import check_small_files  # noqa: E402
-from ckptpub_vllm.staleness import check_not_stale  # noqa: E402
+from ckptpub_vllm.key import checkpoint_key  # noqa: E402
+from ckptpub_vllm.options import Options  # noqa: E402
+from ckptpub_vllm.startup import check_before_start  # noqa: E402
 from ckptpub_vllm.verify_stream import StreamVerifier  # noqa: E402
 
 #: Cases whose model, as an engine reads it, is still exactly the published one.
@@ -33,6 +33,7 @@ SERVED = {
     "manifest reordered and indented by hand",
     "file added",  # new.bin: not a file vLLM reads; `ckptpub verify` reports it
     "file added in a subfolder",
+    "file truncated",  # optimizer.pt: training state, which no engine reads
 }
 #: Opened by lazy imports and the platform probes of torch/vLLM, not checkpoint reads.
 NOT_CHECKPOINT_READS = ("/proc/", "/sys/", "/dev/", sys.prefix, sys.base_prefix, str(ckptpub.__file__).rsplit("/src/", 1)[0])
@@ -44,17 +45,18 @@ def load_like_the_engine(folder: str) -> str:
     from safetensors import safe_open
 
     key = checkpoint_key(folder)
-    manifest = load_manifest(folder)
-    if manifest is None:
-        raise RefusedError(f"ckptpub: refusing {folder}: no {ckptpub.MANIFEST_NAME}")
-    check_not_stale(folder, manifest)
-    check_small_files(folder, manifest)
+    manifest = check_before_start(folder, Options())
     verifier = StreamVerifier(folder, manifest, threads=1)
-    try:
-        for shard in manifest.weights:
+
+    def shards_as_vllm_reads_them():
+        for shard in sorted(name for name in os.listdir(folder) if name.endswith(".safetensors")):
             with safe_open(os.path.join(folder, shard), framework="pt") as handle:
                 for name in handle.keys():
-                    verifier.check(name, handle.get_tensor(name))
+                    yield name, handle.get_tensor(name)
+
+    try:
+        for _ in verifier.wrap(shards_as_vllm_reads_them()):
+            pass
         verifier.finish()
     finally:
         verifier.close()
@@ -80,7 +82,11 @@ def test_loader_refuses_exactly_what_it_must(tmp_path, published, case):
 
     def audit(event: str, args: tuple) -> None:
         if event == "open" and args and isinstance(args[0], (str, bytes)) and not str(args[0]).endswith((".py", ".pyc", ".so")):
-            real = os.path.realpath(os.fsdecode(args[0]))
+            path = os.fsdecode(args[0])
+            flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
+            # O_NOFOLLOW opens no symlink in the last component: only the folder part resolves.
+            real = (os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+                    if flags & os.O_NOFOLLOW else os.path.realpath(path))
             if not real.startswith(root + os.sep) and not real.startswith(NOT_CHECKPOINT_READS):
                 outside.append(real)
 

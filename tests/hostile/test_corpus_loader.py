@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 
 import pytest
@@ -18,13 +19,14 @@ import pytest
 pytest.importorskip("vllm")
 
 from corpus import CASES  # noqa: E402
+from engine_cases import ENGINE_CASES, PIN, add_engine_files  # noqa: E402
 
 import ckptpub  # noqa: E402
 from checkpoints import write_checkpoint  # noqa: E402
 
 from ckptpub_vllm.errors import RefusedError  # noqa: E402
 from ckptpub_vllm.key import checkpoint_key  # noqa: E402
-from ckptpub_vllm.options import Options  # noqa: E402
+from ckptpub_vllm.options import Options, split_extra_config  # noqa: E402
 from ckptpub_vllm.startup import check_before_start  # noqa: E402
 from ckptpub_vllm.verify_stream import StreamVerifier  # noqa: E402
 
@@ -40,12 +42,14 @@ NOT_CHECKPOINT_READS = ("/proc/", "/sys/", "/dev/", sys.prefix, sys.base_prefix,
 LOADER_CASES = [c for c in CASES if c.published or c.name == "no manifest"]
 
 
-def load_like_the_engine(folder: str) -> str:
+def load_like_the_engine(folder: str, options: Options | None = None) -> str | None:
     """What ManifestCacheLoader does before and while reading weights; returns the cache key."""
     from safetensors import safe_open
 
+    manifest = check_before_start(folder, options or Options())
     key = checkpoint_key(folder)
-    manifest = check_before_start(folder, Options())
+    if manifest is None:  # require_manifest false: vLLM's own key and an unverified load
+        return key
     verifier = StreamVerifier(folder, manifest, threads=1)
 
     def shards_as_vllm_reads_them():
@@ -70,13 +74,11 @@ def published(tmp_path_factory: pytest.TempPathFactory):
     return folder
 
 
-@pytest.mark.parametrize("case", LOADER_CASES, ids=[c.name for c in LOADER_CASES])
-def test_loader_refuses_exactly_what_it_must(tmp_path, published, case):
-    folder = tmp_path / "ckpt"
-    shutil.copytree(published, folder, symlinks=True)
-    if not case.published:
-        (folder / ckptpub.MANIFEST_NAME).unlink()
-    case.damage(folder)
+def run_audited(folder, options: Options | None = None) -> tuple[str, str | None, str, list[str]]:
+    """Run the loader's checks on ``folder``: (outcome, key, refusal, paths opened outside the folder).
+
+    A hang (a FIFO opened for reading) ends the run by SIGALRM and fails the test.
+    """
     root = os.path.realpath(folder)
     outside: list[str] = []
 
@@ -90,17 +92,57 @@ def test_loader_refuses_exactly_what_it_must(tmp_path, published, case):
             if not real.startswith(root + os.sep) and not real.startswith(NOT_CHECKPOINT_READS):
                 outside.append(real)
 
-    sys.addaudithook(audit)  # hooks cannot be removed; this one only records while `outside` is watched
+    def hang(signum, frame):
+        raise TimeoutError("the loader's checks hung")
+
+    sys.addaudithook(audit)  # hooks cannot be removed; each records only into its own run's list
+    previous = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(30)
+    key, message = None, ""
     try:
-        key = load_like_the_engine(str(folder))
+        key = load_like_the_engine(str(folder), options)
         outcome = "served"
     except RefusedError as error:
         message = str(error)
         assert "\n" not in message and message.startswith("ckptpub: refusing"), message
         outcome = "refused"
     finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
         watched, outside[:] = list(outside), []
+    return outcome, key, message, watched
+
+
+@pytest.mark.parametrize("case", LOADER_CASES, ids=[c.name for c in LOADER_CASES])
+def test_loader_refuses_exactly_what_it_must(tmp_path, published, case):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(published, folder, symlinks=True)
+    if not case.published:
+        (folder / ckptpub.MANIFEST_NAME).unlink()
+    case.damage(folder)
+    outcome, key, _, outside = run_audited(folder)
     assert outcome == ("served" if case.name in SERVED else "refused"), case.name
     if outcome == "served":
         assert key == ckptpub.read_manifest(folder).identity
-    assert watched == [], f"{case.name}: opened outside the folder: {watched}"
+    assert outside == [], f"{case.name}: opened outside the folder: {outside}"
+
+
+@pytest.fixture(scope="module")
+def engine_published(tmp_path_factory: pytest.TempPathFactory):
+    folder = write_checkpoint(tmp_path_factory.mktemp("engine") / "published")
+    add_engine_files(folder)
+    ckptpub.publish(folder)
+    return folder
+
+
+@pytest.mark.parametrize("case", ENGINE_CASES, ids=[c.name for c in ENGINE_CASES])
+def test_engine_start_checks_refuse_every_hostile_engine_file_and_manifest_path(tmp_path, engine_published, case):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(engine_published, folder, symlinks=True)
+    identity = ckptpub.read_manifest(folder).identity
+    case.damage(folder)
+    extra = {k: identity if v == PIN else v for k, v in case.options.items()}
+    outcome, _, message, outside = run_audited(folder, split_extra_config(extra)[0])
+    assert outcome == ("served" if case.served else "refused"), (case.name, message)
+    assert case.message in message, (case.name, message)
+    assert outside == [], f"{case.name}: opened outside the folder: {outside}"

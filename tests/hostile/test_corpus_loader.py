@@ -1,10 +1,11 @@
-"""The vLLM loader's checks over the hostile corpus (no engine: the same functions it runs).
+"""The vLLM loader's checks over the hostile corpora (no engine: the same functions it runs).
 
-For every case that has a manifest: reading it as vLLM's weight-cache key does,
-the start-time checks (``startup.check_before_start``: manifest, engine files) and
-streaming verification of every weight tensor as vLLM reads it. The loader must refuse (one-line RefusedError, never another exception)
-exactly when the weights or files an engine reads are not what the manifest says,
-and must never open a path outside the folder.
+For every corpus case that has a manifest, and every generated engine-start case
+(``engine_cases``): the start-time checks (``startup.check_before_start``: manifest,
+pin, engine files), the weight-cache key, and streaming verification of every weight
+tensor as vLLM reads it. The loader must refuse (one-line RefusedError, never another
+exception) exactly when the weights or files an engine reads are not what the
+manifest says, must never open a path outside the folder, and must never hang.
 """
 
 from __future__ import annotations

@@ -120,3 +120,10 @@ def test_engine_files_are_checked_whole_and_unlisted_ones_refused(models, tmp_pa
         "generation_config.json is missing",
         "tokenizer_config.json is not a regular file",
     ], problems
+
+
+def test_every_refusal_is_one_line_of_one_shape_and_keeps_paths_exact():
+    error = RefusedError("/ckpt/step  1\n2", "tensor 'x' differs", more=2, hint="run `ckptpub verify`")
+    assert str(error) == "ckptpub: refusing to serve /ckpt/step  1\\n2: tensor 'x' differs (and 2 more); run `ckptpub verify`"
+    assert (error.folder, error.reason) == ("/ckpt/step  1\n2", "tensor 'x' differs")
+    assert str(RefusedError.for_problems("/c", ["a", "b"])) == "ckptpub: refusing to serve /c: a (and 1 more)"

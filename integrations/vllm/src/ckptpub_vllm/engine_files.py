@@ -71,8 +71,7 @@ def check_engine_files(folder: str, manifest: "ckptpub.Manifest") -> None:
     """Refuse unless every file an engine reads is exactly as published."""
     problems = engine_file_problems(folder, manifest)
     if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise RefusedError(f"ckptpub: refusing {folder}: {problems[0]}{more}; run `ckptpub verify {folder}`")
+        raise RefusedError.for_problems(folder, problems, hint=f"run `ckptpub verify {folder}`")
 
 
 def _present_engine_files(folder: str) -> list[str]:
@@ -80,7 +79,7 @@ def _present_engine_files(folder: str) -> list[str]:
     try:
         names = os.listdir(folder)
     except OSError as error:
-        raise RefusedError(f"ckptpub: refusing {folder}: cannot list it ({error.strerror or error})") from None
+        raise RefusedError(folder, f"cannot list it ({error.strerror or error})") from None
     paths = [name for name in names if engine_reads(name)]
     if TEMPLATES_FOLDER in names:
         try:

@@ -48,7 +48,7 @@ def read_folder_manifest(folder: str) -> "ckptpub.Manifest | None":
     except ckptpub.CkptpubError as error:
         if not os.path.lexists(path):
             return None
-        raise RefusedError(f"ckptpub: refusing {folder}: its {ckptpub.MANIFEST_NAME} is unusable: {error}") from None
+        raise RefusedError(folder, f"its {ckptpub.MANIFEST_NAME} is unusable: {error}") from None
 
 
 def checkpoint_key(model: str) -> str | None:
@@ -60,10 +60,8 @@ def checkpoint_key(model: str) -> str | None:
             logger.info("ckptpub: weight-cache key for %s is its manifest identity %s", model, manifest.identity)
         return manifest.identity
     if require_manifest_from_env():
-        raise RefusedError(
-            f"ckptpub: refusing {model}: no {ckptpub.MANIFEST_NAME} and {REQUIRE_MANIFEST_ENV}=1 "
-            f"(publish it with `ckptpub publish {model}`)"
-        )
+        raise RefusedError(model, f"no {ckptpub.MANIFEST_NAME} and {REQUIRE_MANIFEST_ENV}=1",
+                           hint=f"publish it with `ckptpub publish {model}`")
     return original_hash_checkpoint()(model)
 
 

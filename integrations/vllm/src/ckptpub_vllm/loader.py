@@ -15,8 +15,10 @@ costs the same few filesystem requests for 16 shards or 163.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import Iterator
 
 from torch import nn
 from vllm.config import ModelConfig, VllmConfig
@@ -33,6 +35,20 @@ from .log import logger
 from .options import Options, split_extra_config
 from .startup import check_before_start
 from .verify_stream import StreamVerifier
+
+
+@contextlib.contextmanager
+def refusals_logged() -> Iterator[None]:
+    """Log a refusal once, in its own words, before vLLM wraps it.
+
+    vLLM re-raises a loader's error as a worker traceback or a generic "Engine core
+    initialization failed"; this line is what an operator reads in the log.
+    """
+    try:
+        yield
+    except RefusedError as error:
+        logger.error("%s", error)
+        raise
 
 
 class VerifyingDiskLoader(DefaultModelLoader):
@@ -60,9 +76,6 @@ class VerifyingDiskLoader(DefaultModelLoader):
             if self.local_expert_ids is not None:
                 self.verifier.mark_partial("expert-parallel weight filter")
             self.verifier.finish()
-        except RefusedError as e:
-            logger.error("%s", e)
-            raise
         finally:
             self.verifier.close()
         v = self.verifier
@@ -121,22 +134,26 @@ class ManifestCacheLoader(IpcModelLoader):
         return super().get_external_weight_memory(vllm_config)
 
     def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = "") -> nn.Module:
+        with refusals_logged():
+            return self._load_model(vllm_config, model_config, prefix)
+
+    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
+        """Used by the weight-cache daemon (and reloads): always a verified disk load."""
+        with refusals_logged():
+            manifest = self._prepare(model_config)
+            self._disk_loader(manifest).load_weights(model, model_config)
+
+    def _load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:
         manifest = self._prepare(model_config)
         no_ipc = ipc_unsupported_reason()
         if no_ipc is not None:
             if not self.fallback:
-                raise RefusedError(f"ckptpub: refusing {model_config.model}: fallback is false but there is no "
-                                   f"daemon to map from: {no_ipc}")
+                raise RefusedError(model_config.model, f"fallback is false but there is no daemon to map from: {no_ipc}")
             logger.info("ckptpub: no daemon to map from (%s); loading %s from disk%s", no_ipc, model_config.model,
                         " with verification" if manifest is not None and self.options.verify else "")
             return self._disk_loader(manifest).load_model(vllm_config=vllm_config, model_config=model_config,
                                                           prefix=prefix)
         return super().load_model(vllm_config, model_config, prefix)
-
-    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
-        """Used by the weight-cache daemon (and reloads): always a verified disk load."""
-        manifest = self._prepare(model_config)
-        self._disk_loader(manifest).load_weights(model, model_config)
 
     def _request_state(self, cache_config):
         logger.info("ckptpub: asking the weight-cache daemon for checkpoint %s", cache_config.checkpoint)

@@ -35,16 +35,15 @@ def check_before_start(folder: str, options: Options) -> "ckptpub.Manifest | Non
     expected = options.expect_identity
     if manifest is None:
         if expected is not None:
-            raise RefusedError(f"ckptpub: refusing {folder}: no {ckptpub.MANIFEST_NAME}, so the pinned identity "
-                               f"{expected} cannot be checked")
+            raise RefusedError(folder, f"no {ckptpub.MANIFEST_NAME}, so the pinned identity {expected} cannot be checked")
         if options.require_manifest:
-            raise RefusedError(f"ckptpub: refusing {folder}: no {ckptpub.MANIFEST_NAME} (publish it with "
-                               f"`ckptpub publish {folder}`, or set require_manifest to false to serve it unverified)")
+            raise RefusedError(folder, f"no {ckptpub.MANIFEST_NAME}", hint=f"publish it with `ckptpub publish {folder}`, "
+                               "or set require_manifest to false to serve it unverified")
         logger.warning("ckptpub: %s has no %s and require_manifest is false: vLLM's own key and an unverified "
                        "load apply", folder, ckptpub.MANIFEST_NAME)
         return None
     if expected is not None and manifest.identity != expected:
-        raise RefusedError(f"ckptpub: refusing {folder}: its identity {manifest.identity} is not the expected {expected}")
+        raise RefusedError(folder, f"its identity {manifest.identity} is not the expected {expected}")
     if options.verify:
         check_engine_files(folder, manifest)
     logger.info("ckptpub: requested %s, identity %s", folder, manifest.identity)

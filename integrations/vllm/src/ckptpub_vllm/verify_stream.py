@@ -71,8 +71,8 @@ class StreamVerifier:
         self._pending_bytes = 0
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="ckptpub-verify")
 
-    def refuse(self, what: str) -> RefusedError:
-        return RefusedError(f"ckptpub: refusing to serve {self.folder}: {what} (manifest identity {self.identity})")
+    def refuse(self, what: str, more: int = 0) -> RefusedError:
+        return RefusedError(self.folder, what, more=more, hint=f"the manifest's identity is {self.identity}")
 
     def wrap(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         iterator = iter(weights)
@@ -152,8 +152,7 @@ class StreamVerifier:
             self.close()
         missing = sorted(set(self.expected) - self.seen)
         if missing and self.partial_reason is None:
-            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-            raise self.refuse(f"manifest tensor {missing[0]!r}{more} never arrived from disk")
+            raise self.refuse(f"manifest tensor {missing[0]!r} never arrived from disk", more=len(missing) - 1)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

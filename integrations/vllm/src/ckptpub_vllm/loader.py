@@ -155,14 +155,15 @@ class ManifestCacheLoader(IpcModelLoader):
                                                           prefix=prefix)
         return super().load_model(vllm_config, model_config, prefix)
 
-    def _request_state(self, cache_config):
-        logger.info("ckptpub: asking the weight-cache daemon for checkpoint %s", cache_config.checkpoint)
+    def _request_state(self, cache_key, **kwargs):
+        """Log the request and its answer; ``kwargs`` carries what newer vLLMs add (0.33: ``is_reload``)."""
+        logger.info("ckptpub: asking the weight-cache daemon for checkpoint %s", cache_key.checkpoint)
         try:
-            state = super()._request_state(cache_config)
+            state = super()._request_state(cache_key, **kwargs)
         except protocol.CacheConfigMismatchError as e:
             logger.warning("ckptpub: the daemon holds something else (%s); it will not be mapped", e)
             raise
-        logger.info("ckptpub: the daemon holds %s: mapping its weights", cache_config.checkpoint)
+        logger.info("ckptpub: the daemon holds %s: mapping its weights", cache_key.checkpoint)
         return state
 
     def _fallback_load(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:

@@ -107,7 +107,8 @@ class SlowFS:
         self._lock = threading.Lock()
 
     def __enter__(self) -> "SlowFS":
-        self.start()
+        if self._server is None:  # not started by an explicit start()
+            self.start()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -115,6 +116,8 @@ class SlowFS:
 
     def start(self) -> None:
         """Start the server and wait until the mount answers; raise :class:`FuseUnavailable` if it cannot."""
+        if self._server is not None:
+            raise RuntimeError(f"{self.mountpoint} is already mounted by this SlowFS")
         reason = missing_requirement()
         if reason is not None:
             raise FuseUnavailable(reason)

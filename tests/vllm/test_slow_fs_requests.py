@@ -44,13 +44,35 @@ def slow_mount(tmp_path_factory):
         ckptpub.publish(build_tiny_qwen3(str(source / name), max_shard_size=shard_size))
     for copy in ("for_auto", "for_manifest"):
         shutil.copytree(source / "few", source / copy)
-    fs = SlowFS(str(source), str(root / "mnt"), latency_s=0.001)
+    with mounted(SlowFS(str(source), str(root / "mnt"), latency_s=0.001)) as fs:
+        yield fs, str(root / "mnt")
+
+
+def mounted(fs: SlowFS) -> SlowFS:
+    """``fs``, mounted; the test skips, saying why, where FUSE cannot mount."""
     try:
         fs.start()
     except FuseUnavailable as e:
         pytest.skip(f"FUSE cannot mount here: {e}")
-    with fs:
-        yield fs, str(root / "mnt")
+    return fs
+
+
+def test_the_mount_counts_each_request_and_unmounts_when_the_block_fails(tmp_path):
+    (tmp_path / "source").mkdir()
+    (tmp_path / "source" / "a.bin").write_bytes(b"x" * 100)
+    mnt = tmp_path / "mnt"
+    with pytest.raises(ZeroDivisionError):
+        with mounted(SlowFS(str(tmp_path / "source"), str(mnt), latency_s=0.001)) as fs:
+            fs.reset()
+            held = open(mnt / "a.bin", "rb")  # still open when the block fails: the mount is busy
+            assert held.read() == b"x" * 100
+            assert os.listdir(mnt) == ["a.bin"]
+            requests = fs.requests()
+            1 / 0
+    held.close()
+    assert not os.path.ismount(mnt)
+    assert requests.by_path["/a.bin"]["open"] == 1 and requests.by_path["/a.bin"]["read"] >= 1
+    assert requests.by_path["/"]["readdir"] >= 1
 
 
 def daemon_path_start(fs: SlowFS, folder: str):

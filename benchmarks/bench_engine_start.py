@@ -109,18 +109,12 @@ def vllm_key(folder: str) -> None:
 
 def ckptpub_start_work(folder: str) -> None:
     """The key and the checks ckptpub makes before an engine maps weights from a daemon."""
-    from ckptpub_vllm.key import checkpoint_key, load_manifest
+    from ckptpub_vllm.key import checkpoint_key
     from ckptpub_vllm.options import Options
-    from ckptpub_vllm.small_files import check_small_files
-    from ckptpub_vllm.staleness import check_not_stale
+    from ckptpub_vllm.startup import check_before_start
 
     checkpoint_key(folder)
-    options = Options()  # the body of ManifestCacheLoader._prepare with default options
-    manifest = load_manifest(folder)
-    if options.stat_check:
-        check_not_stale(folder, manifest)
-    if options.verify:
-        check_small_files(folder, manifest)
+    check_before_start(folder, Options())
 
 
 def measure(fs: SlowFS, work, folder: str, repeat: int) -> tuple[Requests, list[float]]:

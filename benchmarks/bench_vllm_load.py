@@ -8,7 +8,7 @@ tensors, 1.19 GB of bfloat16) in 6 shards. It publishes the checkpoint with ckpt
 cache, then starts vLLM engines in this process, alternating ``auto`` and
 ``manifest_cache`` ``--repeat`` times each. The time measured is the loader's
 ``load_model`` (model init + weights from disk + post-processing; for
-``manifest_cache`` also the manifest read, the ``stat`` guard and the hashing of
+``manifest_cache`` also the manifest read, the engine-file checks and the hashing of
 every tensor), timed by wrapping the loader classes' ``load_model``.
 
     python benchmarks/bench_vllm_load.py [--shape qwen3-1g|qwen3-0.6b] [--dir DIR] [--repeat 3]

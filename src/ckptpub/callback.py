@@ -200,7 +200,8 @@ class _Publisher:
         if self.require and self.require not in before:
             return self._fail(job, f"folder is incomplete (no {self.require}); not publishing it")
         try:
-            manifest = ckptpub.publish(job.folder, provenance=job.provenance)
+            # A Trainer checkpoint is by construction the right folder; its weights may be .bin or FSDP shards.
+            manifest = ckptpub.publish(job.folder, provenance=job.provenance, allow_no_weights=True)
         except (ckptpub.CkptpubError, OSError) as exc:
             gone = not os.path.isdir(job.folder)
             return self._fail(job, ("folder was rotated away while hashing: " if gone else "") + str(exc))
@@ -215,7 +216,7 @@ class _Publisher:
                 rel = os.path.relpath(job.folder, job.index_dir)
                 try:
                     run_index.append(job.index_dir, step=job.step, path=rel, identity=manifest.identity, time=now)
-                except OSError as exc:
+                except (OSError, ckptpub.CkptpubError) as exc:  # e.g. a symlink named like the index: not followed
                     log.warning("ckptpub: could not append to the run index in %s: %s", job.index_dir, exc)
         log.info("ckptpub: published step %d %s identity %s", job.step, job.folder, manifest.identity)
         with self._done_lock:

@@ -102,6 +102,9 @@ class Decision:
 # ---------------------------------------------------------------------------
 # Observing the target
 
+#: How a note about a run-index line that is not a record begins (the supervisor warns about each).
+SKIPPED_LINE = "run index line"
+
 
 @dataclass
 class ManifestCache:
@@ -177,15 +180,18 @@ def observe_run(run_dir: str, cache: ManifestCache, *, verified_only: bool = Fal
     Candidates are taken newest first (highest step; for equal steps the later
     record); a record whose folder was rotated away, whose manifest is unusable,
     or (with ``verified_only``) that fails ``ckptpub verify`` is skipped and noted.
+    Index lines that are not records (``"step": 1e999``, wrong types, an unsafe
+    path) are skipped and noted as ``run index line N skipped: ...``.
     """
+    notes: list[str] = []
     try:
-        records = ckptpub.read_run_index(run_dir)
+        records = ckptpub.read_run_index(run_dir, lambda number, why: notes.append(
+            f"{SKIPPED_LINE} {number} skipped: {why}"))
     except (OSError, ckptpub.CkptpubError) as error:
         return Target(error=f"{run_dir}: cannot read the run index: {error}")
     if not records:
-        return Target(error=f"{run_dir}: no published step yet")
-    order = sorted(range(len(records)), key=lambda i: (_step(records[i]), i), reverse=True)
-    notes: list[str] = []
+        return Target(error=f"{run_dir}: no published step yet", notes=tuple(notes[-5:]))
+    order = sorted(range(len(records)), key=lambda i: (records[i]["step"], i), reverse=True)
     seen: set[str] = set()
     for i in order:
         record = records[i]
@@ -193,7 +199,7 @@ def observe_run(run_dir: str, cache: ManifestCache, *, verified_only: bool = Fal
         if path in seen:
             continue
         seen.add(path)
-        target = observe_folder(path, cache, verified_only=verified_only, step=_step(record))
+        target = observe_folder(path, cache, verified_only=verified_only, step=record["step"])
         if target.error is None:
             if target.identity != record.get("identity"):
                 notes.append(f"step {record['step']}: index says {record.get('identity')}, "
@@ -203,13 +209,6 @@ def observe_run(run_dir: str, cache: ManifestCache, *, verified_only: bool = Fal
         notes.append(f"skipped step {record['step']}: {target.error}")
     return Target(error=f"{run_dir}: no usable published step ({notes[0] if notes else 'none'})",
                   notes=tuple(notes[-5:]))
-
-
-def _step(record: dict[str, Any]) -> int:
-    try:
-        return int(record["step"])
-    except (TypeError, ValueError):
-        return -1
 
 
 # ---------------------------------------------------------------------------

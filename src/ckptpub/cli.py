@@ -38,6 +38,7 @@ COMMANDS_GROUP = "ckptpub.commands"
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    _occupy_closed_standard_fds()
     _escape_unencodable_output()
     try:
         if argv and not argv[0].startswith("-") and all(argv[0] != c.name for c in COMMANDS):
@@ -100,6 +101,20 @@ def run() -> None:
         except (OSError, ValueError):  # full, closed: main already reported what it could
             code = code or EXIT_UNUSABLE
     os._exit(code)
+
+
+def _occupy_closed_standard_fds() -> None:
+    """Point a closed stdin/stdout/stderr descriptor at /dev/null.
+
+    Otherwise the next file opened (a checkpoint file, the manifest's temporary
+    file) would get descriptor 1 or 2, and output meant for the terminal could
+    land in it. Python already shows such a stream as ``None``; output to it is dropped.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
 
 
 def _escape_unencodable_output() -> None:
@@ -408,6 +423,8 @@ def _fail(message: str) -> None:
 
 def _to_stderr(line: str) -> None:
     """One line to stderr; a closed or full stderr loses the line, never the exit code."""
+    if sys.stderr is None:  # closed at start-up (print would fall back to stdout)
+        return
     try:
         print(line, file=sys.stderr, flush=True)
     except (OSError, ValueError):

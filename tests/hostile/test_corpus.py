@@ -6,6 +6,7 @@ line on stderr naming the problem; never a traceback (the API: never an exceptio
 nothing opened or listed outside the checkpoint folder (and, for diff, the reference
 folder); the folder unchanged except for the manifest a successful publish writes.
 
+Every publish that succeeds is followed by ``verify``, which must accept what it wrote.
 ``verify-pinned`` is ``verify --expect-identity`` with the identity the untouched
 checkpoint publishes to: the guarantee a deployment relies on.
 """
@@ -96,6 +97,9 @@ def test_case(tmp_path: Path, pristine: dict[str, Path], case: Case, verb: str, 
         if verb == "publish" and expected == 0:
             after.pop("ckptpub.json", None), before.pop("ckptpub.json", None)
         assert after == before, f"{case.name}/{verb}/{entry} changed the folder"
+    if verb == "publish" and expected == 0:  # publish writes only what verify accepts
+        check = audited(log, "cli", ["verify", str(folder)])
+        assert check.returncode == 0, f"{case.name}/{entry}: verify after publish: {check.stdout}{check.stderr}"
 
 
 @pytest.mark.parametrize("case", RUN_CASES, ids=[c.name for c in RUN_CASES])

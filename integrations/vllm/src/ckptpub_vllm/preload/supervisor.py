@@ -39,7 +39,7 @@ import ckptpub
 
 from . import status as st
 from .daemon_process import DEFAULT_COMMAND, IDENTITY_PATTERN, READY_PATTERN, Daemon, build_argv
-from .decide import SKIPPED_LINE, Decision, Failure, Held, ManifestCache, Target, decide, observe_folder, observe_run
+from .decide import Decision, Failure, Held, ManifestCache, Target, decide, observe_folder, observe_run
 
 #: A daemon that ran at least this long after READY is "healthy": its death restarts at once.
 HEALTHY_S = 60.0
@@ -157,9 +157,9 @@ class Supervisor:
         if self.held is not None and not self.held_dead and not self.held.alive():
             self._held_died(now)
         target = self.observe()
-        seen = set(self.previous.notes) if self.previous is not None else set()
-        for note in target.notes:
-            if note.startswith(SKIPPED_LINE) and note not in seen:
+        seen = set(self.previous.skipped) if self.previous is not None else set()
+        for note in target.skipped:
+            if note not in seen:
                 self._outcome("warning", "info", f"{self.cfg.follow}: {note}")
         decision = decide(self.held_view(), target, previous=self.previous, failure=self.failure, now=now,
                           manifests=self._manifest_for)

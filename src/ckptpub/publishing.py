@@ -21,6 +21,8 @@ from .model_files import config_digests, is_shard_path, weight_files
 from .safetensors import ShardLayout, read_layout
 from .scan import TEMP_PREFIX, TEMP_SUFFIX, FolderEntry, resolve_folder, restat, scan_folder
 
+#: Provenance nested deeper than this is refused (it is a record of facts, not a data store).
+MAX_PROVENANCE_DEPTH = 64
 #: Names that mark a training run's folder (or a folder of checkpoints), not one checkpoint.
 _RUN_INDEX_NAME = "ckptpub-index.jsonl"
 
@@ -249,10 +251,24 @@ def _provenance(extra: Mapping[str, Any] | None) -> dict[str, Any]:
         producer["ckptpub"] = __version__
         provenance["producer"] = producer
         provenance.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        canonical_json(provenance)
+        canonical_json(provenance)  # TypeError/ValueError: not plain JSON data
     except (TypeError, ValueError) as error:
         raise CkptpubError(f"provenance: not plain JSON data ({error})") from None
+    if _depth(provenance) > MAX_PROVENANCE_DEPTH:  # readers' parsers stop near 1000; stay far from it
+        raise CkptpubError(f"provenance: nested more than {MAX_PROVENANCE_DEPTH} levels deep")
     return provenance
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and objects nest in ``value`` (iteratively: any depth)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, level = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, level)
+            pending.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _file_mode(entries: list[FolderEntry]) -> int:

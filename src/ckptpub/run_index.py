@@ -36,6 +36,7 @@ from typing import Any, Callable
 from .errors import CkptpubError
 from .manifest import is_digest, is_safe_relative_path
 from .safe_open import open_regular
+from .scan import as_path
 from .strict_json import loads_strict, read_bounded
 
 INDEX_NAME = "ckptpub-index.jsonl"
@@ -71,7 +72,7 @@ def read(index_dir: str | os.PathLike, on_skip: Callable[[int, str], None] | Non
     lines. An index that is over ``MAX_INDEX_BYTES``, a symlink or not a regular
     file raises ``CkptpubError`` before it is read.
     """
-    path = os.path.join(os.fspath(index_dir), INDEX_NAME)
+    path = os.path.join(as_path(index_dir, "run folder"), INDEX_NAME)
     if not os.path.lexists(path):
         return []
     data = read_bounded(path, MAX_INDEX_BYTES, INDEX_NAME)

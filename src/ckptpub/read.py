@@ -21,25 +21,33 @@ from .scan import as_path
 def read_manifest(location: str | os.PathLike[str]) -> Manifest:
     """Read and validate the manifest of a checkpoint folder (or a manifest file given directly).
 
-    Raises ``NoManifestError`` (a ``CkptpubError``) when the folder has no
-    ``ckptpub.json``, and ``CkptpubError`` when it has one that cannot be used:
-    not a regular file (folder, FIFO, socket, device), a symlink, over the
-    manifest limit, or not a valid manifest (its identity is recomputed from its entries).
+    Raises ``NoManifestError`` (a ``CkptpubError``) when nothing is at the folder's
+    ``ckptpub.json``, and ``CkptpubError`` when something is there that cannot be
+    used: not a regular file (folder, FIFO, socket, device), a symlink, over the
+    manifest limit, or not a valid manifest (its identity is recomputed from its
+    entries). A folder, or a path ending in ``ckptpub.json``, costs one ``open``,
+    one ``fstat`` and one ``read``.
     """
     path = as_path(location, "manifest location")
-    manifest_path = os.path.join(path, MANIFEST_NAME)
+    direct = os.path.basename(path) == MANIFEST_NAME
+    manifest_path = path if direct else os.path.join(path, MANIFEST_NAME)
     try:
         fd = os.open(manifest_path, READ_FLAGS)
     except OSError as error:
-        if error.errno == errno.ENOTDIR:  # a manifest file given directly
+        if error.errno == errno.ENOTDIR and not direct:  # a manifest file under another name
             manifest_path = path
             fd = _open_file(path)
         elif error.errno == errno.ENOENT:
-            raise _absent(path) from None
+            raise _absent(path, manifest_path) from None
         else:
             raise CkptpubError(f"{manifest_path}: {open_failure(error)}") from None
     try:
         info = os.fstat(fd)
+        if direct and stat.S_ISDIR(info.st_mode):  # a checkpoint folder that happens to be named ckptpub.json
+            os.close(fd)
+            manifest_path = os.path.join(path, MANIFEST_NAME)
+            fd = _open_file(manifest_path)
+            info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise CkptpubError(f"{manifest_path}: {kind_of(info.st_mode)}, not a regular file; a manifest must be a plain file")
         if info.st_size > MAX_MANIFEST_BYTES:
@@ -54,18 +62,22 @@ def _open_file(path: str) -> int:
     try:
         return os.open(path, READ_FLAGS)
     except OSError as error:
+        if error.errno == errno.ENOENT:
+            raise _absent(os.path.dirname(path), path) from None
         raise CkptpubError(f"{path}: {open_failure(error)}") from None
 
 
-def _absent(path: str) -> CkptpubError:
-    """"No manifest" when the folder exists; otherwise the folder itself is the problem."""
+def _absent(path: str, manifest_path: str) -> CkptpubError:
+    """"No manifest" when the folder that would hold it exists; otherwise the path itself is the problem."""
+    folder = os.path.dirname(manifest_path) or "."
     try:
-        is_folder = stat.S_ISDIR(os.stat(path).st_mode)
+        is_folder = stat.S_ISDIR(os.stat(folder).st_mode)
     except OSError as error:
         return CkptpubError(f"{path}: {error.strerror or error}")
     if not is_folder:
         return CkptpubError(f"{path}: not a folder or manifest file")
-    return NoManifestError(f"{path}: no {MANIFEST_NAME}; run 'ckptpub publish' on it first")
+    where = folder if manifest_path == path else path
+    return NoManifestError(f"{where}: no {MANIFEST_NAME}; run 'ckptpub publish' on it first")
 
 
 def _read_all(fd: int, size: int, name: str) -> bytes:

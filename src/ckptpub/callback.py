@@ -104,7 +104,9 @@ def checkpoint_folder(output_dir: str, step: int, *, trial_name: str | None = No
     if not hp_search and os.path.isdir(direct):
         return direct
     try:
-        subdirs = [e.path for e in os.scandir(output_dir) if e.is_dir() and not e.name.startswith(_CHECKPOINT_PREFIX)]
+        # Not through symlinks: the callback writes inside output_dir only.
+        subdirs = [e.path for e in os.scandir(output_dir)
+                   if e.is_dir(follow_symlinks=False) and not e.name.startswith(_CHECKPOINT_PREFIX)]
     except FileNotFoundError:
         subdirs = []
     candidates = [os.path.join(d, name) for d in subdirs if os.path.isdir(os.path.join(d, name))]
@@ -193,6 +195,8 @@ class _Publisher:
 
     def _run(self, job: _Job, *, locked: bool) -> None:
         guard = self.rotation_lock if locked else contextlib.nullcontext()
+        if os.path.islink(job.folder):  # the Trainer never saves through a link; we never write through one
+            return self._fail(job, "checkpoint folder is a symlink; not publishing through it")
         with guard:
             before = _list_files(job.folder)
         if before is None:

@@ -1,9 +1,11 @@
 """Ctrl-C during publish, for real: SIGINT at random moments of a running ``ckptpub publish``.
 
-Each trial starts the CLI on a folder whose hashing takes a while, waits until the
-process has opened a file of the folder (so the signal lands in publish, not in the
-interpreter's start-up), waits a random part of a publish's duration, and sends
-SIGINT. The outcome must be exit 130 with the one line ``ckptpub: error:
+Each trial starts the CLI on a folder whose hashing takes a while and waits until
+the process has opened a file of the folder (so the signal lands in publish, not in
+the interpreter's start-up). Half the trials then send SIGINT after a random short
+wait (while hashing); the other half wait for the manifest's temporary file to
+appear and send it then (while writing; when the write wins the race, publish ends
+normally). The outcome must be exit 130 with the one line ``ckptpub: error:
 interrupted`` (or exit 0 when publish had finished), never a traceback, never a
 temporary file left, and any manifest there must verify.
 """
@@ -35,9 +37,7 @@ def test_sigint_during_publish(tmp_path: Path) -> None:
     folder = write_checkpoint(tmp_path / "ckpt")
     sparse_shard(folder / "big.safetensors", 8, 96 << 20)  # zeros in a hole: slow to hash, free to store
     (folder / "model.safetensors.index.json").unlink(missing_ok=True)
-    started = time.monotonic()
     assert run_cli("publish", folder).returncode == 0
-    duration = time.monotonic() - started
     rng = random.Random(11)
     outcomes = {0: 0, 130: 0}
     for trial in range(TRIALS):
@@ -48,7 +48,11 @@ def test_sigint_during_publish(tmp_path: Path) -> None:
         while not opened_a_file_in(process.pid, folder) and process.poll() is None:
             assert time.monotonic() < deadline, "publish never opened a file of the folder"
             time.sleep(0.001)
-        time.sleep(rng.uniform(0, duration * 0.9))
+        if trial % 2:
+            while process.poll() is None and not any(p.name.endswith(".tmp") for p in folder.iterdir()):
+                time.sleep(0.0002)
+        else:
+            time.sleep(rng.uniform(0, 0.2))
         process.send_signal(signal.SIGINT)
         stdout, stderr = process.communicate(timeout=60)
         assert "Traceback" not in stderr, (trial, stderr)
@@ -60,5 +64,5 @@ def test_sigint_during_publish(tmp_path: Path) -> None:
         assert leftovers == [], (trial, leftovers)
         if (folder / "ckptpub.json").exists():
             assert run_cli("verify", folder).returncode == 0, trial
-    print(f"SIGINT trials: {TRIALS} (publish takes {duration:.2f} s), interrupted {outcomes[130]}, finished first {outcomes[0]}")
-    assert outcomes[130] >= TRIALS // 2  # the signals did land during publishing
+    print(f"SIGINT trials: {TRIALS}, interrupted {outcomes[130]}, finished first {outcomes[0]}")
+    assert outcomes[130] >= 1  # the signals did land during publishing

@@ -25,8 +25,9 @@ def read_manifest(location: str | os.PathLike[str]) -> Manifest:
     ``ckptpub.json``, and ``CkptpubError`` when something is there that cannot be
     used: not a regular file (folder, FIFO, socket, device), a symlink, over the
     manifest limit, or not a valid manifest (its identity is recomputed from its
-    entries). A folder, or a path ending in ``ckptpub.json``, costs one ``open``,
-    one ``fstat`` and one ``read``.
+    entries). A folder, or a path ending in ``ckptpub.json`` (always taken as the
+    manifest itself, so a folder there is unusable, not absent), costs one
+    ``open``, one ``fstat`` and one ``read``.
     """
     path = as_path(location, "manifest location")
     direct = os.path.basename(path) == MANIFEST_NAME
@@ -43,11 +44,6 @@ def read_manifest(location: str | os.PathLike[str]) -> Manifest:
             raise CkptpubError(f"{manifest_path}: {open_failure(error)}") from None
     try:
         info = os.fstat(fd)
-        if direct and stat.S_ISDIR(info.st_mode):  # a checkpoint folder that happens to be named ckptpub.json
-            os.close(fd)
-            manifest_path = os.path.join(path, MANIFEST_NAME)
-            fd = _open_file(manifest_path)
-            info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise CkptpubError(f"{manifest_path}: {kind_of(info.st_mode)}, not a regular file; a manifest must be a plain file")
         if info.st_size > MAX_MANIFEST_BYTES:

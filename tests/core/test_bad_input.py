@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from checkpoints import run_cli, snapshot, write_checkpoint
 from hostile.privileges import without_privileges
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from .callback import PublishCallback, publish_accelerate_state
     from .compare import ManifestDiff, Problem, VerifyReport, diff_manifests, verify
-    from .errors import CkptpubError
+    from .errors import CkptpubError, NoManifestError
     from .hashing import digest_bytes as tensor_digest
     from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, config_digest
     from .publishing import build_manifest, publish
@@ -32,6 +32,7 @@ _WHERE = {
     "MANIFEST_NAME": ("manifest", "MANIFEST_NAME"),
     "CkptpubError": ("errors", "CkptpubError"),
     "FileRecord": ("manifest", "FileRecord"),
+    "NoManifestError": ("errors", "NoManifestError"),
     "Manifest": ("manifest", "Manifest"),
     "ManifestDiff": ("compare", "ManifestDiff"),
     "Problem": ("compare", "Problem"),
@@ -54,6 +55,7 @@ __all__ = [
     "MANIFEST_NAME",
     "Manifest",
     "ManifestDiff",
+    "NoManifestError",
     "Problem",
     "PublishCallback",
     "TensorRecord",

@@ -41,4 +41,4 @@ def publish_accelerate_state(
     target = os.fspath(folder) if folder is not None else last_state_folder(accelerator)
     prov = {"run_dir": os.path.abspath(os.path.dirname(target))}
     prov.update(provenance or {})
-    return ckptpub.publish(target, provenance=prov)
+    return ckptpub.publish(target, provenance=prov, allow_no_weights=True)  # save_state() wrote this folder

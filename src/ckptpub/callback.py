@@ -104,7 +104,9 @@ def checkpoint_folder(output_dir: str, step: int, *, trial_name: str | None = No
     if not hp_search and os.path.isdir(direct):
         return direct
     try:
-        subdirs = [e.path for e in os.scandir(output_dir) if e.is_dir() and not e.name.startswith(_CHECKPOINT_PREFIX)]
+        # Not through symlinks: the callback writes inside output_dir only.
+        subdirs = [e.path for e in os.scandir(output_dir)
+                   if e.is_dir(follow_symlinks=False) and not e.name.startswith(_CHECKPOINT_PREFIX)]
     except FileNotFoundError:
         subdirs = []
     candidates = [os.path.join(d, name) for d in subdirs if os.path.isdir(os.path.join(d, name))]
@@ -193,6 +195,8 @@ class _Publisher:
 
     def _run(self, job: _Job, *, locked: bool) -> None:
         guard = self.rotation_lock if locked else contextlib.nullcontext()
+        if os.path.islink(job.folder):  # the Trainer never saves through a link; we never write through one
+            return self._fail(job, "checkpoint folder is a symlink; not publishing through it")
         with guard:
             before = _list_files(job.folder)
         if before is None:
@@ -200,7 +204,8 @@ class _Publisher:
         if self.require and self.require not in before:
             return self._fail(job, f"folder is incomplete (no {self.require}); not publishing it")
         try:
-            manifest = ckptpub.publish(job.folder, provenance=job.provenance)
+            # A Trainer checkpoint is by construction the right folder; its weights may be .bin or FSDP shards.
+            manifest = ckptpub.publish(job.folder, provenance=job.provenance, allow_no_weights=True)
         except (ckptpub.CkptpubError, OSError) as exc:
             gone = not os.path.isdir(job.folder)
             return self._fail(job, ("folder was rotated away while hashing: " if gone else "") + str(exc))
@@ -215,7 +220,7 @@ class _Publisher:
                 rel = os.path.relpath(job.folder, job.index_dir)
                 try:
                     run_index.append(job.index_dir, step=job.step, path=rel, identity=manifest.identity, time=now)
-                except OSError as exc:
+                except (OSError, ckptpub.CkptpubError) as exc:  # e.g. a symlink named like the index: not followed
                     log.warning("ckptpub: could not append to the run index in %s: %s", job.index_dir, exc)
         log.info("ckptpub: published step %d %s identity %s", job.step, job.folder, manifest.identity)
         with self._done_lock:

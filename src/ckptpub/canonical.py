@@ -27,45 +27,67 @@ _MAX_EXACT_INT = 2**53
 def canonical_json(value: Any) -> bytes:
     """Encode ``value`` (JSON types only) as canonical UTF-8 JSON bytes.
 
+    Raises ``TypeError`` for a value that is not JSON data and ``ValueError`` for
+    one that cannot be encoded (NaN, a lone surrogate). Any nesting depth the
+    parser accepts is encoded: the walk keeps its own stack, not Python's.
+
     >>> canonical_json({"b": 1.0, "a": [True, None, "é"]})
     b'{"a":[true,null,"\\xc3\\xa9"],"b":1}'
     """
-    return "".join(_encode(value)).encode("utf-8")
+    try:
+        return "".join(_encode(value)).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("holds a lone surrogate (not Unicode text)") from None
 
 
-def _encode(value: Any):
-    if value is None:
-        yield "null"
-    elif value is True:
-        yield "true"
-    elif value is False:
-        yield "false"
-    elif isinstance(value, int):
-        yield _format_int(value)
-    elif isinstance(value, float):
-        yield _format_float(value)
-    elif isinstance(value, str):
-        yield _quote(value)
-    elif isinstance(value, (list, tuple)):
-        yield "["
-        for index, item in enumerate(value):
-            if index:
-                yield ","
-            yield from _encode(item)
-        yield "]"
-    elif isinstance(value, dict):
-        yield "{"
-        for index, key in enumerate(sorted(value)):
-            if not isinstance(key, str):
-                raise TypeError(f"canonical JSON object keys must be strings, not {key!r}")
-            if index:
-                yield ","
-            yield _quote(key)
-            yield ":"
-            yield from _encode(value[key])
-        yield "}"
-    else:
-        raise TypeError(f"not a JSON value: {type(value).__name__}")
+class _Text(str):
+    """Output text waiting on the work stack (as opposed to a value still to encode)."""
+
+
+_COMMA, _CLOSE_LIST, _CLOSE_OBJECT = _Text(","), _Text("]"), _Text("}")
+
+
+def _encode(value: Any) -> list[str]:
+    out: list[str] = []
+    pending: list[Any] = [value]
+    while pending:
+        item = pending.pop()
+        if type(item) is _Text:
+            out.append(item)
+        elif item is None:
+            out.append("null")
+        elif item is True:
+            out.append("true")
+        elif item is False:
+            out.append("false")
+        elif isinstance(item, int):
+            out.append(_format_int(item))
+        elif isinstance(item, float):
+            out.append(_format_float(item))
+        elif isinstance(item, str):
+            out.append(_quote(item))
+        elif isinstance(item, (list, tuple)):
+            out.append("[")
+            pending.append(_CLOSE_LIST)
+            for index in range(len(item) - 1, -1, -1):
+                pending.append(item[index])
+                if index:
+                    pending.append(_COMMA)
+        elif isinstance(item, dict):
+            keys = sorted(item)  # TypeError for keys that cannot be ordered (mixed types)
+            for key in keys:
+                if not isinstance(key, str):
+                    raise TypeError(f"canonical JSON object keys must be strings, not {key!r}")
+            out.append("{")
+            pending.append(_CLOSE_OBJECT)
+            for index in range(len(keys) - 1, -1, -1):
+                pending.append(item[keys[index]])
+                pending.append(_Text(_quote(keys[index]) + ":"))
+                if index:
+                    pending.append(_COMMA)
+        else:
+            raise TypeError(f"not a JSON value: {type(item).__name__}")
+    return out
 
 
 def _format_int(value: int) -> str:

@@ -38,13 +38,17 @@ COMMANDS_GROUP = "ckptpub.commands"
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    _occupy_closed_standard_fds()
+    _escape_unencodable_output()
     try:
         if argv and not argv[0].startswith("-") and all(argv[0] != c.name for c in COMMANDS):
             extension = _extension_command(argv[0])
             if extension is not None:
                 return extension(argv[1:])
         command, args = parse("ckptpub", DESCRIPTION, __version__, COMMANDS, argv)
-        return command.run(args)
+        code = command.run(args)
+        _flush_stdout()
+        return code
     except HelpRequested as text:
         print(text)
         if argv[0] in ("-h", "--help"):
@@ -65,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _fail("interrupted")
         return 130
+    except RecursionError:  # a document nested just under the parser's limit, printed or encoded
+        _fail("a JSON document is nested too deeply to handle")
+        return EXIT_UNUSABLE
     except Exception as error:  # a bug: still one line, still no verdict
         _fail(f"internal error: {type(error).__name__}: {error}")
         return EXIT_UNUSABLE
@@ -80,13 +87,49 @@ def run() -> None:
     point, so skipping module teardown loses nothing and saves a few milliseconds of
     every run, which matter when the whole run is a fraction of a second.
     """
-    code = main()
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BrokenPipeError:
-        code = code or 128 + 13
+        code = main()
+    except KeyboardInterrupt:  # Ctrl-C while main was already handling another outcome
+        code = 130
+        _fail("interrupted")
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except BrokenPipeError:
+            code = code or 128 + 13
+        except (OSError, ValueError):  # full, closed: main already reported what it could
+            code = code or EXIT_UNUSABLE
     os._exit(code)
+
+
+def _occupy_closed_standard_fds() -> None:
+    """Point a closed stdin/stdout/stderr descriptor at /dev/null.
+
+    Otherwise the next file opened (a checkpoint file, the manifest's temporary
+    file) would get descriptor 1 or 2, and output meant for the terminal could
+    land in it. Python already shows such a stream as ``None``; output to it is dropped.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
+
+
+def _escape_unencodable_output() -> None:
+    """Names that the output encoding cannot show (PYTHONIOENCODING=ascii, a Latin-1 terminal) are escaped."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):  # None (closed at start-up) or not a text stream
+            pass
+
+
+def _flush_stdout() -> None:
+    """Flush results inside ``main`` so a full or closed stdout is reported as one line, exit 2."""
+    if sys.stdout is not None:
+        sys.stdout.flush()
 
 
 def _cmd_publish(args: Arguments) -> int:
@@ -94,13 +137,21 @@ def _cmd_publish(args: Arguments) -> int:
 
     bar = ProgressBar("hashing")
     try:
-        manifest = publish(args.folder, threads=args.threads, use_mmap=not args.no_mmap, on_progress=bar)
+        manifest = publish(args.folder, threads=args.threads, use_mmap=not args.no_mmap, on_progress=bar,
+                           allow_no_weights=args.allow_no_weights, allow_nested=args.allow_nested)
     finally:
         bar.close()
-    if args.json:
-        _print_json(_summary(manifest, args.folder))
-    else:
-        print(manifest.identity)
+    try:
+        if args.json:
+            _print_json(_summary(manifest, args.folder))
+        else:
+            print(manifest.identity)
+        _flush_stdout()
+    except (OSError, ValueError) as error:
+        if isinstance(error, BrokenPipeError):
+            raise
+        raise CkptpubError(f"published {os.path.join(args.folder, MANIFEST_NAME)} (identity {manifest.identity}), "
+                           f"but could not write to stdout: {getattr(error, 'strerror', None) or error}") from None
     _note(
         f"published {os.path.join(args.folder, MANIFEST_NAME)}: {len(manifest.tensors)} tensors, "
         f"{len(manifest.files)} files, {_gb(sum(f.size for f in manifest.files))}"
@@ -174,7 +225,8 @@ def _cmd_ls(args: Arguments) -> int:
     if not os.path.isdir(args.run_dir):
         raise CkptpubError(f"{args.run_dir}: not a folder")
     rows, unusable = [], 0
-    for folder in _published_folders(args.run_dir):
+    unlisted: list[OSError] = []
+    for folder in _published_folders(args.run_dir, unlisted.append):
         relative = os.path.relpath(folder, args.run_dir)
         try:
             manifest = read_manifest(folder)
@@ -183,6 +235,11 @@ def _cmd_ls(args: Arguments) -> int:
             rows.append({"path": relative, "step": _step(None, folder), "identity": None, "error": str(error)})
             continue
         rows.append({"path": relative, "step": _step(manifest, folder), "identity": manifest.identity})
+    for error in unlisted:
+        unusable += 1
+        relative = os.path.relpath(error.filename or args.run_dir, args.run_dir)
+        message = f"{relative}: cannot list folder: {error.strerror or error}"
+        rows.append({"path": relative, "step": _step(None, relative), "identity": None, "error": message})
     rows.sort(key=lambda r: (r["step"] is None, r["step"] or 0, r["path"]))
     if args.json:
         _print_json(rows)
@@ -216,13 +273,19 @@ def _print_extension_commands() -> None:
         print(f"\nadded by installed distributions: {', '.join(names)} ('ckptpub NAME --help' for each)")
 
 
-def _published_folders(run_dir: str):
-    """Folders holding a manifest, at most ``_LS_DEPTH`` levels down, not inside another checkpoint."""
-    for current, dirs, files in os.walk(run_dir):
-        if MANIFEST_NAME in files:
+def _published_folders(run_dir: str, on_error):
+    """Folders holding a manifest, at most ``_LS_DEPTH`` levels down, not inside another checkpoint.
+
+    The run folder itself is looked into even when it holds a manifest (a stray
+    ``ckptpub publish RUN_DIR`` must not hide the run's checkpoints). Folders that
+    cannot be listed go to ``on_error``: a checkpoint is never left out silently.
+    """
+    for current, dirs, files in os.walk(run_dir, onerror=on_error):
+        if MANIFEST_NAME in files or MANIFEST_NAME in dirs:
             yield current
-            dirs.clear()
-        elif os.path.relpath(current, run_dir).count(os.sep) + 1 >= _LS_DEPTH:
+            if current != run_dir:
+                dirs.clear()
+        if os.path.relpath(current, run_dir).count(os.sep) + 1 >= _LS_DEPTH:
             dirs.clear()
         dirs.sort()
 
@@ -308,7 +371,18 @@ _HASHING = (
     Option("--no-mmap", "read with pread instead of mmap (spinning disks, some network file systems)"),
 )
 COMMANDS = (
-    Command("publish", "hash a checkpoint folder and write its ckptpub.json", _cmd_publish, (_FOLDER,), (*_HASHING, _JSON)),
+    Command(
+        "publish",
+        "hash a checkpoint folder and write its ckptpub.json",
+        _cmd_publish,
+        (_FOLDER,),
+        (
+            *_HASHING,
+            Option("--allow-no-weights", "publish a folder without *.safetensors weights (FSDP, DeepSpeed, .bin)"),
+            Option("--allow-nested", "publish a folder that holds other checkpoints (checkpoint-N, manifests)"),
+            _JSON,
+        ),
+    ),
     Command(
         "verify",
         "re-hash a folder and report every difference from its manifest",
@@ -340,11 +414,21 @@ def _print_json(value: Any) -> None:
 
 
 def _note(message: str) -> None:
-    print(f"ckptpub: {_safe(message)}", file=sys.stderr)
+    _to_stderr(f"ckptpub: {_safe(message)}")
 
 
 def _fail(message: str) -> None:
-    print(f"ckptpub: error: {_safe(message)}", file=sys.stderr)
+    _to_stderr(f"ckptpub: error: {_safe(message)}")
+
+
+def _to_stderr(line: str) -> None:
+    """One line to stderr; a closed or full stderr loses the line, never the exit code."""
+    if sys.stderr is None:  # closed at start-up (print would fall back to stdout)
+        return
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _safe(text: str) -> str:

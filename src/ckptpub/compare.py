@@ -13,7 +13,7 @@ import os
 from .errors import CkptpubError
 from .hashing import Span, hash_spans
 from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, is_digest
-from .model_files import config_digests, weight_files
+from .model_files import claim_problems, is_shard_path
 from .read import read_manifest
 from .records import NamedTuple
 from .safetensors import ShardLayout, read_layout
@@ -78,9 +78,15 @@ def verify(
 
     With ``expect_identity``, a manifest of any other identity is a problem too,
     which turns "the folder matches its manifest" into "the folder is this model".
+    The manifest's claims about which files are shards and weights, and about the
+    config, are checked against the folder with the rules ``publish`` applies
+    (``model_files.claim_problems``), so a forged manifest cannot keep a pinned
+    identity while an engine loads other tensors.
     """
     if expect_identity is not None and not is_digest(expect_identity):
         raise CkptpubError(f"expected identity {expect_identity!r} is not of the form blake3:<64 hex>")
+    if threads is not None and (type(threads) is not int or threads < 1):
+        raise CkptpubError(f"threads: expected a positive int or None, got {threads!r}")
     root = resolve_folder(folder)
     manifest = read_manifest(root)
     entries = {e.path: e for e in scan_folder(root)}
@@ -94,7 +100,8 @@ def verify(
         elif entry.size != record.size:
             problems.append(Problem(record.path, "size", f"{entry.size} bytes, manifest says {record.size}"))
         elif record.header_size is None:
-            checks.append((Span(entry.real_path, 0, entry.size, record.path), Problem(record.path, "changed", "content differs")))
+            span = Span(entry.real_path, 0, entry.size, record.path, entry.signature[:2])
+            checks.append((span, Problem(record.path, "changed", "content differs")))
         else:
             checks.extend(_shard_checks(manifest, record, entry, layouts, problems))
     for path in entries.keys() - {f.path for f in manifest.files}:
@@ -112,6 +119,9 @@ def verify(
 
 def diff_manifests(a: Manifest, b: Manifest) -> ManifestDiff:
     """Compare the model tensors and configs of two manifests; no checkpoint data is read."""
+    for name, value in (("a", a), ("b", b)):
+        if not isinstance(value, Manifest):
+            raise CkptpubError(f"diff_manifests: {name} must be a Manifest (see read_manifest), got {type(value).__name__}")
     tensors_a, tensors_b = _model_tensors(a), _model_tensors(b)
     changed = sorted(n for n in tensors_a.keys() & tensors_b.keys() if _meaning(tensors_a[n]) != _meaning(tensors_b[n]))
     configs = sorted(k for k in a.config.keys() | b.config.keys() if a.config.get(k) != b.config.get(k))
@@ -137,9 +147,10 @@ def _shard_checks(
     The header is parsed too, so a manifest that places tensors where the header
     does not is caught even when every hashed range matches.
     """
-    yield Span(entry.real_path, 0, record.header_size, record.path), Problem(record.path, "header", "safetensors header differs")
+    identity = entry.signature[:2]
+    yield Span(entry.real_path, 0, record.header_size, record.path, identity), Problem(record.path, "header", "safetensors header differs")
     try:
-        layouts[record.path] = read_layout(entry.real_path, record.path)
+        layouts[record.path] = read_layout(entry.real_path, record.path, identity)
     except CkptpubError as error:
         problems.append(Problem(record.path, "header", str(error).removeprefix(f"{record.path}: ")))
     base = record.header_size
@@ -147,7 +158,7 @@ def _shard_checks(
         if tensor.file == record.path:
             begin, end = tensor.data_offsets
             yield (
-                Span(entry.real_path, base + begin, base + end, f"{record.path}: tensor {tensor.name!r}"),
+                Span(entry.real_path, base + begin, base + end, f"{record.path}: tensor {tensor.name!r}", identity),
                 Problem(record.path, "tensor", "bytes differ", tensor.name),
             )
 
@@ -159,22 +170,19 @@ def _expected_digests(manifest: Manifest, checks: list[tuple[Span, Problem]]) ->
 
 
 def _claims(manifest: Manifest, entries: dict[str, FolderEntry], layouts: dict[str, ShardLayout]) -> list[Problem]:
-    """With every byte matching, the manifest's layout, weights and config must be the folder's own."""
+    """With every byte matching, the manifest's shards, weights and config must be the folder's own.
+
+    Shards the manifest lists as plain files are parsed here too: the rule needs
+    the layout of every file ``publish`` would parse.
+    """
     problems = []
-    recorded = {}
-    for t in manifest.tensors:
-        recorded.setdefault(t.file, set()).add((t.name, t.dtype, t.shape, t.data_offsets))
-    for path, layout in layouts.items():
-        actual = {(t.name, t.dtype, t.shape, (t.begin, t.end)) for t in layout.tensors}
-        if actual != recorded.get(path, set()):
-            problems.append(Problem(path, "manifest", "tensor entries do not match the file's header"))
-    try:
-        if weight_files(entries, layouts) != manifest.weights:
-            problems.append(Problem(MANIFEST_NAME, "manifest", "lists other weight files than the folder has"))
-        if config_digests(entries) != dict(manifest.config):
-            problems.append(Problem(MANIFEST_NAME, "manifest", "records another config than the folder has"))
-    except CkptpubError as error:
-        problems.append(Problem(MANIFEST_NAME, "manifest", str(error)))
+    for path, entry in entries.items():
+        if is_shard_path(path) and path not in layouts:
+            try:
+                layouts[path] = read_layout(entry.real_path, path, entry.signature[:2])
+            except CkptpubError as error:
+                problems.append(Problem(path, "manifest", f"not a valid safetensors file, which publish refuses: {error}"))
+    problems.extend(Problem(path, "manifest", detail) for path, detail in claim_problems(manifest, entries, layouts))
     return problems
 
 

@@ -1,4 +1,4 @@
-"""The one exception type ckptpub raises for input it cannot use.
+"""The exception types ckptpub raises for input it cannot use.
 
 Every message is a single line that names the file, tensor or manifest field at
 fault, because the CLI prints it as is and users act on it without a traceback.
@@ -6,11 +6,23 @@ fault, because the CLI prints it as is and users act on it without a traceback.
 
 
 class CkptpubError(Exception):
-    """Unusable input: a malformed checkpoint or manifest, a missing file, a bad path.
+    """Unusable input: a malformed checkpoint or manifest, a missing file, a bad path or argument.
 
     The CLI maps it to exit code 2. A checkpoint whose bytes differ from a valid
     manifest is not an error but a verification result (see ``VerifyReport``).
+    Every public function raises this (never ``TypeError``/``ValueError``) for
+    arguments or input it cannot use.
     """
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(message.split()))
+
+
+class NoManifestError(CkptpubError):
+    """The folder has no ``ckptpub.json`` at all (nothing at that path).
+
+    Distinct from a manifest that exists but is unusable (a folder, FIFO, symlink,
+    too large, malformed), which raises a plain ``CkptpubError``: callers that may
+    treat "not published" differently (for instance by refusing with another
+    message) can never mistake an unusable manifest for an absent one.
+    """

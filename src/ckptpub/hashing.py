@@ -34,6 +34,7 @@ import blake3
 
 from .errors import CkptpubError
 from .records import NamedTuple
+from .safe_open import open_regular
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
 if TYPE_CHECKING:
@@ -49,12 +50,17 @@ READ_BUFFER_BYTES = 8 << 20
 
 
 class Span(NamedTuple):
-    """Bytes ``[start, end)`` of the file at ``path``; ``name`` is used in error messages."""
+    """Bytes ``[start, end)`` of the file at ``path``; ``name`` is used in error messages.
+
+    ``expect``, when set, is the ``(st_dev, st_ino)`` the folder scan saw: the file
+    opened must be that one (see ``safe_open``).
+    """
 
     path: str
     start: int
     end: int
     name: str
+    expect: tuple[int, int] | None = None
 
     @property
     def size(self) -> int:
@@ -221,12 +227,9 @@ class _Files:
             return entry
 
     def _open_file(self, span: Span) -> tuple[int, int, mmap.mmap | None]:
+        fd, info = open_regular(span.path, span.name.partition(": tensor ")[0], span.expect)
         try:
-            fd = os.open(span.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError as error:
-            raise CkptpubError(f"{span.name}: cannot open: {error.strerror or error}") from None
-        try:
-            size = os.fstat(fd).st_size
+            size = info.st_size
             mapping = None
             if self._use_mmap and size > 0:
                 mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)

@@ -4,13 +4,16 @@ These rules mirror what an inference engine loads (vLLM: the top-level
 ``*.safetensors`` files, restricted to those ``model.safetensors.index.json`` names
 when it exists), so the identity covers exactly the tensors an engine would hold.
 Publishing and verifying both use them, so a manifest that claims other weight
-files or another config than the folder's own is caught.
+files or another config than the folder's own is caught: ``claim_problems`` is that
+check, the one rule for "does this manifest say what publishing this folder would
+say about its shards, weights and config" (``ckptpub verify`` and the vLLM loader
+both call it).
 """
 
 from __future__ import annotations
 
 from .errors import CkptpubError
-from .manifest import CONFIG_FILES, config_digest
+from .manifest import CONFIG_FILES, MANIFEST_NAME, config_digest
 from .safetensors import ShardLayout
 from .scan import FolderEntry
 from .strict_json import loads_strict, read_bounded
@@ -19,9 +22,56 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see reco
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from .manifest import Manifest
+
 INDEX_NAME = "model.safetensors.index.json"
 MAX_CONFIG_BYTES = 16 << 20
 MAX_INDEX_BYTES = 64 << 20
+
+
+def is_shard_path(path: str) -> bool:
+    """Whether publishing parses the file as a safetensors shard and lists its tensors (any folder depth)."""
+    return path.endswith(".safetensors")
+
+
+def claim_problems(
+    manifest: Manifest, entries: Mapping[str, FolderEntry], layouts: Mapping[str, ShardLayout]
+) -> list[tuple[str, str]]:
+    """``(path, what is wrong)`` for each claim of ``manifest`` that publishing ``entries`` would not make.
+
+    ``entries`` are the folder's files by path (``scan_folder``); ``layouts`` the
+    parsed header of every file of it that ``is_shard_path`` (``read_layout``).
+    Checked, with the rules ``publish`` applies: a file is listed as a shard exactly
+    when its name says it is one; each shard's tensor entries are its header's; the
+    weight files are the folder's (``weight_files``: top-level shards, or those the
+    index names); the config digests are the folder's config files'. So a manifest
+    cannot hide a safetensors file an engine loads behind a plain-file entry, or
+    declare other bytes as the weights.
+    """
+    problems = []
+    for record in manifest.files:
+        if record.header_size is not None and not is_shard_path(record.path):
+            problems.append((record.path, "listed as a safetensors shard, but only *.safetensors files are shards"))
+        elif record.header_size is None and is_shard_path(record.path) and record.path in entries:
+            problems.append((record.path, "a safetensors file listed as a plain file (its tensors are not listed)"))
+    recorded: dict[str, set] = {}
+    for t in manifest.tensors:
+        recorded.setdefault(t.file, set()).add((t.name, t.dtype, t.shape, t.data_offsets))
+    for path, layout in sorted(layouts.items()):
+        actual = {(t.name, t.dtype, t.shape, (t.begin, t.end)) for t in layout.tensors}
+        if actual != recorded.get(path, set()):
+            problems.append((path, "tensor entries do not match the file's header"))
+    try:
+        actual_weights = weight_files(entries, layouts)
+        for path in sorted(set(actual_weights) ^ set(manifest.weights)):
+            listed = "listed as a weight file, but the folder's weights do not include it" if path in manifest.weights else (
+                "holds weights an engine loads, but the manifest does not list it in weights")
+            problems.append((path, listed))
+        if config_digests(entries) != dict(manifest.config):
+            problems.append((MANIFEST_NAME, "records another config than the folder has"))
+    except CkptpubError as error:
+        problems.append((MANIFEST_NAME, str(error)))
+    return problems
 
 
 def weight_files(entries: Mapping[str, FolderEntry], layouts: Mapping[str, ShardLayout]) -> tuple[str, ...]:
@@ -46,15 +96,18 @@ def config_digests(entries: Mapping[str, FolderEntry]) -> dict[str, str]:
         entry = entries.get(name)
         if entry is None:
             continue
-        document = loads_strict(read_bounded(entry.real_path, MAX_CONFIG_BYTES, name), name, "config")
+        document = loads_strict(read_bounded(entry.real_path, MAX_CONFIG_BYTES, name, entry.signature[:2]), name, "config")
         if not isinstance(document, dict):
             raise CkptpubError(f"{name}: config is not a JSON object")
-        digests[name] = config_digest(document)
+        try:
+            digests[name] = config_digest(document)
+        except ValueError as error:  # nested deeper than canonical encoding goes
+            raise CkptpubError(f"{name}: config cannot be encoded canonically: {error}") from None
     return digests
 
 
 def _files_named_by_index(index: FolderEntry, layouts: Mapping[str, ShardLayout]) -> list[str]:
-    document = loads_strict(read_bounded(index.real_path, MAX_INDEX_BYTES, INDEX_NAME), INDEX_NAME, "index")
+    document = loads_strict(read_bounded(index.real_path, MAX_INDEX_BYTES, INDEX_NAME, index.signature[:2]), INDEX_NAME, "index")
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CkptpubError(f"{INDEX_NAME}: weight_map must map tensor names to file names")

@@ -8,6 +8,7 @@ the Trainer's ``save_total_limit`` rotation orders checkpoints by it.
 
 from __future__ import annotations
 
+import _signal  # what ``signal`` wraps; ``signal`` itself imports enum, 2 ms of every publish's start-up
 import os
 import time
 
@@ -15,10 +16,15 @@ from . import __version__
 from .canonical import canonical_json
 from .errors import CkptpubError
 from .hashing import Span, hash_spans
-from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, compute_identity
-from .model_files import config_digests, weight_files
+from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, FileRecord, Manifest, TensorRecord, compute_identity
+from .model_files import config_digests, is_shard_path, weight_files
 from .safetensors import ShardLayout, read_layout
 from .scan import TEMP_PREFIX, TEMP_SUFFIX, FolderEntry, resolve_folder, restat, scan_folder
+
+#: Provenance nested deeper than this is refused (it is a record of facts, not a data store).
+MAX_PROVENANCE_DEPTH = 64
+#: Names that mark a training run's folder (or a folder of checkpoints), not one checkpoint.
+_RUN_INDEX_NAME = "ckptpub-index.jsonl"
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
 if TYPE_CHECKING:
@@ -35,33 +41,62 @@ def build_manifest(
     threads: int | None = None,
     use_mmap: bool = True,
     on_progress: ProgressCallback | None = None,
+    allow_no_weights: bool = False,
+    allow_nested: bool = False,
 ) -> Manifest:
     """Hash every tensor and file of ``folder`` and return its manifest, writing nothing.
 
     ``on_progress(done_bytes, total_bytes)`` is called as hashing advances.
-    Raises ``CkptpubError`` for a malformed checkpoint, or when a file changes
-    while it is hashed (the manifest must describe bytes that were on disk together).
+    Raises ``CkptpubError`` for a malformed checkpoint, when a file changes while
+    it is hashed (the manifest must describe bytes that were on disk together), and
+    for what is probably the wrong folder: one with no weight files (an empty
+    folder, a run folder; pass ``allow_no_weights=True`` for an FSDP or DeepSpeed
+    layout) or one holding other checkpoints (``checkpoint-N`` folders, manifests,
+    a run index; ``allow_nested=True`` to publish it anyway).
     """
-    return _build(resolve_folder(folder), provenance, threads, use_mmap, on_progress)[0]
+    options = _Options.checked(provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested)
+    return _build(resolve_folder(folder), options)[0]
 
 
-def _build(
-    root: str,
-    provenance: Mapping[str, Any] | None,
-    threads: int | None,
-    use_mmap: bool,
-    on_progress: ProgressCallback | None,
-) -> tuple[Manifest, list[FolderEntry]]:
+class _Options:
+    """The keyword arguments of ``publish``/``build_manifest``, checked once at the API boundary."""
+
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)
+
+    @classmethod
+    def checked(cls, provenance: Any, threads: Any, use_mmap: Any, on_progress: Any, allow_no_weights: Any,
+                allow_nested: Any) -> "_Options":
+        if provenance is not None and not hasattr(provenance, "items"):
+            raise CkptpubError(f"provenance: expected a mapping of JSON data, got {type(provenance).__name__}")
+        if threads is not None and (type(threads) is not int or threads < 1):
+            raise CkptpubError(f"threads: expected a positive int or None, got {threads!r}")
+        if on_progress is not None and not callable(on_progress):
+            raise CkptpubError(f"on_progress: expected a callable, got {type(on_progress).__name__}")
+        return cls(provenance=provenance, threads=threads, use_mmap=bool(use_mmap), on_progress=on_progress,
+                   allow_no_weights=bool(allow_no_weights), allow_nested=bool(allow_nested))
+
+
+def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
     entries = scan_folder(root)
+    if not options.allow_nested:
+        _refuse_nested_checkpoints(root, entries)
     by_path = {e.path: e for e in entries}
-    layouts = {e.path: read_layout(e.real_path, e.path) for e in entries if e.path.endswith(".safetensors")}
+    layouts = {e.path: read_layout(e.real_path, e.path, e.signature[:2]) for e in entries if is_shard_path(e.path)}
     for path, layout in layouts.items():
         if layout.header_size + (layout.tensors[-1].end if layout.tensors else 0) != by_path[path].size:
             raise CkptpubError(f"{path}: changed size while its header was read")
     weights = weight_files(by_path, layouts)
+    if not weights and not options.allow_no_weights:
+        what = "is empty" if not entries else "has no weight files (no *.safetensors at its top level)"
+        raise CkptpubError(
+            f"{root}: {what}, so it is probably not a model checkpoint; publish the checkpoint folder itself, "
+            f"or pass --allow-no-weights (allow_no_weights=True) for a layout without safetensors weights"
+        )
     config = config_digests(by_path)
+    provenance = _provenance(options.provenance)
     spans = list(_spans(entries, layouts))
-    digests = iter(hash_spans(spans, threads=threads, use_mmap=use_mmap, on_progress=on_progress))
+    digests = iter(hash_spans(spans, threads=options.threads, use_mmap=options.use_mmap, on_progress=options.on_progress))
     for entry in entries:
         if restat(entry) != entry.signature:
             raise CkptpubError(f"{entry.path}: changed while it was being hashed; publish again once it is complete")
@@ -72,7 +107,26 @@ def _build(
         for t in layout.tensors if layout else ():
             tensors.append(TensorRecord(t.name, t.dtype, t.shape, entry.path, (t.begin, t.end), next(digests)))
     identity = compute_identity(tuple(tensors), tuple(files), weights, config)
-    return Manifest(identity, tuple(tensors), tuple(files), weights, config, _provenance(provenance)), entries
+    return Manifest(identity, tuple(tensors), tuple(files), weights, config, provenance), entries
+
+
+def _refuse_nested_checkpoints(root: str, entries: list[FolderEntry]) -> None:
+    """Refuse a folder that holds checkpoints (a run folder): publishing it would hide them in one manifest."""
+    for entry in entries:
+        parts = entry.path.split("/")
+        nested = parts[-1] == MANIFEST_NAME or entry.path == _RUN_INDEX_NAME or (
+            len(parts) > 1 and _is_checkpoint_name(parts[0]))
+        if nested:
+            raise CkptpubError(
+                f"{root}: holds other checkpoints ({entry.path}); it looks like a training run's folder. Publish each "
+                f"checkpoint folder instead, or pass --allow-nested (allow_nested=True) to publish it as one"
+            )
+
+
+def _is_checkpoint_name(name: str) -> bool:
+    """``checkpoint-10``, ``checkpoint_3``: what the Trainer and accelerate name a checkpoint folder."""
+    head, _, number = name.replace("_", "-").partition("-")
+    return head == "checkpoint" and number.isascii() and number.isdigit()
 
 
 def publish(
@@ -82,30 +136,54 @@ def publish(
     threads: int | None = None,
     use_mmap: bool = True,
     on_progress: ProgressCallback | None = None,
+    allow_no_weights: bool = False,
+    allow_nested: bool = False,
 ) -> Manifest:
     """Build the manifest of ``folder`` and write it to ``folder/ckptpub.json`` atomically.
+
+    Refuses (``CkptpubError``) what ``build_manifest`` refuses. A manifest that
+    landed but after which the folder's modification time could not be restored
+    is reported as a ``CkptpubError`` too (the manifest left is valid).
 
     >>> manifest = publish("runs/demo/checkpoint-20")  # doctest: +SKIP
     >>> manifest.identity  # doctest: +SKIP
     'blake3:4f1c...'
     """
+    options = _Options.checked(provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested)
     root = resolve_folder(folder)
-    before = os.stat(root)
-    manifest, entries = _build(root, provenance, threads, use_mmap, on_progress)
+    try:
+        before = os.stat(root)
+    except OSError as error:
+        raise CkptpubError(f"{root}: {error.strerror or error}") from None
+    manifest, entries = _build(root, options)
     try:
         write_manifest(root, manifest, _file_mode(entries))
     finally:  # a failed write created and removed a temp file: the folder's mtime is restored then too
-        restored = _restore_mtime(root, before)
-    if not restored:
-        raise CkptpubError(f"{root}: folder vanished while its manifest was written")
+        problem = _restore_mtime(root, before)
+    if problem is not None:
+        raise CkptpubError(f"{root}: {MANIFEST_NAME} was written, but {problem}")
     return manifest
 
 
 def write_manifest(root: str, manifest: Manifest, mode: int) -> None:
-    """Write ``manifest`` into the real folder ``root``: temp file, fsync, rename, fsync the folder."""
+    """Write ``manifest`` into the real folder ``root``: temp file, fsync, rename, fsync the folder.
+
+    Refuses a manifest over the size readers accept before writing anything. In
+    the main thread, Ctrl-C (SIGINT) is held back while the temporary file exists:
+    it takes effect once the manifest is complete or the temporary file is
+    removed, so an interrupt never leaves one behind.
+    """
+    data = manifest.to_json()
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise CkptpubError(f"{MANIFEST_NAME}: {len(data)} bytes would be over the {MAX_MANIFEST_BYTES}-byte manifest "
+                           f"limit readers accept; not written")
+    with _interrupts_held():
+        _write_atomically(root, data, mode)
+
+
+def _write_atomically(root: str, data: bytes, mode: int) -> None:
     target = os.path.join(root, MANIFEST_NAME)
     temp = os.path.join(root, f"{TEMP_PREFIX}{os.urandom(8).hex()}{TEMP_SUFFIX}")
-    data = manifest.to_json()
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except OSError as error:
@@ -125,30 +203,72 @@ def write_manifest(root: str, manifest: Manifest, mode: int) -> None:
         raise
 
 
+class _interrupts_held:
+    """Hold back SIGINT while the block runs, then act on it: its Python handler runs once the block is done.
+
+    Only the main thread can set signal handlers (and Python runs them there);
+    elsewhere (the Trainer callback's publishing thread) this does nothing.
+    """
+
+    def __enter__(self) -> None:
+        self.caught = False
+        try:
+            self.previous = _signal.signal(_signal.SIGINT, self._note)
+        except ValueError:  # not the main thread
+            self.previous = None
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.caught = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.previous is None:
+            return
+        _signal.signal(_signal.SIGINT, self.previous)
+        if self.caught and callable(self.previous):
+            self.previous(_signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt here
+        elif self.caught and self.previous == _signal.SIG_DFL:
+            os.kill(os.getpid(), _signal.SIGINT)  # what the interrupt would have done
+
+
 def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]):
     """Per file: the whole file, or for a shard its header then each tensor (the order records are built in)."""
     for entry in entries:
         layout = layouts.get(entry.path)
+        identity = entry.signature[:2]
         if layout is None:
-            yield Span(entry.real_path, 0, entry.size, entry.path)
+            yield Span(entry.real_path, 0, entry.size, entry.path, identity)
             continue
-        yield Span(entry.real_path, 0, layout.header_size, entry.path)
+        yield Span(entry.real_path, 0, layout.header_size, entry.path, identity)
         base = layout.header_size
         for t in layout.tensors:
-            yield Span(entry.real_path, base + t.begin, base + t.end, f"{entry.path}: tensor {t.name!r}")
+            yield Span(entry.real_path, base + t.begin, base + t.end, f"{entry.path}: tensor {t.name!r}", identity)
 
 
 def _provenance(extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    provenance: dict[str, Any] = dict(extra or {})
-    producer = dict(provenance.get("producer") or {})
-    producer["ckptpub"] = __version__
-    provenance["producer"] = producer
-    provenance.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     try:
-        canonical_json(provenance)
+        provenance: dict[str, Any] = dict(extra or {})
+        producer = dict(provenance.get("producer") or {})
+        producer["ckptpub"] = __version__
+        provenance["producer"] = producer
+        provenance.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        canonical_json(provenance)  # TypeError/ValueError: not plain JSON data
     except (TypeError, ValueError) as error:
         raise CkptpubError(f"provenance: not plain JSON data ({error})") from None
+    if _depth(provenance) > MAX_PROVENANCE_DEPTH:  # readers' parsers stop near 1000; stay far from it
+        raise CkptpubError(f"provenance: nested more than {MAX_PROVENANCE_DEPTH} levels deep")
     return provenance
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and objects nest in ``value`` (iteratively: any depth)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, level = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, level)
+            pending.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _file_mode(entries: list[FolderEntry]) -> int:
@@ -159,12 +279,15 @@ def _file_mode(entries: list[FolderEntry]) -> int:
     return mode & 0o666 or 0o600
 
 
-def _restore_mtime(root: str, before: os.stat_result) -> bool:
+def _restore_mtime(root: str, before: os.stat_result) -> str | None:
+    """Put the folder's times back; what went wrong, in words, or None."""
     try:
         os.utime(root, ns=(before.st_atime_ns, before.st_mtime_ns))
-    except FileNotFoundError:  # rotated or deleted meanwhile: the caller says so
-        return False
-    return True
+    except FileNotFoundError:  # rotated or deleted meanwhile
+        return "the folder vanished while its manifest was written"
+    except OSError as error:
+        return f"the folder's modification time could not be restored: {error.strerror or error}"
+    return None
 
 
 def _fsync_folder(root: str) -> None:

@@ -16,6 +16,7 @@ from math import prod
 
 from .errors import CkptpubError
 from .records import NamedTuple
+from .safe_open import open_regular
 from .strict_json import loads_strict
 
 #: The safetensors reference implementation refuses headers above 100 MB; so do we.
@@ -48,14 +49,16 @@ class ShardLayout(NamedTuple):
     tensors: tuple[TensorSlice, ...]
 
 
-def read_layout(path: str, display_name: str) -> ShardLayout:
+def read_layout(path: str, display_name: str, expect: tuple[int, int] | None = None) -> ShardLayout:
     """Parse the header of the safetensors file at ``path``; ``display_name`` goes in errors.
 
+    ``expect`` is the ``(st_dev, st_ino)`` the folder scan saw (see ``safe_open``).
     Raises ``CkptpubError`` for anything that is not a well-formed shard.
     """
+    fd, info = open_regular(path, display_name, expect)
     try:
-        with open(path, "rb") as handle:
-            file_size = os.fstat(handle.fileno()).st_size
+        with os.fdopen(fd, "rb") as handle:
+            file_size = info.st_size
             prefix = handle.read(8)
             if len(prefix) < 8:
                 raise CkptpubError(f"{display_name}: truncated safetensors file ({file_size} bytes, no header length)")

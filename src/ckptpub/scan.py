@@ -1,7 +1,9 @@
 """Which files of a checkpoint folder count, and the rules that keep reads inside it.
 
 Every regular file below the folder counts, except the manifest itself and the
-temporary files ckptpub writes next to it. A symlink counts as the file it points
+temporary files ckptpub writes next to it (regular files only: a folder with such a
+name counts with everything in it). Names are read as bytes and decoded as strict
+UTF-8, so the same folder gives the same manifest in every locale. A symlink counts as the file it points
 to only when that file is inside the folder; one that leaves the folder, loops,
 or points at anything but a regular file makes the folder unusable rather than
 being skipped, since skipping would let a manifest silently ignore part of a model.
@@ -34,9 +36,21 @@ class FolderEntry(NamedTuple):
     signature: tuple[int, ...]
 
 
+def as_path(value: object, what: str) -> str:
+    """A path argument of the public API as ``str``: ``str``, ``os.PathLike`` or ``bytes`` (decoded
+    as the file system does); anything else is a ``CkptpubError``, never a ``TypeError``."""
+    try:
+        path = os.fsdecode(os.fspath(value))  # type: ignore[arg-type]
+    except TypeError:
+        raise CkptpubError(f"{what}: expected a path (str, bytes or os.PathLike), got {type(value).__name__}") from None
+    if not path or "\x00" in path:
+        raise CkptpubError(f"{what}: {path!r} is not a usable path")
+    return path
+
+
 def resolve_folder(folder: str | os.PathLike[str]) -> str:
     """The folder's real absolute path; refuse anything that is not a directory."""
-    path = os.fspath(folder)
+    path = as_path(folder, "folder")
     try:
         info = os.stat(path)
     except OSError as error:
@@ -47,26 +61,36 @@ def resolve_folder(folder: str | os.PathLike[str]) -> str:
 
 
 def is_ckptpub_file(name: str) -> bool:
-    """True for the manifest and ckptpub's own temporary files (top level only)."""
-    return name == MANIFEST_NAME or (name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX))
+    """True for the manifest's name and that of ckptpub's own temporary files (top level only)."""
+    return name == MANIFEST_NAME or is_temp_name(name)
+
+
+def is_temp_name(name: str) -> bool:
+    """True for the name of a temporary file an atomic manifest write uses."""
+    return name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX)
 
 
 def scan_folder(root: str) -> list[FolderEntry]:
     """All files that count in the real folder ``root``, sorted by path."""
     entries: list[FolderEntry] = []
-    pending = [("", root)]
+    pending = [("", os.fsencode(root))]
     while pending:
         prefix, directory = pending.pop()
         try:
-            children = list(os.scandir(directory))
+            with os.scandir(directory) as listing:
+                children = list(listing)
         except OSError as error:
             raise CkptpubError(f"{prefix or '.'}: cannot list folder: {error.strerror or error}") from None
         for child in children:
-            relative = prefix + child.name
-            _check_name(relative)
-            if not prefix and is_ckptpub_file(child.name):
-                continue
-            if child.is_dir(follow_symlinks=False):
+            relative = prefix + _decode_name(prefix, child.name)
+            try:
+                is_dir = child.is_dir(follow_symlinks=False)
+                is_file = child.is_file(follow_symlinks=False)
+            except OSError as error:
+                raise CkptpubError(f"{relative}: {error.strerror or error}") from None
+            if not prefix and (relative == MANIFEST_NAME or (is_file and is_temp_name(relative))):
+                continue  # the manifest (checked by whoever reads it) and our own temporary files
+            if is_dir:
                 pending.append((relative + "/", child.path))
                 continue
             entries.append(_file_entry(root, relative, child))
@@ -84,33 +108,40 @@ def signature(info: os.stat_result) -> tuple[int, ...]:
 def restat(entry: FolderEntry) -> tuple[int, ...] | None:
     """The entry's signature now, or None if it is gone."""
     try:
-        return signature(os.stat(entry.real_path))
+        return signature(os.lstat(entry.real_path))
     except OSError:
         return None
 
 
-def _check_name(relative: str) -> None:
+def _decode_name(prefix: str, name: bytes) -> str:
+    """A file name as the manifest records it: its bytes as strict UTF-8, whatever the locale."""
     try:
-        relative.encode("utf-8")
-    except UnicodeEncodeError:
-        raise CkptpubError(f"{relative!r}: file name is not valid UTF-8") from None
-    if "\\" in relative or "\n" in relative:
-        raise CkptpubError(f"{relative!r}: file names with backslashes or newlines are not supported")
+        text = name.decode("utf-8")
+    except UnicodeDecodeError:
+        shown = prefix + name.decode("utf-8", "backslashreplace")
+        raise CkptpubError(f"{shown!r}: file name is not valid UTF-8") from None
+    if "\\" in text or "\n" in text:
+        raise CkptpubError(f"{prefix + text!r}: file names with backslashes or newlines are not supported")
+    return text
 
 
 def _file_entry(root: str, relative: str, child: os.DirEntry) -> FolderEntry:
-    real_path = child.path
+    real_path = os.fsdecode(child.path)
     try:
         if child.is_symlink():
-            real_path = os.path.realpath(child.path)
+            real_path = os.path.realpath(real_path)
             if os.path.commonpath([root, real_path]) != root or real_path == root:
                 raise CkptpubError(f"{relative}: symlink points outside the checkpoint folder")
-            info = os.stat(real_path)
+            if os.path.dirname(real_path) == root and is_ckptpub_file(os.path.basename(real_path)):
+                raise CkptpubError(f"{relative}: symlink points at {MANIFEST_NAME}, which publishing replaces")
+            info = os.lstat(real_path)
         else:
             info = child.stat(follow_symlinks=False)
     except OSError as error:
         reason = "symlink loop" if error.errno == errno.ELOOP else (error.strerror or str(error))
         raise CkptpubError(f"{relative}: {reason}") from None
+    if stat.S_ISLNK(info.st_mode):  # realpath stops resolving only at a loop (or a link made meanwhile)
+        raise CkptpubError(f"{relative}: symlink loop")
     if not stat.S_ISREG(info.st_mode):
         kind = "a folder behind a symlink" if stat.S_ISDIR(info.st_mode) else "not a regular file"
         raise CkptpubError(f"{relative}: {kind}; not supported in a checkpoint folder")

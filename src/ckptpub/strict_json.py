@@ -18,6 +18,7 @@ import math
 import os
 
 from .errors import CkptpubError
+from .safe_open import open_regular
 
 try:
     from _json import make_scanner as _make_c_scanner
@@ -32,19 +33,45 @@ if TYPE_CHECKING:
 def loads_strict(data: bytes, display_name: str, what: str) -> Any:
     """Decode UTF-8 JSON ``data``; errors name ``display_name`` and ``what`` it was meant to be."""
     try:
-        return _decode(data.decode("utf-8"))
+        text = data.decode("utf-8")
+        value = _decode(text)
     except UnicodeDecodeError:
         raise CkptpubError(f"{display_name}: {what} is not valid UTF-8") from None
     except (ValueError, RecursionError) as error:
         detail = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise CkptpubError(f"{display_name}: {what} is not valid JSON: {detail}") from None
+    if ("\\ud" in text or "\\uD" in text) and _has_lone_surrogate(value):
+        raise CkptpubError(f"{display_name}: {what} holds a lone surrogate escape (\\ud800-\\udfff), not Unicode text")
+    return value
 
 
-def read_bounded(path: str, limit: int, display_name: str) -> bytes:
-    """Read a whole small file, refusing one larger than ``limit`` bytes before reading it."""
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether any string (key or value) in a decoded document is not encodable text; iterative, so any depth."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+    return False
+
+
+def read_bounded(path: str, limit: int, display_name: str, expect: tuple[int, int] | None = None) -> bytes:
+    """Read a whole small regular file, refusing one larger than ``limit`` bytes before reading it.
+
+    Opened as ``safe_open.open_regular`` opens (no symlink, no FIFO, the file the scan saw).
+    """
+    fd, info = open_regular(path, display_name, expect)
     try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
+        with os.fdopen(fd, "rb") as handle:
+            size = info.st_size
             if size > limit:
                 raise CkptpubError(f"{display_name}: {size} bytes is over the {limit}-byte limit for this file")
             data = handle.read(limit + 1)

@@ -20,9 +20,14 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def threads_but_tqdm() -> int:
+    """Live threads, not counting tqdm's monitor, which an earlier in-process Trainer may have started already."""
+    return threading.active_count() - ("tqdm_monitor" in {t.name for t in threading.enumerate()})
+
+
 def test_two_hundred_saves(tiny, tokenizer, tmp_path):
     model = tiny.build_model()
-    fds, threads = open_fds(), threading.active_count()
+    fds, threads = open_fds(), threads_but_tqdm()
     callback = PublishCallback()
     trainer = tiny.make_trainer(
         str(tmp_path), model=model, tokenizer=tokenizer, callbacks=[callback],
@@ -52,6 +57,6 @@ def test_two_hundred_saves(tiny, tokenizer, tmp_path):
     assert open_fds() == fds, "file descriptors leaked"
     # tqdm (transformers' progress bars) keeps a monitor thread of its own; ours must all be gone
     ours = [t.name for t in threading.enumerate() if t.name.startswith("ckptpub")]
-    assert ours == [] and threading.active_count() - ("tqdm_monitor" in {t.name for t in threading.enumerate()}) == threads
+    assert ours == [] and threads_but_tqdm() == threads
     print(f"load test: {SAVES} saves, {len(published)} published, {skipped} skipped (rotated first), "
           f"{len(survivors)} surviving folders verify, fds {fds}->{open_fds()}, ckptpub threads left {len(ours)}")

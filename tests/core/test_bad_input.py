@@ -5,30 +5,12 @@ Each ends with exit 2, one line, and the folder unchanged.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from checkpoints import run_cli, snapshot, write_checkpoint
-
-
-def without_privileges() -> list[str]:
-    """A command prefix under which file permissions apply, also to root (CI runs as root).
-
-    Root stays root but loses every capability (CAP_DAC_OVERRIDE included), so it can
-    still read its own folders, such as a clone in a 0700 temporary directory, while a
-    mode-000 file is refused.
-    """
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("running as root without setpriv: file permissions cannot be exercised")
-    return [setpriv, "--bounding-set=-all", "--inh-caps=-all"]
+from hostile.privileges import without_privileges
 
 
 def test_unreadable_file_is_named(tmp_path: Path) -> None:

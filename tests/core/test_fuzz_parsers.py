@@ -81,7 +81,11 @@ def test_manifest_parser_structured(files: list, tensors: list, weights: list) -
 
 
 def _json_loads_verdict(data: bytes) -> tuple[str, object]:
-    """What ``json.loads`` with ckptpub's strictness says of ``data``: the value, or the one-line error."""
+    """What ``json.loads`` with ckptpub's strictness says of ``data``: the value, or the one-line error.
+
+    Strictness beyond ``json.loads``: a string holding a lone surrogate (an escape
+    like ``\\ud800`` with no partner) is not text, and is refused.
+    """
     from ckptpub.strict_json import _finite_float, _reject_constant, _reject_duplicate_keys
 
     try:
@@ -90,7 +94,10 @@ def _json_loads_verdict(data: bytes) -> tuple[str, object]:
         return ("error", "fuzz.json: document is not valid UTF-8")
     try:
         value = json.loads(text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant, parse_float=_finite_float)
+        json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError: a lone surrogate somewhere
         return ("value", value)
+    except UnicodeEncodeError:
+        return ("error", "fuzz.json: document holds a lone surrogate escape (\\ud800-\\udfff), not Unicode text")
     except (ValueError, RecursionError) as error:
         return ("error", " ".join(f"fuzz.json: document is not valid JSON: {str(error).splitlines()[0]}".split()))
 

@@ -11,12 +11,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 import ckptpub
 from checkpoints import flip_byte, locate
+from ckptpub.manifest import FileRecord, TensorRecord, compute_identity
+from ckptpub.safetensors import read_layout
 
 
 class Case(NamedTuple):
@@ -25,6 +30,16 @@ class Case(NamedTuple):
     published: bool
     expect: dict[str, int]  # verb -> exit code
     message: str = ""       # fragment of the error line for exit code 2
+
+
+class RunCase(NamedTuple):
+    """A damaged training-run folder (``checkpoint-10`` and ``checkpoint-20``, both published) for ``ckptpub ls``."""
+
+    name: str
+    damage: Callable[[Path], None]
+    exit_code: int
+    listed: tuple[str, ...]    # rows that must be there
+    unusable: tuple[str, ...]  # rows that must say UNUSABLE
 
 
 F32 = {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}
@@ -70,11 +85,84 @@ def forge_config_file(data: bytes) -> Callable[[Path], None]:
 
 def reidentify(document: dict) -> None:
     """Recompute a manifest document's identity from its (edited) entries."""
-    from ckptpub.manifest import FileRecord, TensorRecord, compute_identity
-
     tensors = tuple(TensorRecord(t["name"], t["dtype"], tuple(t["shape"]), t["file"], tuple(t["data_offsets"]), t["digest"]) for t in document["tensors"])
     files = tuple(FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in document["files"])
     document["identity"] = compute_identity(tensors, files, tuple(document["weights"]), document["config"])
+
+
+def forge_listing(*, plain: tuple[str, ...] = (), shards: tuple[str, ...] = (), weights: tuple[str, ...] | None = None,
+                  before: Callable[[Path], None] = lambda f: None) -> Callable[[Path], None]:
+    """After ``before`` changes the folder, write a manifest of its true bytes but with the forger's claims.
+
+    Every file is listed with its real size and digests, so no byte check can
+    fail; ``plain`` files are listed as plain files even if they are shards,
+    ``shards`` as shards (header and tensors) whatever their name, others as
+    publishing would. ``weights`` (default: the published manifest's) and a
+    recomputed identity complete a manifest that parses: only the rule that
+    publishing applies to the folder can catch it.
+    """
+
+    def damage(folder: Path) -> None:
+        before(folder)
+        document = json.loads((folder / "ckptpub.json").read_text())
+        files, tensors = [], []
+        for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "ckptpub.json"):
+            rel = path.relative_to(folder).as_posix()
+            data = path.read_bytes()
+            if rel in shards or (rel.endswith(".safetensors") and rel not in plain):
+                layout = read_layout(str(path), rel)
+                base = layout.header_size
+                files.append({"path": rel, "size": len(data), "digest": ckptpub.tensor_digest(data[:base]), "header_size": base})
+                tensors += [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "file": rel, "data_offsets": [t.begin, t.end],
+                             "digest": ckptpub.tensor_digest(data[base + t.begin : base + t.end])} for t in layout.tensors]
+            else:
+                files.append({"path": rel, "size": len(data), "digest": ckptpub.tensor_digest(data)})
+        document.update(files=files, tensors=tensors, weights=sorted(document["weights"] if weights is None else weights))
+        reidentify(document)
+        (folder / "ckptpub.json").write_text(json.dumps(document))
+
+    return damage
+
+
+def rename_tensor(source: str, target: str, old: str = "model.norm.weight", new: str = "lm_head.weight") -> Callable[[Path], None]:
+    """Copy a shard to ``target`` with one tensor renamed (same length name keeps offsets), as an attacker adds weights."""
+
+    def damage(folder: Path) -> None:
+        data = (folder / source).read_bytes()
+        (length,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + length])
+        header[new] = header.pop(old)
+        encoded = json.dumps(header).encode()
+        (folder / target).parent.mkdir(parents=True, exist_ok=True)
+        (folder / target).write_bytes(struct.pack("<Q", len(encoded)) + encoded + data[8 + length :])
+
+    return damage
+
+
+def special(kind: str, name: str) -> Callable[[Path], None]:
+    """Put a FIFO or socket where ``name`` is (after removing what was there)."""
+
+    def damage(folder: Path) -> None:
+        remove(folder / name)
+        os.mknod(folder / name, 0o644 | (stat.S_IFIFO if kind == "FIFO" else stat.S_IFSOCK))
+
+    return damage
+
+
+def replace_with_symlink(name: str, target: str) -> Callable[[Path], None]:
+    def damage(folder: Path) -> None:
+        remove(folder / name)
+        os.symlink(target, folder / name)
+
+    return damage
+
+
+def remove(path: Path) -> None:
+    """Remove whatever is at ``path`` (file, link, folder), if anything."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def sparse(path: Path, size: int) -> None:
@@ -87,8 +175,102 @@ def flip_tensor(folder: Path) -> None:
     flip_byte(path, begin + (end - begin) // 2)
 
 
+def empty(folder: Path) -> None:
+    for path in list(folder.iterdir()):
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def run_folder(folder: Path) -> None:
+    """Turn the folder into a run folder: its checkpoint moves into ``checkpoint-10``, published."""
+    inner = folder / "checkpoint-10"
+    inner.mkdir()
+    for path in list(folder.iterdir()):
+        if path != inner:
+            os.replace(path, inner / path.name)
+    ckptpub.publish(inner)
+
+
+def stray_shard_in_index(folder: Path) -> None:
+    """An index naming model.safetensors for its tensors and stray.safetensors for an added lm_head."""
+    rename_tensor("model.safetensors", "stray.safetensors")(folder)
+    names = [n for n in json.loads(header_bytes(folder / "model.safetensors")) if n != "__metadata__"]
+    weight_map = {n: "model.safetensors" for n in names} | {"lm_head.weight": "stray.safetensors"}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def header_bytes(path: Path) -> bytes:
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    return data[8 : 8 + length]
+
+
+def copy_then_flip(source: str, target: str) -> Callable[[Path], None]:
+    """Keep the published bytes under ``target``, then change the tensor an engine loads from ``source``."""
+
+    def damage(folder: Path) -> None:
+        (folder / target).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(folder / source, folder / target)
+        flip_tensor(folder)
+
+    return damage
+
+
+def raw_manifest_edit(old: str, new: str) -> Callable[[Path], None]:
+    def damage(folder: Path) -> None:
+        text = (folder / "ckptpub.json").read_text()
+        assert old in text, old
+        (folder / "ckptpub.json").write_text(text.replace(old, new, 1))
+
+    return damage
+
+
+def deep_provenance(depth: int) -> Callable[[Path], None]:
+    """Provenance (not covered by the identity) nested ``depth`` levels: the manifest stays valid."""
+
+    def damage(folder: Path) -> None:
+        text = (folder / "ckptpub.json").read_text()
+        at = text.rindex('"provenance":{') + len('"provenance":{')
+        (folder / "ckptpub.json").write_text(text[:at] + '"deep": ' + nested(depth).decode() + ", " + text[at:])
+
+    return damage
+
+
 def nested(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
+
+
+_PROBE = """
+from ckptpub.errors import CkptpubError
+from ckptpub.strict_json import loads_strict
+low, high = 1, 100_000
+while low < high:
+    middle = (low + high + 1) // 2
+    try:
+        loads_strict(b"[" * middle + b"]" * middle, "probe", "probe")
+        low = middle
+    except CkptpubError:
+        high = middle - 1
+print(low)
+"""
+
+
+def parser_limit() -> int:
+    """The deepest nesting ckptpub's JSON parser accepts in a fresh interpreter (found, not assumed).
+
+    Probed in a subprocess: the limit depends on the stack depth at the call, and a
+    command's stack is shallow like the probe's, not deep like pytest's.
+    """
+    probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True, timeout=60)
+    return int(probe.stdout)
+
+
+#: Nested just under the parser's limit as the CLI meets it (its stack is a few frames deeper than the probe's).
+JUST_UNDER = parser_limit() - 12
+
+
+def config_nested(depth: int, objects: bool) -> bytes:
+    deep = b'{"a":' * (depth - 2) + b"1" + b"}" * (depth - 2) if objects else nested(depth - 1)
+    return b'{"model_type": "x", "deep": ' + deep + b"}"
 
 
 CASES = [
@@ -139,7 +321,13 @@ CASES = [
     # Valid but unusual: must work.
     Case("zero-length tensors", lambda f: shard(f, {"a": dict(F32, shape=[0], data_offsets=[0, 0]), "b": F32, "c": dict(F32, shape=[2, 0], data_offsets=[16, 16])}, bytes(16)), False, {"publish": 0}),
     Case("symlink to a file inside", lambda f: os.symlink("tokenizer.json", f / "tokenizer-link.json"), False, {"publish": 0}),
-    Case("empty folder", lambda f: [shutil.rmtree(p) if p.is_dir() else p.unlink() for p in list(f.iterdir())], False, {"publish": 0}),
+    # Probably the wrong folder: refused unless the user opts in (--allow-no-weights, --allow-nested).
+    Case("empty folder", empty, False, UNPUBLISHED_BAD, "is empty"),
+    Case("folder without weights", lambda f: (f / "model.safetensors").unlink(), False, UNPUBLISHED_BAD, "has no weight files"),
+    Case("folder holding only a subfolder's weights", lambda f: (f / "sub").mkdir() or os.replace(f / "model.safetensors", f / "sub" / "model.safetensors"), False, UNPUBLISHED_BAD, "has no weight files"),
+    Case("run folder with checkpoint subfolders", run_folder, False, UNPUBLISHED_BAD, "holds other checkpoints"),
+    Case("run folder with a run index", lambda f: (f / "ckptpub-index.jsonl").write_text(""), False, UNPUBLISHED_BAD, "holds other checkpoints"),
+    Case("folder holding a published folder", lambda f: (f / "nested").mkdir() or (f / "nested" / "ckptpub.json").write_text("{}"), False, UNPUBLISHED_BAD, "holds other checkpoints"),
     # Manifests: missing, malformed, hostile.
     Case("no manifest", lambda f: None, False, {"verify": 2, "show": 2, "diff": 2}, "no ckptpub.json"),
     Case("manifest of garbage bytes", lambda f: (f / "ckptpub.json").write_bytes(os.urandom(64) + b"\xff"), True, BAD_MANIFEST, "not valid"),
@@ -171,4 +359,53 @@ CASES = [
     Case("file added", lambda f: (f / "new.bin").write_bytes(b"x"), True, MISMATCH),
     Case("file missing", lambda f: (f / "tokenizer.json").unlink(), True, MISMATCH),
     Case("file added in a subfolder", lambda f: (f / "logs" / "more.txt").write_text("y"), True, MISMATCH),
+    # Special files where a file is opened: never a hang, never read.
+    *[Case(f"manifest is a {kind}", special(kind, "ckptpub.json"), True, {"publish": 0, "verify": 2, "show": 2, "diff": 2}, "not a regular file")
+      for kind in ("FIFO", "socket")],
+    *[Case(f"{name} replaced by a {kind} after publishing", special(kind, name), True, {"publish": 2, "verify": 2, "show": 0, "diff": 0}, "not a regular file")
+      for kind in ("FIFO", "socket") for name in ("tokenizer.json", "model.safetensors", "config.json")],
+    *[Case(f"{name} is a {kind}", special(kind, name), False, UNPUBLISHED_BAD, "not a regular file")
+      for kind in ("FIFO", "socket") for name in ("config.json", "model.safetensors", "model.safetensors.index.json")],
+    *[Case(f"manifest is a symlink {what}", replace_with_symlink("ckptpub.json", target), True, BAD_MANIFEST, "is a symlink")
+      for what, target in (("that dangles", "gone.json"), ("to a folder", "logs"), ("to a device outside", "/dev/zero"), ("to itself", "ckptpub.json"))],
+    Case("symlink to the manifest inside the folder", lambda f: os.symlink("ckptpub.json", f / "manifest-copy.json"), True, {"publish": 2, "verify": 2, "show": 0, "diff": 0}, "points at ckptpub.json"),
+    Case("symlink to the manifest, before publishing", lambda f: os.symlink("ckptpub.json", f / "manifest-copy.json"), False, UNPUBLISHED_BAD, "points at ckptpub.json"),
+    # ckptpub's own names: a folder named like a temporary file is content, not skipped.
+    Case("folder named like a temp file, added after publishing", lambda f: ((f / ".ckptpub.json.0123456789abcdef.tmp").mkdir(), (f / ".ckptpub.json.0123456789abcdef.tmp" / "x.bin").write_bytes(b"x")), True, {"publish": 0, "verify": 1, "verify-pinned": 1, "show": 0}),
+    Case("FIFO named like a temp file, added after publishing", special("FIFO", ".ckptpub.json.0123456789abcdef.tmp"), True, {"publish": 2, "verify": 2, "show": 0}, "not a regular file"),
+    # Manifests whose every byte checks out but whose claims about the folder are false: verify must say FAILED.
+    Case("extra safetensors listed as a plain file", forge_listing(plain=("extra.safetensors",), before=rename_tensor("model.safetensors", "extra.safetensors")),
+         True, {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 0}),
+    Case("shard listed as a plain file with weights []", forge_listing(plain=("model.safetensors",), weights=()), True, {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 1}),
+    Case("weight bytes declared as a shard under another name", forge_listing(plain=("model.safetensors",), shards=("weights.bin",), weights=("weights.bin",), before=copy_then_flip("model.safetensors", "weights.bin")),
+         True, {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 0}),
+    Case("weights claimed from a subfolder shard", forge_listing(weights=("sub/model.safetensors",), before=copy_then_flip("model.safetensors", "sub/model.safetensors")),
+         True, {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 0}),
+    Case("index names a shard the manifest leaves out of weights", forge_listing(before=stray_shard_in_index), True, {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 0}),
+    Case("subfolder safetensors listed as a plain file", forge_listing(plain=("logs/extra.safetensors",), before=rename_tensor("model.safetensors", "logs/extra.safetensors")),
+         True, {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 0}),
+    # Names and text: strict UTF-8 whatever the locale; lone surrogates are not text.
+    Case("UTF-8 file names", lambda f: ((f / "café.txt").write_text("x"), (f / "日本").mkdir(), (f / "日本" / "設定.json").write_text("{}"), (f / "emoji-😀.bin").write_bytes(b"y")), False, {"publish": 0}),
+    Case("UTF-8 file names added after publishing", lambda f: (f / "café.txt").write_text("x"), True, MISMATCH),
+    Case("config with an escaped surrogate pair", lambda f: (f / "config.json").write_text('{"model_type": "\\ud83d\\ude00"}'), False, {"publish": 0}),
+    Case("config with a lone surrogate escape", lambda f: (f / "config.json").write_text('{"model_type": "\\ud800"}'), False, UNPUBLISHED_BAD, "lone surrogate"),
+    Case("header with a lone surrogate tensor name", lambda f: shard(f, raw=b'{"w\\udc80": ' + json.dumps(F32).encode() + b"}", data=bytes(16)), False, UNPUBLISHED_BAD, "lone surrogate"),
+    Case("index with a lone surrogate", lambda f: (f / "model.safetensors.index.json").write_text('{"weight_map": {"\\udfff": "model.safetensors"}}'), False, UNPUBLISHED_BAD, "lone surrogate"),
+    Case("manifest with a lone surrogate tensor name", raw_manifest_edit('"name":"model.norm.weight"', '"name":"model.norm.weight\\ud800"'), True, BAD_MANIFEST, "lone surrogate"),
+    Case("manifest with a lone surrogate in provenance", raw_manifest_edit('"provenance":{', '"provenance":{"note":"\\udc00",'), True, BAD_MANIFEST, "lone surrogate"),
+    # Deep JSON: nested just under the parser's limit parses, and whatever comes next copes.
+    Case("config of objects nested just under the parser's limit", lambda f: (f / "config.json").write_bytes(config_nested(JUST_UNDER, True)), False, {"publish": 0}),
+    Case("config of arrays nested just under the parser's limit", lambda f: (f / "config.json").write_bytes(config_nested(JUST_UNDER, False)), False, {"publish": 0}),
+    Case("provenance nested just under the parser's limit", deep_provenance(JUST_UNDER - 3), True, {"verify": 0, "show": 0, "diff": 0}),
+    Case("config nested past the parser's limit", lambda f: (f / "config.json").write_bytes(config_nested(JUST_UNDER + 100, True)), False, UNPUBLISHED_BAD, "config is not valid JSON"),
+    Case("manifest nested past the parser's limit", lambda f: (f / "ckptpub.json").write_bytes(nested(JUST_UNDER + 100)), True, BAD_MANIFEST, "manifest is not valid JSON"),
+]
+
+RUN_CASES = [
+    RunCase("intact run", lambda r: None, 0, ("checkpoint-10", "checkpoint-20"), ()),
+    RunCase("stray manifest in the run folder", lambda r: shutil.copy(r / "checkpoint-10" / "ckptpub.json", r / "ckptpub.json"), 0, (".", "checkpoint-10", "checkpoint-20"), ()),
+    RunCase("unreadable checkpoint folder", lambda r: (r / "checkpoint-20").chmod(0), 2, ("checkpoint-10",), ("checkpoint-20",)),
+    RunCase("manifest of a checkpoint is a FIFO", special("FIFO", "checkpoint-20/ckptpub.json"), 2, ("checkpoint-10",), ("checkpoint-20",)),
+    RunCase("manifest of a checkpoint is a folder", lambda r: ((r / "checkpoint-20" / "ckptpub.json").unlink(), (r / "checkpoint-20" / "ckptpub.json").mkdir()), 2, ("checkpoint-10",), ("checkpoint-20",)),
+    RunCase("manifest of a checkpoint is a symlink out", replace_with_symlink("checkpoint-20/ckptpub.json", "/etc/hostname"), 2, ("checkpoint-10",), ("checkpoint-20",)),
 ]

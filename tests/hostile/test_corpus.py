@@ -1,9 +1,14 @@
-"""Every hostile case, through every CLI verb, as a real audited subprocess.
+"""Every hostile case, through every verb and both entry points (CLI, Python API), as real audited subprocesses.
 
-For each (case, verb): the documented exit code; for exit 2 exactly one line on
-stderr naming the problem; never a traceback; nothing opened or listed outside the
-checkpoint folder (and, for diff, the reference folder); the folder unchanged except
-for the manifest a successful publish writes.
+For each (case, verb, entry point): the documented exit code; for exit 2 exactly one
+line on stderr naming the problem; never a traceback (the API: never an exception but
+``CkptpubError``); no hang (every run has a timeout, and a timeout fails the test);
+nothing opened or listed outside the checkpoint folder (and, for diff, the reference
+folder); the folder unchanged except for the manifest a successful publish writes.
+
+Every publish that succeeds is followed by ``verify``, which must accept what it wrote.
+``verify-pinned`` is ``verify --expect-identity`` with the identity the untouched
+checkpoint publishes to: the guarantee a deployment relies on.
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ from pathlib import Path
 import pytest
 
 from checkpoints import run_cli, snapshot, write_checkpoint
-from corpus import CASES, Case
+from corpus import CASES, RUN_CASES, Case, RunCase
+from privileges import without_privileges
 
 AUDITED_CLI = Path(__file__).with_name("audited_cli.py")
-PARAMS = [(case, verb) for case in CASES for verb in case.expect]
+ENTRIES = ("cli", "api")
+PARAMS = [(case, verb, entry) for case in CASES for verb in case.expect for entry in ENTRIES]
 
 
 @pytest.fixture(scope="module")
@@ -36,37 +43,79 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_corpus_size() -> None:
-    print(f"hostile corpus: {len(CASES)} cases, {len(PARAMS)} case x verb runs")
-    assert len(CASES) >= 40
+    runs = len(PARAMS) + len(RUN_CASES)
+    print(f"hostile corpus: {len(CASES)} folder cases x verbs x {len(ENTRIES)} entry points = {len(PARAMS)} runs; "
+          f"{len(RUN_CASES)} run-folder cases for ls; {runs} runs in all")
+    assert len(CASES) >= 100
     assert len({c.name for c in CASES}) == len(CASES)
 
 
-@pytest.mark.parametrize("case, verb", PARAMS, ids=[f"{c.name}-{v}" for c, v in PARAMS])
-def test_case(tmp_path: Path, pristine: dict[str, Path], case: Case, verb: str) -> None:
+def audited(log: Path, entry: str, args: list[str], prefix: list[str] = ()) -> subprocess.CompletedProcess:
+    """One audited run; a hang is a failure (TimeoutExpired fails the test), never a wait without end."""
+    return subprocess.run([*prefix, sys.executable, str(AUDITED_CLI), str(log), entry, *args], capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def assert_stayed_inside(log: Path, allowed: list[str], what: str) -> None:
+    for path, nofollow in json.loads(log.read_text()):
+        path = os.path.join(os.getcwd(), path)
+        real = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path)) if nofollow else os.path.realpath(path)
+        assert any(real == a or real.startswith(a + os.sep) for a in allowed), f"{what} touched {path}"
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, fragment: str) -> None:
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("ckptpub: error: "), result.stderr
+    assert fragment in result.stderr, result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("case, verb, entry", PARAMS, ids=[f"{c.name}-{v}-{e}" for c, v, e in PARAMS])
+def test_case(tmp_path: Path, pristine: dict[str, Path], case: Case, verb: str, entry: str) -> None:
     box = tmp_path / "box"  # the case folder and nothing else lives here
     folder = box / "ckpt"
     shutil.copytree(pristine["published" if case.published else "plain"], folder, symlinks=True)
     case.damage(folder)
     before = snapshot(folder) if folder.is_dir() else None
-    args = [verb, str(folder)] if verb != "diff" else [verb, str(pristine["reference"]), str(folder)]
+    reference = str(pristine["reference"])
+    if verb == "diff":
+        args = [verb, reference, str(folder)]
+    elif verb == "verify-pinned":
+        args = ["verify", "--expect-identity", json.loads((pristine["reference"] / "ckptpub.json").read_text())["identity"], str(folder)]
+    else:
+        args = [verb, str(folder)]
     log = tmp_path / "touched.json"
-    result = subprocess.run(
-        [sys.executable, str(AUDITED_CLI), str(log), *args], capture_output=True, text=True, timeout=60
-    )
+    result = audited(log, entry, args)
     expected = case.expect[verb]
-    assert result.returncode == expected, f"{case.name}/{verb}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == expected, f"{case.name}/{verb}/{entry}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
     assert "Traceback" not in result.stderr
     if expected == 2:
-        assert result.stderr.count("\n") == 1 and result.stderr.startswith("ckptpub: error: "), result.stderr
-        fragment = case.message if verb == "publish" or case.published else "no ckptpub.json"
-        assert fragment in result.stderr, result.stderr
-        assert result.stdout == ""
-    allowed = [os.path.realpath(folder)] + ([os.path.realpath(pristine["reference"])] if verb == "diff" else [])
-    for path in json.loads(log.read_text()):
-        real = os.path.realpath(os.path.join(os.getcwd(), path))
-        assert any(real == a or real.startswith(a + os.sep) for a in allowed), f"{case.name}/{verb} touched {path}"
+        assert_one_line_error(result, case.message if verb == "publish" or case.published else "no ckptpub.json")
+    allowed = [os.path.realpath(folder)] + ([os.path.realpath(reference)] if verb == "diff" else [])
+    assert_stayed_inside(log, allowed, f"{case.name}/{verb}/{entry}")
     if before is not None:
         after = snapshot(folder)
         if verb == "publish" and expected == 0:
             after.pop("ckptpub.json", None), before.pop("ckptpub.json", None)
-        assert after == before, f"{case.name}/{verb} changed the folder"
+        assert after == before, f"{case.name}/{verb}/{entry} changed the folder"
+    if verb == "publish" and expected == 0:  # publish writes only what verify accepts
+        check = audited(log, "cli", ["verify", str(folder)])
+        assert check.returncode == 0, f"{case.name}/{entry}: verify after publish: {check.stdout}{check.stderr}"
+
+
+@pytest.mark.parametrize("case", RUN_CASES, ids=[c.name for c in RUN_CASES])
+def test_run_folder_case(tmp_path: Path, pristine: dict[str, Path], case: RunCase) -> None:
+    """``ckptpub ls`` over a damaged run folder: every checkpoint listed or named as unusable, never left out."""
+    run = tmp_path / "box" / "run"
+    for step in (10, 20):
+        shutil.copytree(pristine["published"], run / f"checkpoint-{step}", symlinks=True)
+    case.damage(run)
+    log = tmp_path / "touched.json"
+    result = audited(log, "cli", ["ls", str(run)], without_privileges())  # so a mode-000 folder is unreadable
+    assert result.returncode == case.exit_code, f"{case.name}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert "Traceback" not in result.stderr
+    for name in case.listed:
+        assert any(line.endswith(f"  {name}") for line in result.stdout.splitlines()), (name, result.stdout)
+    for name in case.unusable:
+        assert any("UNUSABLE" in line and line.endswith(f"  {name}") for line in result.stdout.splitlines()), (name, result.stdout)
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert_stayed_inside(log, [os.path.realpath(run)], case.name)

@@ -359,3 +359,50 @@ def test_real_plugin_daemon_wrapper_in_a_spawned_child(tmp_path):
     log = Path(status["held"]["log"]).read_text()
     assert f"is keyed by checkpoint {identity}" in log
     assert not pid_alive(start["pid"])
+
+
+#: Run-index lines a hostile or broken writer could leave; each must be skipped with a warning, never fatal.
+HOSTILE_INDEX_LINES = [
+    '{"step": 1e999, "path": "checkpoint-10", "identity": "IDENTITY"}',
+    '{"step": 1e400, "path": "checkpoint-10", "identity": "IDENTITY"}',
+    '{"step": "99", "path": "checkpoint-10", "identity": "IDENTITY"}',
+    '{"step": true, "path": "checkpoint-10", "identity": "IDENTITY"}',
+    '{"step": -5, "path": "checkpoint-10", "identity": "IDENTITY"}',
+    '{"step": 99.5, "path": "checkpoint-10", "identity": "IDENTITY"}',
+    '{"step": 99, "path": "../../etc", "identity": "IDENTITY"}',
+    '{"step": 99, "path": 7, "identity": "IDENTITY"}',
+    '{"step": 99, "path": "checkpoint-10", "identity": "md5:00"}',
+    '{"step": 99, "path": "checkpoint-10\\udc80", "identity": "IDENTITY"}',
+    '[1, 2, 3]',
+    "[" * 5000 + "]" * 5000,
+]
+
+
+def test_hostile_run_index_lines_are_skipped_and_a_fatal_error_stops_the_daemon(tmp_path):
+    from preload_helpers import Run
+
+    run = Run(tmp_path / "run")
+    identity = make_checkpoint(run.root / "checkpoint-10", seed=3)
+    run.append(10, "checkpoint-10", identity)
+    with open(run.root / "ckptpub-index.jsonl", "a") as handle:
+        for line in HOSTILE_INDEX_LINES:
+            handle.write(line.replace("IDENTITY", identity) + "\n")
+    sup = SupervisorProc(tmp_path, ["--follow", str(run.root)]).start()
+    try:
+        wait_for(ready_with(sup, identity), 30, "ready with the one good record", sup)
+        warnings = [e["reason"] for e in _outcomes(sup, "warning") if "run index line" in e["reason"]]
+        assert len(warnings) == len(HOSTILE_INDEX_LINES), warnings
+        pid = sup.status()["held"]["pid"]
+        assert pid_alive(pid)
+        # A fatal error in the supervisor (its status file cannot be written any more) must stop the daemon.
+        status = sup.state_dir / "status.json"
+        status.unlink()
+        status.mkdir()
+        (status / "blocker").write_text("x")
+        assert sup.proc.wait(timeout=30) == 2
+        assert not pid_alive(pid), "the supervisor exited and left its daemon running"
+        lines = sup.stderr().strip().splitlines()
+        assert lines[-1].startswith("ckptpub preload: error:") and "Traceback" not in sup.stderr(), lines[-3:]
+        assert "supervisor stopping on an error" in " ".join(e["reason"] for e in _outcomes(sup, "supervisor-stop"))
+    finally:
+        sup.cleanup()

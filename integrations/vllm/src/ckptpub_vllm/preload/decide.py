@@ -53,6 +53,7 @@ class Target:
     step: int | None = None
     error: str | None = None
     notes: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()  # run-index lines that are not records (the first MAX_SKIPPED_NOTES)
 
     def fingerprint(self) -> tuple:
         """Changes whenever anything a person would call a new publish event changed."""
@@ -62,6 +63,7 @@ class Target:
         data = asdict(self)
         data["stamp"] = list(self.stamp) if self.stamp else None
         data["notes"] = list(self.notes)
+        data["skipped"] = list(self.skipped)
         return {k: v for k, v in data.items() if v not in (None, [], ())}
 
 
@@ -101,6 +103,9 @@ class Decision:
 
 # ---------------------------------------------------------------------------
 # Observing the target
+
+#: Run-index lines that are not records are named, up to this many, then counted.
+MAX_SKIPPED_NOTES = 50
 
 
 @dataclass
@@ -177,15 +182,25 @@ def observe_run(run_dir: str, cache: ManifestCache, *, verified_only: bool = Fal
     Candidates are taken newest first (highest step; for equal steps the later
     record); a record whose folder was rotated away, whose manifest is unusable,
     or (with ``verified_only``) that fails ``ckptpub verify`` is skipped and noted.
+    Index lines that are not records (``"step": 1e999``, wrong types, an unsafe
+    path) are skipped and listed in ``skipped`` (the supervisor warns about each).
     """
+    skipped: list[str] = []
+
+    def skip(number: int, why: str) -> None:
+        if len(skipped) < MAX_SKIPPED_NOTES:
+            skipped.append(f"run index line {number} skipped: {why}")
+        elif len(skipped) == MAX_SKIPPED_NOTES:
+            skipped.append("more run index lines skipped (not listed)")
+
     try:
-        records = ckptpub.read_run_index(run_dir)
+        records = ckptpub.read_run_index(run_dir, skip)
     except (OSError, ckptpub.CkptpubError) as error:
         return Target(error=f"{run_dir}: cannot read the run index: {error}")
     if not records:
-        return Target(error=f"{run_dir}: no published step yet")
-    order = sorted(range(len(records)), key=lambda i: (_step(records[i]), i), reverse=True)
+        return Target(error=f"{run_dir}: no published step yet", skipped=tuple(skipped))
     notes: list[str] = []
+    order = sorted(range(len(records)), key=lambda i: (records[i]["step"], i), reverse=True)
     seen: set[str] = set()
     for i in order:
         record = records[i]
@@ -193,23 +208,16 @@ def observe_run(run_dir: str, cache: ManifestCache, *, verified_only: bool = Fal
         if path in seen:
             continue
         seen.add(path)
-        target = observe_folder(path, cache, verified_only=verified_only, step=_step(record))
+        target = observe_folder(path, cache, verified_only=verified_only, step=record["step"])
         if target.error is None:
             if target.identity != record.get("identity"):
                 notes.append(f"step {record['step']}: index says {record.get('identity')}, "
                              f"the folder's manifest says {target.identity} (the manifest wins)")
             return Target(folder=target.folder, identity=target.identity, stamp=target.stamp, step=target.step,
-                          notes=tuple(notes[-5:]))
+                          notes=tuple(notes[-5:]), skipped=tuple(skipped))
         notes.append(f"skipped step {record['step']}: {target.error}")
     return Target(error=f"{run_dir}: no usable published step ({notes[0] if notes else 'none'})",
-                  notes=tuple(notes[-5:]))
-
-
-def _step(record: dict[str, Any]) -> int:
-    try:
-        return int(record["step"])
-    except (TypeError, ValueError):
-        return -1
+                  notes=tuple(notes[-5:]), skipped=tuple(skipped))
 
 
 # ---------------------------------------------------------------------------

@@ -104,12 +104,16 @@ class Supervisor:
             if len(longest) + 1 + SOCKET_NAME_LEN > AF_UNIX_MAX:
                 self._outcome("warning", "info", f"socket paths under {longest} may exceed the AF_UNIX limit of "
                                                  f"{AF_UNIX_MAX} bytes; use a shorter --state-dir or --socket-dir")
-            self._recover()
-            self._write_status()
-            while not self.stop_event.is_set():
-                self.step()
-                self.stop_event.wait(self.cfg.interval)
-            self._shutdown()
+            try:
+                self._recover()
+                self._write_status()
+                while not self.stop_event.is_set():
+                    self.step()
+                    self.stop_event.wait(self.cfg.interval)
+            except BaseException as error:  # any fatal path stops our daemons first: never orphan one
+                self._shutdown(f"supervisor stopping on an error ({type(error).__name__}: {error})")
+                raise
+            self._shutdown("supervisor stopping on signal")
             return 0
         finally:
             for sig, handler in previous_handlers.items():
@@ -153,6 +157,10 @@ class Supervisor:
         if self.held is not None and not self.held_dead and not self.held.alive():
             self._held_died(now)
         target = self.observe()
+        seen = set(self.previous.skipped) if self.previous is not None else set()
+        for note in target.skipped:
+            if note not in seen:
+                self._outcome("warning", "info", f"{self.cfg.follow}: {note}")
         decision = decide(self.held_view(), target, previous=self.previous, failure=self.failure, now=now,
                           manifests=self._manifest_for)
         changed = self.previous is None or target.fingerprint() != self.previous.fingerprint()
@@ -336,7 +344,8 @@ class Supervisor:
 
     # ------------------------------------------------------------- shutdown
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, why: str) -> None:
+        """Stop every daemon this supervisor started (loading or held), then record ``why`` it stopped."""
         parts = []
         if self.loading is not None:
             parts.append(f"loading daemon pid {self.loading.pid} {self.loading.stop(self.cfg.stop_timeout)}")
@@ -349,8 +358,7 @@ class Supervisor:
             self._forget(self.held)
         self.held = None
         self.state = "stopped"
-        self._outcome("supervisor-stop", "stopped", "supervisor stopping on signal: " + ("; ".join(parts) or
-                                                                                         "no daemon was running"))
+        self._outcome("supervisor-stop", "stopped", f"{why}: " + ("; ".join(parts) or "no daemon was running"))
         self._write_status()
 
     # -------------------------------------------------------------- records

@@ -1,0 +1,62 @@
+"""Publish writes only what verify accepts, or nothing: the cases the corpus cannot set up by damaging a folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ckptpub
+import ckptpub.publishing
+from checkpoints import run_cli, write_checkpoint
+from privileges import without_privileges
+
+
+def test_folder_whose_mtime_cannot_be_restored(tmp_path: Path) -> None:
+    """A folder owned by someone else but writable: the manifest lands, its mtime cannot be put back (EPERM)."""
+    prefix = without_privileges()
+    if not prefix and os.geteuid() != 0:
+        pytest.skip("needs root to give the folder to another user")
+    folder = write_checkpoint(tmp_path / "ckpt")
+    tmp_path.chmod(0o755)
+    os.chown(folder, 65534, 65534)
+    folder.chmod(0o777)
+    result = subprocess.run([*prefix, sys.executable, "-m", "ckptpub", "publish", str(folder)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "ckptpub.json was written, but the folder's modification time could not be restored" in result.stderr
+    assert run_cli("verify", folder).returncode == 0  # what is left is a valid manifest
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".ckptpub.json.")] == []
+
+
+def test_manifest_over_the_read_limit_is_not_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limit readers apply, lowered here so a tiny folder exceeds it (a real one needs ~250k tensors)."""
+    folder = write_checkpoint(tmp_path / "ckpt")
+    monkeypatch.setattr(ckptpub.publishing, "MAX_MANIFEST_BYTES", 1000)
+    with pytest.raises(ckptpub.CkptpubError, match="over the 1000-byte manifest limit readers accept; not written"):
+        ckptpub.publish(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "logs", "model.safetensors", "optimizer.pt", "tokenizer.json"]
+
+
+@pytest.mark.parametrize("what", ["dangling symlink", "symlink to a file inside", "symlink out of the folder", "FIFO", "socket"])
+def test_whatever_is_at_ckptpub_json_publish_leaves_a_plain_manifest(tmp_path: Path, what: str) -> None:
+    folder = write_checkpoint(tmp_path / "ckpt")
+    outside = tmp_path / "outside.json"
+    outside.write_text("untouched")
+    manifest = folder / "ckptpub.json"
+    if what == "dangling symlink":
+        os.symlink("gone.json", manifest)
+    elif what == "symlink to a file inside":
+        os.symlink("tokenizer.json", manifest)
+    elif what == "symlink out of the folder":
+        os.symlink(outside, manifest)
+    else:
+        os.mknod(manifest, 0o644 | (0o010000 if what == "FIFO" else 0o140000))
+    result = run_cli("publish", folder, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert manifest.is_file() and not manifest.is_symlink()
+    assert run_cli("verify", folder).returncode == 0
+    assert outside.read_text() == "untouched" and (folder / "tokenizer.json").read_text().startswith('{"version"')

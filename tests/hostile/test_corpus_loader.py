@@ -29,7 +29,7 @@ from ckptpub_vllm.errors import RefusedError  # noqa: E402
 from ckptpub_vllm.key import checkpoint_key  # noqa: E402
 from ckptpub_vllm.options import Options, split_extra_config  # noqa: E402
 from ckptpub_vllm.startup import check_before_start  # noqa: E402
-from ckptpub_vllm.verify_stream import StreamVerifier  # noqa: E402
+from ckptpub_vllm.verify_stream import StreamVerifier, check_shards_are_files  # noqa: E402
 
 #: Cases whose model, as an engine reads it, is still exactly the published one.
 SERVED = {
@@ -37,6 +37,10 @@ SERVED = {
     "file added",  # new.bin: not a file vLLM reads; `ckptpub verify` reports it
     "file added in a subfolder",
     "file truncated",  # optimizer.pt: training state, which no engine reads
+    "folder named like a temp file, added after publishing",
+    "FIFO named like a temp file, added after publishing",
+    "subfolder safetensors listed as a plain file",  # vLLM reads top-level shards only
+    "UTF-8 file names added after publishing",
 }
 #: Opened by lazy imports and the platform probes of torch/vLLM, not checkpoint reads.
 NOT_CHECKPOINT_READS = ("/proc/", "/sys/", "/dev/", sys.prefix, sys.base_prefix, str(ckptpub.__file__).rsplit("/src/", 1)[0])
@@ -51,6 +55,7 @@ def load_like_the_engine(folder: str, options: Options | None = None) -> str | N
     key = checkpoint_key(folder)
     if manifest is None:  # require_manifest false: vLLM's own key and an unverified load
         return key
+    check_shards_are_files(folder)
     verifier = StreamVerifier(folder, manifest, threads=1)
 
     def shards_as_vllm_reads_them():

@@ -34,7 +34,7 @@ from .errors import RefusedError
 from .log import logger
 from .options import Options, split_extra_config
 from .startup import check_before_start
-from .verify_stream import StreamVerifier
+from .verify_stream import StreamVerifier, check_shards_are_files
 
 
 @contextlib.contextmanager
@@ -93,6 +93,7 @@ class VerifyingDiskLoader(DefaultModelLoader):
             return
         self._folder = model_config.model
         self._started = time.perf_counter()
+        check_shards_are_files(model_config.model)
         self.verifier = StreamVerifier(model_config.model, self.manifest, threads=self.options.hash_threads,
                                        max_pending_mib=self.options.max_pending_mib)
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 import os
+import stat
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterable, Iterator
@@ -156,6 +157,36 @@ class StreamVerifier:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def check_shards_are_files(folder: str) -> None:
+    """Refuse unless every top-level ``*.safetensors`` is a regular file inside the folder.
+
+    vLLM opens the shards with a blocking open that follows symlinks: a FIFO would
+    hang the engine start, a symlink could read outside the folder. One listing (the
+    entry types come with it) and a ``stat`` only for symlinks, on the disk path
+    only: the daemon path touches no shard.
+    """
+    root = os.path.realpath(folder)
+    problems = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if not entry.name.endswith(".safetensors"):
+                continue
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                if os.path.commonpath([root, target]) != root:
+                    problems.append(f"shard {entry.name} is a symlink out of the folder")
+                    continue
+            try:
+                mode = os.stat(entry.path).st_mode if entry.is_symlink() else entry.stat(follow_symlinks=False).st_mode
+            except OSError as error:
+                problems.append(f"shard {entry.name} cannot be read ({error.strerror or error})")
+                continue
+            if not stat.S_ISREG(mode):
+                problems.append(f"shard {entry.name} is not a regular file")
+    if problems:
+        raise RefusedError.for_problems(folder, sorted(problems))
 
 
 def shard_problems(folder: str, manifest: "ckptpub.Manifest") -> list[str]:

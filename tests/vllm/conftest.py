@@ -25,7 +25,10 @@ from vllm_engine_helpers import TAMPERED_TENSOR, run_engines  # noqa: E402
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> dict[str, str]:
     """v1 (12 shards, published); tampered (one tensor zeroed, v1's manifest);
-    republished (tampered, published again); nomanifest; stale (a shard grew)."""
+    republished (tampered, published again); nomanifest; grown (a shard grew past its
+    tensors); badheader (a shard's header damaged); tokenizer (a same-size edit of
+    tokenizer.json); template (a chat template added after publishing); manifestdir
+    (ckptpub.json is a folder)."""
     from ckptpub_vllm.testing import build_tiny_qwen3, copy_with_zeroed_tensor
 
     root = tmp_path_factory.mktemp("ckpts")
@@ -36,10 +39,30 @@ def models(tmp_path_factory) -> dict[str, str]:
     ckptpub.publish(republished)
     nomanifest = shutil.copytree(v1, str(root / "nomanifest"))
     os.remove(os.path.join(nomanifest, ckptpub.MANIFEST_NAME))
-    stale = shutil.copytree(v1, str(root / "stale"))
-    with open(os.path.join(stale, "model-00003-of-00012.safetensors"), "ab") as f:
+    grown = shutil.copytree(v1, str(root / "grown"))
+    with open(os.path.join(grown, "model-00003-of-00012.safetensors"), "ab") as f:
         f.write(b"\0" * 16)
-    return {"v1": v1, "tampered": tampered, "republished": republished, "nomanifest": nomanifest, "stale": stale}
+    badheader = shutil.copytree(v1, str(root / "badheader"))
+    with open(os.path.join(badheader, "model-00005-of-00012.safetensors"), "r+b") as f:
+        f.seek(8)
+        f.write(b"[")  # the header's opening brace: no longer a JSON object
+    tokenizer = shutil.copytree(v1, str(root / "tokenizer"))
+    _same_size_edit(os.path.join(tokenizer, "tokenizer.json"), b"<|endoftext|>", b"<|endoftexT|>")
+    template = shutil.copytree(v1, str(root / "template"))
+    with open(os.path.join(template, "chat_template.jinja"), "w") as f:
+        f.write("{{ messages[0]['content'] }}")
+    manifestdir = shutil.copytree(nomanifest, str(root / "manifestdir"))
+    os.mkdir(os.path.join(manifestdir, ckptpub.MANIFEST_NAME))
+    return {"v1": v1, "tampered": tampered, "republished": republished, "nomanifest": nomanifest, "grown": grown,
+            "badheader": badheader, "tokenizer": tokenizer, "template": template, "manifestdir": manifestdir}
+
+
+def _same_size_edit(path: str, old: bytes, new: bytes) -> None:
+    with open(path, "rb") as f:
+        data = f.read()
+    assert old in data and len(old) == len(new)
+    with open(path, "wb") as f:
+        f.write(data.replace(old, new, 1))
 
 
 ENGINE_JOBS = {
@@ -49,8 +72,12 @@ ENGINE_JOBS = {
     "republished_manifest": ("republished", "manifest_cache", {}),
     "republished_auto": ("republished", "auto", {}),
     "nomanifest_manifest": ("nomanifest", "manifest_cache", {}),
-    "nomanifest_required": ("nomanifest", "manifest_cache", {"require_manifest": True}),
-    "stale_manifest": ("stale", "manifest_cache", {}),
+    "nomanifest_optout": ("nomanifest", "manifest_cache", {"require_manifest": False}),
+    "grown_manifest": ("grown", "manifest_cache", {}),
+    "badheader_manifest": ("badheader", "manifest_cache", {}),
+    "tokenizer_manifest": ("tokenizer", "manifest_cache", {}),
+    "template_manifest": ("template", "manifest_cache", {}),
+    "manifestdir_manifest": ("manifestdir", "manifest_cache", {"require_manifest": False}),
     "tampered_unverified": ("tampered", "manifest_cache", {"verify": False}),
     "v1_bad_option": ("v1", "manifest_cache", {"no_such_option": 1}),
     "v1_no_fallback": ("v1", "manifest_cache", {"fallback": False}),
@@ -61,7 +88,9 @@ ENGINE_JOBS = {
 def engine_results(models) -> tuple[dict[str, dict], str]:
     """All engine jobs above, run in one subprocess (in-process engine cores)."""
     pinned = {"expect_identity": ckptpub.read_manifest(models["v1"]).identity}
-    all_jobs = dict(ENGINE_JOBS, v1_pinned=("v1", "manifest_cache", pinned), republished_pinned=("republished", "manifest_cache", pinned))
+    all_jobs = dict(ENGINE_JOBS, v1_pinned=("v1", "manifest_cache", pinned),
+                    republished_pinned=("republished", "manifest_cache", pinned),
+                    nomanifest_pinned=("nomanifest", "manifest_cache", dict(pinned, require_manifest=False)))
     names = list(all_jobs)
     jobs = [{"model": models[m], "load_format": fmt, "extra": extra} for m, fmt, extra in all_jobs.values()]
     results, log = run_engines(jobs)

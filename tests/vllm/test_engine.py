@@ -25,7 +25,7 @@ def test_tampered_copy_with_original_manifest_is_refused_naming_the_tensor(engin
     error = results["tampered_manifest"].get("error", "")
     assert TAMPERED_TENSOR in error and "differs from the manifest" in error, results["tampered_manifest"]
     assert "\n" not in error
-    # Same sizes, same headers: the stat guard cannot see it, only the hashes do.
+    # Same sizes, same headers: only the hashes of the streamed tensors can see it.
     assert ckptpub.read_manifest(models["tampered"]).identity == ckptpub.read_manifest(models["v1"]).identity
 
 
@@ -41,18 +41,42 @@ def test_republished_copy_has_its_own_identity_and_its_own_tokens(engine_results
     assert f"identity {ident_re}" in log
 
 
-def test_folder_without_manifest_keeps_vllm_behaviour_unless_required(engine_results):
+def test_folder_without_manifest_is_refused_unless_the_user_opts_out(engine_results):
     results, log = engine_results
-    assert results["nomanifest_manifest"].get("tokens") == results["v1_auto"]["tokens"]
-    assert "has no ckptpub.json" in log
-    error = results["nomanifest_required"].get("error", "")
-    assert "no ckptpub.json" in error and "require_manifest" in error, results["nomanifest_required"]
+    error = results["nomanifest_manifest"].get("error", "")
+    assert "no ckptpub.json" in error and "require_manifest" in error, results["nomanifest_manifest"]
+    assert results["nomanifest_optout"].get("tokens") == results["v1_auto"]["tokens"]
+    assert "has no ckptpub.json and require_manifest is false" in log
 
 
-def test_stale_folder_is_refused_by_stat_alone(engine_results):
+def test_a_manifest_path_that_is_not_a_file_is_refused_not_ignored(engine_results):
+    error = engine_results[0]["manifestdir_manifest"].get("error", "")
+    assert "ckptpub: refusing" in error and "ckptpub.json is unusable" in error, error
+
+
+def test_a_pin_cannot_be_bypassed_by_deleting_the_manifest(engine_results):
+    error = engine_results[0]["nomanifest_pinned"].get("error", "")
+    assert "no ckptpub.json, so the pinned identity" in error, error
+
+
+def test_a_shard_that_grew_is_refused_by_name_without_a_start_time_stat(engine_results):
+    # safetensors refuses bytes past the tensors while vLLM reads; only then are the
+    # shards compared with the manifest, so the refusal names the shard and its size.
+    error = engine_results[0]["grown_manifest"].get("error", "")
+    assert "shard model-00003-of-00012.safetensors has 132040 bytes, the manifest says 132024" in error, error
+
+
+def test_a_damaged_shard_header_is_refused_by_shard_name(engine_results):
+    error = engine_results[0]["badheader_manifest"].get("error", "")
+    assert "shard model-00005-of-00012.safetensors: its header differs from the manifest" in error, error
+
+
+def test_files_the_engine_reads_are_verified_whatever_their_size(engine_results):
     results, _ = engine_results
-    error = results["stale_manifest"].get("error", "")
-    assert "changed since it was published" in error and "model-00003-of-00012.safetensors" in error, error
+    error = results["tokenizer_manifest"].get("error", "")
+    assert "tokenizer.json: bytes differ from the manifest" in error, error
+    error = results["template_manifest"].get("error", "")
+    assert "chat_template.jinja is not in the manifest, and an engine reads it" in error, error
 
 
 def test_verification_can_be_turned_off_and_says_so(engine_results):

@@ -96,3 +96,16 @@ def test_invalid_manifest_is_an_error_not_a_fallback(models, tmp_path):
     path.write_bytes(path.read_bytes().replace(b'"identity":"blake3:', b'"identity":"blake3:0', 1)[:-70] + b"\n")
     with pytest.raises(RefusedError, match="unusable"):
         key_of(str(folder))
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: p.mkdir(),
+    lambda p: p.symlink_to("no-such-file"),
+    lambda p: p.symlink_to(p.parent),
+    lambda p: p.symlink_to("/etc/hostname"),
+], ids=["folder", "dangling symlink", "symlink to a folder", "symlink out of the folder"])
+def test_a_manifest_path_that_is_not_a_plain_file_is_refused_not_absent(models, tmp_path, make):
+    folder = shutil.copytree(models["nomanifest"], tmp_path / "odd")
+    make(folder / ckptpub.MANIFEST_NAME)
+    with pytest.raises(RefusedError, match="ckptpub.json is unusable"):
+        key_of(str(folder))

@@ -1,4 +1,4 @@
-"""The plugin's pieces without an engine: options, the stream verifier, the stat guard."""
+"""The plugin's pieces without an engine: options, the stream verifier, the engine-file check."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from safetensors import safe_open
 
 from ckptpub_vllm.errors import RefusedError
 from ckptpub_vllm.options import Options, split_extra_config
-from ckptpub_vllm.staleness import stale_files
+from ckptpub_vllm.engine_files import engine_file_problems, engine_reads
 from ckptpub_vllm.verify_stream import StreamVerifier
 
 
@@ -31,8 +31,7 @@ def test_options_are_taken_out_and_the_rest_is_left_for_vllm(monkeypatch):
     monkeypatch.delenv("CKPTPUB_REQUIRE_MANIFEST", raising=False)
     opts, rest = split_extra_config({"verify": False, "hash_threads": 3, "mode": "copy", "fallback": False})
     assert opts == Options(verify=False, hash_threads=3) and rest == {"mode": "copy", "fallback": False}
-    monkeypatch.setenv("CKPTPUB_REQUIRE_MANIFEST", "1")
-    assert split_extra_config(None)[0].require_manifest is True
+    assert split_extra_config(None)[0].require_manifest is True  # manifest_cache asks for the guarantee
     assert split_extra_config({"require_manifest": False})[0].require_manifest is False
     with pytest.raises(ValueError, match="verify"):
         split_extra_config({"verify": "yes"})
@@ -90,11 +89,41 @@ def test_duplicate_and_missing_tensors_are_refused(models):
     v.finish()  # vLLM skipped the rest on purpose
 
 
-def test_stat_guard_sees_size_changes_and_new_shards(models, tmp_path):
+@pytest.mark.parametrize("path, read", [
+    ("config.json", True), ("generation_config.json", True), ("tokenizer.json", True),
+    ("tokenizer.model", True), ("chat_template.jinja", True), ("merges.txt", True), ("vocab.json", True),
+    ("special_tokens_map.json", True), ("preprocessor_config.json", True),
+    ("additional_chat_templates/tool_use.jinja", True),
+    ("model-00001-of-00002.safetensors", False), ("model.safetensors.index.json", False),
+    ("trainer_state.json", False), ("optimizer.pt", False), ("rng_state.pth", False), ("README.md", False),
+    ("global_step5/zero_pp_rank_0_mp_rank_00_model_states.pt", False), ("sub/config.json", False),
+])
+def test_engine_reads_the_files_vllm_and_transformers_open(path, read):
+    assert engine_reads(path) is read
+
+
+def test_engine_files_are_checked_whole_and_unlisted_ones_refused(models, tmp_path):
     folder = shutil.copytree(models["v1"], tmp_path / "c")
     manifest = ckptpub.read_manifest(str(folder))
-    assert stale_files(str(folder), manifest) == []
-    (folder / "extra.safetensors").write_bytes(b"x")
-    os.remove(folder / "config.json")
-    problems = stale_files(str(folder), manifest)
-    assert "config.json is missing" in problems and "extra.safetensors is not in the manifest" in problems
+    assert engine_file_problems(str(folder), manifest) == []
+    os.mkdir(folder / "additional_chat_templates")
+    (folder / "additional_chat_templates" / "tool_use.jinja").write_text("{{ tools }}")
+    (folder / "generation_config.json").unlink()
+    (folder / "tokenizer_config.json").unlink()
+    os.mkfifo(folder / "tokenizer_config.json")  # must not hang the engine start
+    (folder / "config.json").unlink()
+    (folder / "config.json").symlink_to("/etc/hostname")
+    problems = engine_file_problems(str(folder), manifest)
+    assert problems == [
+        "additional_chat_templates/tool_use.jinja is not in the manifest, and an engine reads it",
+        "config.json is a symlink out of the folder",
+        "generation_config.json is missing",
+        "tokenizer_config.json is not a regular file",
+    ], problems
+
+
+def test_every_refusal_is_one_line_of_one_shape_and_keeps_paths_exact():
+    error = RefusedError("/ckpt/step  1\n2", "tensor 'x' differs", more=2, hint="run `ckptpub verify`")
+    assert str(error) == "ckptpub: refusing to serve /ckpt/step  1\\n2: tensor 'x' differs (and 2 more); run `ckptpub verify`"
+    assert (error.folder, error.reason) == ("/ckpt/step  1\n2", "tensor 'x' differs")
+    assert str(RefusedError.for_problems("/c", ["a", "b"])) == "ckptpub: refusing to serve /c: a (and 1 more)"

@@ -10,9 +10,11 @@ alike, so replacing that one module attribute changes both.
 
 For a folder with ``ckptpub.json`` the replacement returns the manifest's identity
 (``"blake3:<64 hex>"``, a hash of every tensor's bytes), reading that one small file
-and opening no shard. Folders without a manifest keep vLLM's own hash unless
-``CKPTPUB_REQUIRE_MANIFEST=1`` asks to fail closed. A manifest that exists but does
-not validate is an error, never a silent fall back to header hashing.
+in a handful of filesystem requests and opening no shard. Anything at the manifest's
+path that is not a valid manifest (a directory, a FIFO, a symlink, a damaged file) is
+refused, never taken as "no manifest". Folders with nothing at that path keep vLLM's
+own hash (plain ``ipc_cache`` users are unaffected) unless ``CKPTPUB_REQUIRE_MANIFEST=1``
+asks to fail closed.
 """
 
 from __future__ import annotations
@@ -30,33 +32,36 @@ _logged: set[tuple[str, str]] = set()
 
 
 def has_manifest(folder: str) -> bool:
-    """Whether ``folder`` is a local directory holding ``ckptpub.json`` (``stat`` only)."""
-    return os.path.isfile(os.path.join(folder, ckptpub.MANIFEST_NAME))
+    """Whether anything (a valid manifest or not) is at the folder's manifest path (one ``lstat``)."""
+    return os.path.lexists(os.path.join(folder, ckptpub.MANIFEST_NAME))
 
 
-def load_manifest(folder: str) -> "ckptpub.Manifest | None":
-    """The folder's validated manifest, ``None`` when it has none; refuses an invalid one."""
-    if not os.path.isdir(folder) or not has_manifest(folder):
-        return None
+def read_folder_manifest(folder: str) -> "ckptpub.Manifest | None":
+    """The folder's validated manifest; None only when nothing is at its manifest path.
+
+    The manifest file is read directly (no separate look at the folder first); only
+    when that fails does a ``lstat`` tell "absent" from "present but unusable".
+    """
+    path = os.path.join(folder, ckptpub.MANIFEST_NAME)
     try:
-        return ckptpub.read_manifest(folder)
-    except ckptpub.CkptpubError as e:
-        raise RefusedError(f"ckptpub: refusing {folder}: its {ckptpub.MANIFEST_NAME} is unusable: {e}") from None
+        return ckptpub.read_manifest(path)
+    except ckptpub.CkptpubError as error:
+        if not os.path.lexists(path):
+            return None
+        raise RefusedError(folder, f"its {ckptpub.MANIFEST_NAME} is unusable: {error}") from None
 
 
 def checkpoint_key(model: str) -> str | None:
     """Drop-in replacement for vLLM's ``protocol.hash_checkpoint``."""
-    manifest = load_manifest(model) if isinstance(model, str) else None
+    manifest = read_folder_manifest(model) if isinstance(model, str) else None
     if manifest is not None:
         if (model, manifest.identity) not in _logged:
             _logged.add((model, manifest.identity))
             logger.info("ckptpub: weight-cache key for %s is its manifest identity %s", model, manifest.identity)
         return manifest.identity
     if require_manifest_from_env():
-        raise RefusedError(
-            f"ckptpub: refusing {model}: no {ckptpub.MANIFEST_NAME} and {REQUIRE_MANIFEST_ENV}=1 "
-            f"(publish it with `ckptpub publish {model}`)"
-        )
+        raise RefusedError(model, f"no {ckptpub.MANIFEST_NAME} and {REQUIRE_MANIFEST_ENV}=1",
+                           hint=f"publish it with `ckptpub publish {model}`")
     return original_hash_checkpoint()(model)
 
 

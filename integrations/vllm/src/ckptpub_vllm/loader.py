@@ -6,14 +6,19 @@ manifest identity (see ``key``), so the daemon maps them only when it holds exac
 these bytes. Whenever weights come from disk instead (no daemon, a mismatch with
 ``fallback``, a platform without CUDA IPC such as the CPU build, or a daemon loading
 its own copy through ``load_weights``), :class:`VerifyingDiskLoader` streams them
-through a :class:`StreamVerifier` and the engine refuses to start on any difference.
-Before anything, the folder's files are compared with the manifest by ``stat``.
+through a :class:`StreamVerifier` and the engine refuses to start on any difference,
+in the one pass vLLM makes over the shards anyway. Before either,
+``startup.check_before_start`` reads the manifest and checks the files the engine
+reads itself; it opens no shard, so an engine start that maps a daemon's weights
+costs the same few filesystem requests for 16 shards or 163.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import Iterator
 
 from torch import nn
 from vllm.config import ModelConfig, VllmConfig
@@ -26,12 +31,24 @@ import ckptpub
 
 from . import LOAD_FORMAT
 from .errors import RefusedError
-from .key import load_manifest
 from .log import logger
 from .options import Options, split_extra_config
-from .small_files import check_small_files
-from .staleness import check_not_stale
+from .startup import check_before_start
 from .verify_stream import StreamVerifier
+
+
+@contextlib.contextmanager
+def refusals_logged() -> Iterator[None]:
+    """Log a refusal once, in its own words, before vLLM wraps it.
+
+    vLLM re-raises a loader's error as a worker traceback or a generic "Engine core
+    initialization failed"; this line is what an operator reads in the log.
+    """
+    try:
+        yield
+    except RefusedError as error:
+        logger.error("%s", error)
+        raise
 
 
 class VerifyingDiskLoader(DefaultModelLoader):
@@ -59,9 +76,6 @@ class VerifyingDiskLoader(DefaultModelLoader):
             if self.local_expert_ids is not None:
                 self.verifier.mark_partial("expert-parallel weight filter")
             self.verifier.finish()
-        except RefusedError as e:
-            logger.error("%s", e)
-            raise
         finally:
             self.verifier.close()
         v = self.verifier
@@ -106,27 +120,9 @@ class ManifestCacheLoader(IpcModelLoader):
         super().__init__(dataclasses.replace(load_config, model_loader_extra_config=rest))
         self._manifest: ckptpub.Manifest | None = None
 
-    # -- the manifest, checked once per load -------------------------------------------
     def _prepare(self, model_config: ModelConfig) -> "ckptpub.Manifest | None":
-        folder = model_config.model
-        manifest = load_manifest(folder)
-        if manifest is None:
-            if self.options.require_manifest:
-                raise RefusedError(f"ckptpub: refusing {folder}: no {ckptpub.MANIFEST_NAME} and "
-                                   f"require_manifest is set (publish it with `ckptpub publish {folder}`)")
-            logger.warning("ckptpub: %s has no %s; vLLM's own key and an unverified load apply",
-                           folder, ckptpub.MANIFEST_NAME)
-            return None
-        expected = self.options.expect_identity
-        if expected is not None and manifest.identity != expected:
-            raise RefusedError(f"ckptpub: refusing {folder}: its identity {manifest.identity} is not the expected {expected}")
-        if self.options.stat_check:
-            check_not_stale(folder, manifest)
-        if self.options.verify:
-            check_small_files(folder, manifest)
-        logger.info("ckptpub: requested %s, identity %s", folder, manifest.identity)
-        self._manifest = manifest
-        return manifest
+        self._manifest = check_before_start(model_config.model, self.options)
+        return self._manifest
 
     def _disk_loader(self, manifest: "ckptpub.Manifest | None") -> VerifyingDiskLoader:
         return VerifyingDiskLoader(self._fallback_load_config(), manifest, self.options)
@@ -138,31 +134,36 @@ class ManifestCacheLoader(IpcModelLoader):
         return super().get_external_weight_memory(vllm_config)
 
     def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = "") -> nn.Module:
+        with refusals_logged():
+            return self._load_model(vllm_config, model_config, prefix)
+
+    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
+        """Used by the weight-cache daemon (and reloads): always a verified disk load."""
+        with refusals_logged():
+            manifest = self._prepare(model_config)
+            self._disk_loader(manifest).load_weights(model, model_config)
+
+    def _load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:
         manifest = self._prepare(model_config)
         no_ipc = ipc_unsupported_reason()
         if no_ipc is not None:
             if not self.fallback:
-                raise RefusedError(f"ckptpub: refusing {model_config.model}: fallback is false but there is no "
-                                   f"daemon to map from: {no_ipc}")
+                raise RefusedError(model_config.model, f"fallback is false but there is no daemon to map from: {no_ipc}")
             logger.info("ckptpub: no daemon to map from (%s); loading %s from disk%s", no_ipc, model_config.model,
                         " with verification" if manifest is not None and self.options.verify else "")
             return self._disk_loader(manifest).load_model(vllm_config=vllm_config, model_config=model_config,
                                                           prefix=prefix)
         return super().load_model(vllm_config, model_config, prefix)
 
-    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
-        """Used by the weight-cache daemon (and reloads): always a verified disk load."""
-        manifest = self._prepare(model_config)
-        self._disk_loader(manifest).load_weights(model, model_config)
-
-    def _request_state(self, cache_config):
-        logger.info("ckptpub: asking the weight-cache daemon for checkpoint %s", cache_config.checkpoint)
+    def _request_state(self, cache_key, **kwargs):
+        """Log the request and its answer; ``kwargs`` carries what newer vLLMs add (0.33: ``is_reload``)."""
+        logger.info("ckptpub: asking the weight-cache daemon for checkpoint %s", cache_key.checkpoint)
         try:
-            state = super()._request_state(cache_config)
+            state = super()._request_state(cache_key, **kwargs)
         except protocol.CacheConfigMismatchError as e:
             logger.warning("ckptpub: the daemon holds something else (%s); it will not be mapped", e)
             raise
-        logger.info("ckptpub: the daemon holds %s: mapping its weights", cache_config.checkpoint)
+        logger.info("ckptpub: the daemon holds %s: mapping its weights", cache_key.checkpoint)
         return state
 
     def _fallback_load(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:

@@ -4,9 +4,10 @@ vLLM's ``IpcModelLoader`` rejects extra-config keys it does not know, so ours ar
 popped first and everything else (``socket_path``, ``socket_dir``, ``mode``,
 ``fallback``, ``connect_timeout_s``, ``state_timeout_s``) is handed on unchanged.
 
-Environment: ``CKPTPUB_REQUIRE_MANIFEST=1`` fails closed on folders without a
-manifest in every process, including ``vllm preload`` daemons, which never see the
-engine's extra config.
+``--load-format manifest_cache`` asks for the manifest's guarantee, so a folder
+without ``ckptpub.json`` is refused unless ``require_manifest`` is set to false.
+Environment: ``CKPTPUB_REQUIRE_MANIFEST=1`` also fails closed in processes that never
+see this extra config: plain ``ipc_cache`` engines and ``vllm preload`` daemons.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ def require_manifest_from_env() -> bool:
 @dataclass(frozen=True)
 class Options:
     """``verify``: hash every tensor read from disk and refuse on any difference.
-    ``require_manifest``: refuse folders without ``ckptpub.json`` (default: env).
-    ``stat_check``: compare the sizes of the manifest's files with ``stat`` at start.
+    ``require_manifest``: refuse folders without ``ckptpub.json`` (on by default;
+    ignored when ``expect_identity`` is set, which always needs a manifest).
     ``hash_threads``: threads hashing tensors while vLLM copies them into the model.
     ``max_pending_mib``: bytes of tensors waiting for a hash before loading pauses.
     ``expect_identity``: refuse unless the manifest's identity is this one. Pinned
@@ -35,8 +36,7 @@ class Options:
     """
 
     verify: bool = True
-    require_manifest: bool = False
-    stat_check: bool = True
+    require_manifest: bool = True
     hash_threads: int = 2
     max_pending_mib: int = 2048
     expect_identity: str | None = None
@@ -48,7 +48,7 @@ _KEYS = {f.name: f.type for f in fields(Options)}
 def split_extra_config(extra: Mapping[str, Any] | None) -> tuple[Options, dict[str, Any]]:
     """Return (our options, the remaining keys for vLLM's IPC loader)."""
     rest = dict(extra or {})
-    values: dict[str, Any] = {"require_manifest": require_manifest_from_env()}
+    values: dict[str, Any] = {}
     for name in _KEYS:
         if name not in rest:
             continue

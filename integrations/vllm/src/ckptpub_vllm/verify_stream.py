@@ -7,12 +7,15 @@ thread pool (BLAKE3 releases the GIL), so hashing overlaps with vLLM's copying
 instead of adding a second pass over the checkpoint. Loading pauses only when more
 than ``max_pending_mib`` of tensors wait for their hash. Any difference raises
 :class:`RefusedError` naming the tensor; ``finish`` waits for the last hashes and
-also refuses when manifest tensors never arrived.
+also refuses when manifest tensors never arrived. When reading a shard fails (a
+damaged header, a truncated file), the shards are compared with the manifest then,
+and only then, so the refusal names the file without an extra pass on every start.
 """
 
 from __future__ import annotations
 
 import time
+import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterable, Iterator
@@ -55,6 +58,7 @@ class StreamVerifier:
     def __init__(self, folder: str, manifest: "ckptpub.Manifest", *, threads: int = 2,
                  max_pending_mib: int = 2048) -> None:
         self.folder = folder
+        self.manifest = manifest
         self.identity = manifest.identity
         self.expected = manifest.weight_tensors()
         self.seen: set[str] = set()
@@ -67,13 +71,30 @@ class StreamVerifier:
         self._pending_bytes = 0
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="ckptpub-verify")
 
-    def refuse(self, what: str) -> RefusedError:
-        return RefusedError(f"ckptpub: refusing to serve {self.folder}: {what} (manifest identity {self.identity})")
+    def refuse(self, what: str, more: int = 0) -> RefusedError:
+        return RefusedError(self.folder, what, more=more, hint=f"the manifest's identity is {self.identity}")
 
     def wrap(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in weights:
+        iterator = iter(weights)
+        while True:
+            try:
+                name, tensor = next(iterator)
+            except StopIteration:
+                return
+            except RefusedError:
+                raise
+            except Exception as error:  # noqa: BLE001 - whatever the shard reader raised: name the shard
+                self.close()
+                raise self.refuse(self.reading_failed(error)) from error
             self.check(name, tensor)
             yield name, tensor
+
+    def reading_failed(self, error: Exception) -> str:
+        """Why reading the shards failed, by shard name where the files show it."""
+        problems = shard_problems(self.folder, self.manifest)
+        if problems:
+            return problems[0]
+        return "reading the weights failed: " + " ".join(f"{type(error).__name__}: {error}".split())
 
     def check(self, name: str, tensor: torch.Tensor) -> None:
         record = self.expected.get(name)
@@ -131,8 +152,35 @@ class StreamVerifier:
             self.close()
         missing = sorted(set(self.expected) - self.seen)
         if missing and self.partial_reason is None:
-            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-            raise self.refuse(f"manifest tensor {missing[0]!r}{more} never arrived from disk")
+            raise self.refuse(f"manifest tensor {missing[0]!r} never arrived from disk", more=len(missing) - 1)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def shard_problems(folder: str, manifest: "ckptpub.Manifest") -> list[str]:
+    """Weight shards that are missing, of another size, or whose header differs from the manifest.
+
+    Run only after reading failed: it opens every shard, which a successful load never needs.
+    """
+    problems = []
+    records = {record.path: record for record in manifest.files}
+    for shard in manifest.weights:
+        record = records[shard]
+        path = os.path.join(folder, shard)
+        try:
+            with open(path, "rb", opener=_no_follow) as handle:
+                size = os.fstat(handle.fileno()).st_size
+                header = handle.read(min(record.header_size or 0, size))
+        except OSError as error:
+            problems.append(f"shard {shard} cannot be read ({error.strerror or error})")
+            continue
+        if size != record.size:
+            problems.append(f"shard {shard} has {size} bytes, the manifest says {record.size}")
+        elif ckptpub.tensor_digest(header) != record.digest:
+            problems.append(f"shard {shard}: its header differs from the manifest (damaged?)")
+    return problems
+
+
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)

@@ -1,0 +1,142 @@
+"""The files an engine reads besides the weights: configs, tokenizer, chat templates.
+
+Streaming verification covers every tensor, and a daemon holds exactly the
+identity's tensors, but vLLM also reads ``config.json``, ``generation_config.json``,
+the tokenizer files and chat templates from the folder itself, on every start and
+whichever path the weights take. A same-size edit of one of them (a changed
+``rope_theta``, another chat template) would serve a different model under the
+manifest's identity, and so would such a file added after publishing.
+
+So every top-level file whose name an engine may read (:func:`engine_reads`) must be
+listed in the manifest and is hashed whole, whatever its size, and a config's
+meaning must be the one the identity was computed from (a forged manifest that
+recorded other config bytes is refused too). The weight shards are never opened,
+read or ``stat``-ed here: the work is one directory listing plus one open, ``fstat``
+and read per engine file, the same for 16 shards or 163.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+
+import ckptpub
+
+from .errors import RefusedError
+
+#: Names read by vLLM's config code and by transformers' tokenizer and processor loaders.
+_EXACT_NAMES = frozenset({"merges.txt", "vocab.txt", "params.json", "tekken.json"})
+_PREFIXES = ("tokenizer", "chat_template", "vocab", "special_tokens", "added_tokens", "spiece", "sentencepiece")
+_SUFFIXES = (".json", ".jinja", ".model", ".tiktoken")
+#: Not read by an engine: the manifest (read and validated on its own), the shard index (read only
+#: on the disk path, whose shards stream verified anyway) and training state, ``ckptpub verify``'s business.
+_NOT_READ = frozenset({ckptpub.MANIFEST_NAME, "model.safetensors.index.json", "trainer_state.json"})
+#: Subfolder of extra chat templates that transformers lists and reads.
+TEMPLATES_FOLDER = "additional_chat_templates"
+
+
+def engine_reads(path: str) -> bool:
+    """Whether an engine may read this '/'-separated path of a checkpoint folder."""
+    folder, _, name = path.rpartition("/")
+    if folder:
+        return folder == TEMPLATES_FOLDER and name.endswith(".jinja")
+    if name in _NOT_READ or name.endswith(".safetensors"):
+        return False
+    return name in _EXACT_NAMES or name.startswith(_PREFIXES) or name.endswith(_SUFFIXES)
+
+
+def engine_file_problems(folder: str, manifest: "ckptpub.Manifest") -> list[str]:
+    """Human-readable differences between the folder's engine files and the manifest."""
+    listed = {record.path: record for record in manifest.files if engine_reads(record.path)}
+    problems = [f"{path} is not in the manifest, and an engine reads it"
+                for path in _present_engine_files(folder) if path not in listed]
+    for path, record in sorted(listed.items()):
+        try:
+            data = _read_regular_file(folder, path, record.size)
+        except _Unreadable as error:
+            problems.append(f"{path} {error}")
+            continue
+        if len(data) != record.size:
+            problems.append(f"{path} has {len(data)} bytes, the manifest says {record.size}")
+        elif ckptpub.tensor_digest(data) != record.digest:
+            problems.append(f"{path}: bytes differ from the manifest")
+        elif path in manifest.config and _config_meaning(data) != manifest.config[path]:
+            problems.append(f"{path}: the manifest records another config meaning (forged manifest?)")
+    return problems
+
+
+def check_engine_files(folder: str, manifest: "ckptpub.Manifest") -> None:
+    """Refuse unless every file an engine reads is exactly as published."""
+    problems = engine_file_problems(folder, manifest)
+    if problems:
+        raise RefusedError.for_problems(folder, problems, hint=f"run `ckptpub verify {folder}`")
+
+
+def _present_engine_files(folder: str) -> list[str]:
+    """Engine-read paths that exist in the folder, from one listing (two with extra templates)."""
+    try:
+        names = os.listdir(folder)
+    except OSError as error:
+        raise RefusedError(folder, f"cannot list it ({error.strerror or error})") from None
+    paths = [name for name in names if engine_reads(name)]
+    if TEMPLATES_FOLDER in names:
+        try:
+            templates = os.listdir(os.path.join(folder, TEMPLATES_FOLDER))
+        except OSError:  # not a listable folder: a file by that name is not read as templates
+            templates = []
+        paths += [f"{TEMPLATES_FOLDER}/{name}" for name in templates if name.endswith(".jinja")]
+    return sorted(paths)
+
+
+class _Unreadable(Exception):
+    """Why an engine file cannot be checked (the message completes "<path> ...")."""
+
+
+def _read_regular_file(folder: str, path: str, expected_size: int) -> bytes:
+    """The file's bytes, up to one more than expected; never leaves the folder or blocks on a FIFO."""
+    fd = _open_inside(folder, path)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _Unreadable("is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(expected_size + 1)
+    except OSError as error:
+        raise _Unreadable(f"cannot be read ({error.strerror or error})") from None
+    finally:
+        os.close(fd)
+
+
+def _open_inside(folder: str, path: str) -> int:
+    """Open ``path`` of ``folder`` read-only; a symlink only to a file inside the folder (as publish allows)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    full = os.path.join(folder, path)
+    try:
+        try:
+            return os.open(full, flags)
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+        target, root = os.path.realpath(full), os.path.realpath(folder)
+        if os.path.commonpath([root, target]) != root:
+            raise _Unreadable("is a symlink out of the folder")
+        return os.open(target, flags)
+    except OSError as error:
+        if error.errno == errno.ENOENT:
+            raise _Unreadable("is missing") from None
+        raise _Unreadable(f"cannot be read ({error.strerror or error})") from None
+
+
+def _config_meaning(data: bytes) -> str | None:
+    """The config digest of ``data``, or None for a config no manifest can record.
+
+    That covers text that is not a JSON object and values canonical JSON cannot
+    write (NaN, or ``1e400`` read as Infinity): a forged manifest may list such a
+    config with matching bytes, and it must be refused like any other mismatch.
+    """
+    try:
+        document = json.loads(data)
+        return ckptpub.config_digest(document) if isinstance(document, dict) else None
+    except ValueError:
+        return None

@@ -151,6 +151,9 @@ _PATCHES = {
 class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Runs a module's real loader, then its patch, before anyone can import names from it."""
 
+    def __init__(self) -> None:
+        self._real: dict[str, importlib.abc.Loader] = {}
+
     def find_spec(self, name, path, target=None):
         if name not in _PATCHES:
             return None
@@ -161,7 +164,6 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             sys.meta_path.insert(0, self)
         if spec is None or spec.loader is None:
             return None
-        self._real = getattr(self, "_real", {})
         self._real[name] = spec.loader
         spec.loader = self
         return spec

@@ -20,7 +20,7 @@ two daemons, exactly one re-preload.
 
 from __future__ import annotations
 
-import json
+import ast
 import os
 import shutil
 import subprocess
@@ -37,7 +37,7 @@ REPO = HERE.parents[1]
 SHIM = REPO / "tests" / "daemon_sim"
 sys.path.insert(0, str(REPO / "tests" / "preload"))
 
-from preload_helpers import SupervisorProc, wait_for  # noqa: E402
+from preload_helpers import SupervisorProc  # noqa: E402
 from vllm_engine_helpers import TAMPERED_TENSOR, run_engines  # noqa: E402
 
 SHIM_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))}
@@ -47,12 +47,11 @@ PLATFORM_LINE = "ckptpub: vllm_launcher pid {pid}: vLLM platform CpuPlatform (de
 
 
 def shim_banner(pid: int) -> str:
-    sys.path.insert(0, str(SHIM))
-    try:
-        from sitecustomize import BANNER
-    finally:
-        sys.path.remove(str(SHIM))
-    return f"{BANNER} {pid} "
+    """The shim's start line for ``pid`` (read from its source: importing it here would install its hook in pytest)."""
+    tree = ast.parse((SHIM / "sitecustomize.py").read_text())
+    banner = next(node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                  and any(getattr(t, "id", None) == "BANNER" for t in node.targets))
+    return f"{banner} {pid} "
 
 
 @pytest.fixture(scope="module")

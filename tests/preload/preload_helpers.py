@@ -58,7 +58,8 @@ class SupervisorProc:
         self.state_dir = state_dir or tmp / "state"
         self.record = record or tmp / "standin-record.jsonl"
         self.stderr_path = tmp / f"supervisor-{time.monotonic_ns()}.err"
-        self.env = {**os.environ, "STANDIN_RECORD": str(self.record), "STANDIN_LOAD_S": "0.2", **(env or {})}
+        standin = {"STANDIN_RECORD": str(self.record), "STANDIN_LOAD_S": "0.2"} if daemon_cmd else {}
+        self.env = {**os.environ, **standin, **(env or {})}
         self.argv = [sys.executable, "-m", "ckptpub", "preload", *target_args, "--state-dir", str(self.state_dir),
                      *(["--daemon-cmd", daemon_cmd] if daemon_cmd else []), "--interval", "0.1", "--stop-timeout",
                      "10", "--ready-timeout", "30", "--retry-delay", "1", *(extra_opts or [])]

@@ -52,7 +52,15 @@ def refusals_logged() -> Iterator[None]:
 
 
 class VerifyingDiskLoader(DefaultModelLoader):
-    """vLLM's default disk loader with every tensor of the main checkpoint verified."""
+    """vLLM's default disk loader with every tensor of the main checkpoint verified.
+
+    Tensors are hashed on a few threads as vLLM streams them into the model. In a
+    full ``load_model`` the last hashes are awaited only after vLLM's weight
+    post-processing, so they overlap it instead of delaying it: on real shapes the
+    hashing costs more CPU than the copy it runs beside. The model is returned only
+    once every tensor verified; a refusal discards it. A bare ``load_weights`` (the
+    weight-cache daemon's) waits for its hashes before returning.
+    """
 
     def __init__(self, load_config: LoadConfig, manifest: "ckptpub.Manifest | None", options: Options) -> None:
         super().__init__(load_config)
@@ -60,6 +68,22 @@ class VerifyingDiskLoader(DefaultModelLoader):
         self.options = options
         self.verifier: StreamVerifier | None = None
         self._folder: str | None = None
+        self._started = 0.0
+        self._finish_after_post_processing = False
+
+    def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = "") -> nn.Module:
+        self._finish_after_post_processing = True
+        try:
+            model = super().load_model(vllm_config=vllm_config, model_config=model_config, prefix=prefix)
+        except BaseException:
+            if self.verifier is not None:
+                self.verifier.close()
+            raise
+        finally:
+            self._finish_after_post_processing = False
+        if self.verifier is not None:
+            self._finish_verification(model_config)
+        return model
 
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         if self.manifest is None or not self.options.verify:
@@ -68,21 +92,28 @@ class VerifyingDiskLoader(DefaultModelLoader):
             super().load_weights(model, model_config)
             return
         self._folder = model_config.model
+        self._started = time.perf_counter()
         self.verifier = StreamVerifier(model_config.model, self.manifest, threads=self.options.hash_threads,
                                        max_pending_mib=self.options.max_pending_mib)
-        start = time.perf_counter()
         try:
             super().load_weights(model, model_config)
-            if self.local_expert_ids is not None:
-                self.verifier.mark_partial("expert-parallel weight filter")
-            self.verifier.finish()
-        finally:
+        except BaseException:
             self.verifier.close()
-        v = self.verifier
+            raise
+        if self.local_expert_ids is not None:
+            self.verifier.mark_partial("expert-parallel weight filter")
+        if not self._finish_after_post_processing:
+            self._finish_verification(model_config)
+
+    def _finish_verification(self, model_config: ModelConfig) -> None:
+        """Wait for the last hashes (refusing on any difference) and say what was verified."""
+        verifier = self.verifier
+        assert verifier is not None and self.manifest is not None
+        verifier.finish()
         logger.info(
             "ckptpub: loaded and verified %d tensors (%.2f GiB) of %s from disk in %.2f s; identity %s",
-            v.verified_tensors, v.verified_bytes / 2**30, model_config.model, time.perf_counter() - start,
-            self.manifest.identity,
+            verifier.verified_tensors, verifier.verified_bytes / 2**30, model_config.model,
+            time.perf_counter() - self._started, self.manifest.identity,
         )
 
     def _get_weights_iterator(self, source):

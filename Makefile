@@ -6,7 +6,7 @@ PIP     := $(PYTHON) -m pip --disable-pip-version-check -q
 STAMP   := $(VENV)/.setup-done
 INPUTS  := requirements/dev.txt pyproject.toml integrations/vllm/pyproject.toml Makefile
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench compat clean
 
 setup: $(STAMP)
 
@@ -36,5 +36,22 @@ bench: setup
 	command -v b3sum >/dev/null || (apt-get update -q && apt-get install -y -q b3sum)
 	$(PYTHON) benchmarks/bench_hash.py
 
+# The plugin against the newest vLLM (GPU wheel only, pins a CUDA torch: never installed here).
+# Its source is read statically next to the installed CPU build, then its Python files (no kernels)
+# are imported by this .venv's interpreter through PYTHONPATH, with the plugin registered in it.
+COMPAT    := .compat
+VLLM_NEXT := 0.33.0
+compat: setup
+	mkdir -p $(COMPAT)
+	ls $(COMPAT)/vllm-$(VLLM_NEXT)-*.whl >/dev/null 2>&1 || $(PIP) download --no-deps vllm==$(VLLM_NEXT) -d $(COMPAT)
+	$(PYTHON) -c "import glob, zipfile; z = zipfile.ZipFile(glob.glob('$(COMPAT)/vllm-$(VLLM_NEXT)-*.whl')[0]); \
+	  z.extractall('$(COMPAT)/vllm-$(VLLM_NEXT)', [n for n in z.namelist() if n.endswith('.py') or '.dist-info/' in n])"
+	$(PYTHON) integrations/vllm/compat/check_vllm_api.py \
+	  "$$($(PYTHON) -c 'import os, vllm; print(os.path.dirname(os.path.dirname(vllm.__file__)))')" \
+	  $(COMPAT)/vllm-$(VLLM_NEXT)-*.whl; static=$$?; \
+	PYTHONPATH=$(COMPAT)/vllm-$(VLLM_NEXT) VLLM_TARGET_DEVICE=cpu \
+	  $(PYTHON) integrations/vllm/compat/import_smoke.py $(VLLM_NEXT); \
+	imported=$$?; test $$static -eq 0 && test $$imported -eq 0
+
 clean:
-	rm -rf $(VENV) demo-run
+	rm -rf $(VENV) demo-run $(COMPAT)

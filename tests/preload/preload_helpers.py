@@ -53,14 +53,16 @@ class SupervisorProc:
 
     def __init__(self, tmp: Path, target_args: list[str], *, extra_opts: list[str] | None = None,
                  env: dict[str, str] | None = None, state_dir: Path | None = None, record: Path | None = None,
-                 passthrough: list[str] | None = None) -> None:
+                 passthrough: list[str] | None = None, daemon_cmd: str | None = STANDIN_CMD) -> None:
+        """``daemon_cmd=None``: ckptpub preload's default daemon command (vLLM's real ``vllm preload``)."""
         self.state_dir = state_dir or tmp / "state"
         self.record = record or tmp / "standin-record.jsonl"
         self.stderr_path = tmp / f"supervisor-{time.monotonic_ns()}.err"
-        self.env = {**os.environ, "STANDIN_RECORD": str(self.record), "STANDIN_LOAD_S": "0.2", **(env or {})}
+        standin = {"STANDIN_RECORD": str(self.record), "STANDIN_LOAD_S": "0.2"} if daemon_cmd else {}
+        self.env = {**os.environ, **standin, **(env or {})}
         self.argv = [sys.executable, "-m", "ckptpub", "preload", *target_args, "--state-dir", str(self.state_dir),
-                     "--daemon-cmd", STANDIN_CMD, "--interval", "0.1", "--stop-timeout", "10",
-                     "--ready-timeout", "30", "--retry-delay", "1", *(extra_opts or [])]
+                     *(["--daemon-cmd", daemon_cmd] if daemon_cmd else []), "--interval", "0.1", "--stop-timeout",
+                     "10", "--ready-timeout", "30", "--retry-delay", "1", *(extra_opts or [])]
         if passthrough:
             self.argv += ["--", *passthrough]
         self.proc: subprocess.Popen | None = None
@@ -85,14 +87,21 @@ class SupervisorProc:
         self.proc.wait(timeout=10)
 
     def cleanup(self) -> None:
-        """Stop anything left running (the supervisor, then any stand-in it recorded)."""
+        """Stop anything left running (the supervisor, then any daemon it recorded or the stand-in did)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)
-        for rec in records(self.record):
-            if rec["event"] == "start" and pid_alive(rec["pid"]):
+        from ckptpub_vllm.preload.daemon_process import proc_cmdline
+        from ckptpub_vllm.preload.status import read_json
+
+        recorded = [read_json(str(self.state_dir / name)) for name in ("daemon.json", "loading.json")]
+        pids = [rec["pid"] for rec in records(self.record) if rec["event"] == "start"]
+        pids += [rec["pid"] for rec in recorded  # only a live process still running the recorded command
+                 if isinstance(rec, dict) and rec.get("pid") and proc_cmdline(rec["pid"]) == rec.get("argv")]
+        for pid in pids:
+            if pid_alive(pid):
                 try:
-                    os.killpg(os.getpgid(rec["pid"]), signal.SIGKILL)  # the daemon's whole group
+                    os.killpg(os.getpgid(pid), signal.SIGKILL)  # the daemon's whole group
                 except (ProcessLookupError, PermissionError):
                     pass
         if getattr(self, "_err", None):

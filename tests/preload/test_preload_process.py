@@ -331,7 +331,7 @@ def test_real_plugin_daemon_wrapper_in_a_spawned_child(tmp_path):
     the child only. Checks that the line the supervisor waits for really comes out of a vLLM
     daemon child, and that vLLM's own key function there returns the manifest identity.
 
-    Without ``configure_child_logging`` (what the default daemon command, ``vllm_launcher``, adds in
+    Without ``configure_logging`` (what the default daemon command, ``vllm_launcher``, adds in
     each child) the identity line is dropped: vLLM 0.32 does not configure logging in daemon
     children, and the supervisor reports "READY but no manifest-keyed identity".
     """

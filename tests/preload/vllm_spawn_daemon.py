@@ -57,9 +57,9 @@ if __name__ == "__mp_main__":  # in the spawned daemon child, before the target 
     _vllm_daemon._run_daemon = fake_vllm_run_daemon  # vLLM's own needs CUDA
     if os.environ.get("STANDIN_CHILD_LOGGING", "1") == "1":
         # what `python -m ckptpub_vllm.preload.vllm_launcher` (the default daemon command) does in each child
-        from ckptpub_vllm.preload.vllm_launcher import configure_child_logging
+        from ckptpub_vllm.preload.vllm_launcher import configure_logging
 
-        configure_child_logging()
+        configure_logging()
 
 
 def main() -> int:

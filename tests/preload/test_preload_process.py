@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import ckptpub
 from checkpoints import flip_byte, locate
@@ -320,45 +319,6 @@ def test_second_supervisor_on_the_same_state_dir_is_refused(tmp_path):
         assert _status_cli(sup.state_dir).returncode == 1  # stopped: nothing held
     finally:
         sup.cleanup()
-
-
-def test_real_plugin_daemon_wrapper_in_a_spawned_child(tmp_path):
-    """The supervisor confirms a daemon through the plugin's own ``run_daemon`` in a spawned child.
-
-    ``vllm_spawn_daemon.py`` launches ``ckptpub_vllm.daemon.run_daemon`` with multiprocessing
-    spawn, as ``vllm preload`` does; in the child the plugin patches vLLM's ``hash_checkpoint``
-    and logs its identity line through vLLM's logging; vLLM's ``_run_daemon`` (CUDA) is faked in
-    the child only. Checks that the line the supervisor waits for really comes out of a vLLM
-    daemon child, and that vLLM's own key function there returns the manifest identity.
-
-    Without ``configure_logging`` (what the default daemon command, ``vllm_launcher``, adds in
-    each child) the identity line is dropped: vLLM 0.32 does not configure logging in daemon
-    children, and the supervisor reports "READY but no manifest-keyed identity".
-    """
-    import shlex
-
-    m = tmp_path / "model"
-    identity = make_checkpoint(m, seed=1)
-    launcher = Path(__file__).parent / "vllm_spawn_daemon.py"
-    cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(launcher))} --model {{folder}} " \
-          f"--weight-cache-socket-dir {{socket_dir}}"
-    sup = SupervisorProc(tmp_path, [str(m)], extra_opts=["--daemon-cmd", cmd, "--ready-timeout", "240",
-                                                         "--retry-delay", "600"]).start()
-    try:
-        status = wait_for(lambda: (s := sup.status()).get("state") in ("ready", "failed") and s, 240,
-                          "plugin daemon ready or failed", sup)
-        assert status["state"] == "ready", status.get("last_error")
-        assert status["held"]["identity"] == identity
-        assert sup.terminate() == 0
-    finally:
-        sup.cleanup()
-    (start,) = [r for r in sup.standin() if r["event"] == "start"]
-    assert start["identity"] == identity and start["patched"]
-    assert start["key_function"] == "ckptpub_vllm.key._patched"
-    assert start["ppid"] == status["held"]["pid"]  # the launcher's child, not the launcher or the supervisor
-    log = Path(status["held"]["log"]).read_text()
-    assert f"is keyed by checkpoint {identity}" in log
-    assert not pid_alive(start["pid"])
 
 
 #: Run-index lines a hostile or broken writer could leave; each must be skipped with a warning, never fatal.

@@ -1,11 +1,12 @@
 """The daemon side: vLLM's own ``WeightCacheDaemon`` agrees on the manifest key.
 
-The daemon cannot run on CPU (CUDA IPC, device UUID, GPU warm-up), so its request
-handling is driven in-process over a socket pair, with CPU tensors (which
-``TensorEntry`` ships by value). Only ``get_current_device_uuid`` is replaced: it
-needs a GPU. The spawn test stands in for the body of ``_run_daemon`` (GPU-only)
-and checks what ``vllm preload``'s children get: the plugin's wrapper, importable
-in a fresh interpreter that loads no plugins.
+Here the daemon's request handling is driven in-process over a socket pair, with CPU
+tensors (which ``TensorEntry`` ships by value), to check each answer of the protocol
+one by one; only ``get_current_device_uuid`` is replaced: it needs a GPU.
+``test_real_daemon.py`` runs the whole daemon, started by ``ckptpub preload``, behind
+the CPU shim of ``tests/daemon_sim``. The spawn test checks what ``vllm preload``'s
+children get: the plugin's wrapper, importable in a fresh interpreter that loads no
+plugins. (The ``cache_config`` attribute used here is vLLM 0.32's; 0.33 renames it.)
 """
 
 from __future__ import annotations

@@ -99,7 +99,10 @@ def test_show_and_diff(published: Path, tmp_path: Path) -> None:
     assert shown["weights"] == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
     assert shown["tensors"] == 10
     text = run_cli("show", published).stdout
-    assert text.startswith(f"identity:   {shown['identity']}\n")
+    lines = text.splitlines()
+    assert lines[0].split() == ["identity:", shown["identity"]] and lines[1].split(None, 1) == ["kind:", "model (no base recorded)"]
+    assert len({len(line) - len(line.split(":", 1)[1].lstrip()) for line in lines}) == 1, "values start in one column"
+    assert "None" not in text
 
     other = copy_checkpoint(published, tmp_path / "other")
     shard, begin, _ = locate(other, "model.layers.0.mlp.up_proj.weight")
@@ -107,10 +110,12 @@ def test_show_and_diff(published: Path, tmp_path: Path) -> None:
     assert run_cli("publish", other).returncode == 0
     result = run_cli("diff", published, other)
     assert result.returncode == 1
-    assert result.stdout.splitlines() == ["changed  model.layers.0.mlp.up_proj.weight"]
+    assert result.stdout.splitlines() == ["changed  model.layers.0.mlp.up_proj.weight: bytes"]
     as_json = json.loads(run_cli("diff", "--json", published, other / "ckptpub.json").stdout)
     assert as_json["changed"] == ["model.layers.0.mlp.up_proj.weight"] and as_json["added"] == []
-    assert run_cli("diff", published, published).returncode == 0
+    assert as_json["tensor_changes"][0]["what"] == "bytes" and as_json["relation"] is None
+    same = run_cli("diff", published, published)
+    assert (same.returncode, same.stdout, same.stderr) == (0, f"same identity {shown['identity']}\n", "")
 
 
 def test_ls_lists_steps_in_order(tmp_path: Path) -> None:
@@ -121,8 +126,9 @@ def test_ls_lists_steps_in_order(tmp_path: Path) -> None:
     write_checkpoint(run / "checkpoint-25", extra_files=False)  # saved, not published
     result = run_cli("ls", run)
     assert result.returncode == 0
-    rows = [line.split() for line in result.stdout.splitlines()]
-    assert [(r[0], r[2]) for r in rows] == [("5", "checkpoint-5"), ("10", "checkpoint-10"), ("20", "checkpoint-20")]
+    header, *rows = [line.split() for line in result.stdout.splitlines()]
+    assert header == ["STEP", "IDENTITY", "SIZE", "BASE", "NOTE", "PATH"]
+    assert [(r[0], r[-1]) for r in rows] == [("5", "checkpoint-5"), ("10", "checkpoint-10"), ("20", "checkpoint-20")]
     listed = json.loads(run_cli("ls", "--json", run).stdout)
     assert [r["step"] for r in listed] == [5, 10, 20] and all(r["identity"].startswith("blake3:") for r in listed)
 

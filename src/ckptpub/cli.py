@@ -241,6 +241,11 @@ def _print_diff_lines(difference: ManifestDiff, a: Manifest, b: Manifest) -> Non
         print(f"lineage  {child} records {parent} as its base")
     elif relation == "same_base":
         print(f"lineage  a and b record the same base {_short(a.provenance['base_identity'])}")
+    whats = {c.what for c in difference.tensor_changes}
+    everything = not difference.added and not difference.removed and len(difference.changed) == len(a.weight_tensors() or a.tensors)
+    if everything and len(whats) == 1 and len(difference.changed) > 1:  # a cast or a full fine-tune: one line says it
+        print(f"changed  all {len(difference.changed)} tensors: {whats.pop()}")
+        skip = "changed"
     for group in difference.groups:
         if group.kind == skip:
             continue
@@ -252,7 +257,8 @@ def _print_diff_lines(difference: ManifestDiff, a: Manifest, b: Manifest) -> Non
         new = _json_value(change.new) if change.in_b else "(absent)"
         print(f"config   {change.file}: {_safe(change.key)} {_safe(old)} -> {_safe(new)}")
     for note in difference.config_notes:
-        print(f"config   {_safe(note)}")
+        if not (relation in ("adapter_on_a", "adapter_on_b") and " only in " in note):  # an adapter has its own config
+            print(f"config   {_safe(note)}")
 
 
 def _cmd_ls(args: Arguments) -> int:
@@ -510,4 +516,4 @@ def _plural(count: int, noun: str) -> str:
 
 
 def _gb(size: int) -> str:
-    return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
+    return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.1f} kB"

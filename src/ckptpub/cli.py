@@ -177,7 +177,7 @@ def _cmd_verify(args: Arguments) -> int:
         _note(f"{args.folder}: OK, {len(report.checked)} files, {tensors} tensors, identity {report.manifest.identity}")
         return EXIT_OK
     changed = sum(p.kind == "tensor" for p in report.problems)
-    _note(f"{args.folder}: FAILED, {_plural(len(report.problems), 'problem')} ({changed} tensors changed) in {len(report.checked)} files")
+    _note(f"{args.folder}: FAILED, {_plural(len(report.problems), 'problem')} ({_plural(changed, 'tensor')} changed) in {_plural(len(report.checked), 'file')}")
     return EXIT_MISMATCH
 
 

@@ -107,6 +107,9 @@ def _entry(run_dir: str, path: str, step: int | None, source: str, indexed: str 
     folder = os.path.join(run_dir, path)
     if source == "index" and not os.path.lexists(folder):
         return RunEntry(path, step, indexed, None, None, False, source, "gone", "rotated away or deleted")
+    if source == "index" and _through_link(run_dir, path):  # the scan does not follow links; nor does the index
+        return RunEntry(path, step, indexed, None, None, False, source, "unusable",
+                        f"{path}: reached through a symlink; not followed out of the run folder")
     try:
         manifest = read_manifest(folder)
     except CkptpubError as error:
@@ -121,6 +124,11 @@ def _entry(run_dir: str, path: str, step: int | None, source: str, indexed: str 
         return entry._replace(status="unusable", detail=f"{path}: {MANIFEST_NAME} has identity {manifest.identity}, "
                                                        f"the run index recorded {indexed}")
     return entry
+
+
+def _through_link(run_dir: str, path: str) -> bool:
+    parts = path.split("/")
+    return any(os.path.islink(os.path.join(run_dir, *parts[:n])) for n in range(1, len(parts) + 1))
 
 
 def _published_folders(run_dir: str, on_error):

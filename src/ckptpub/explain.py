@@ -23,6 +23,8 @@ from .strict_json import loads_strict, read_bounded
 
 #: A config over this is not read for key changes (real ones are a few kB).
 MAX_CONFIG_BYTES = 16 << 20
+#: A pattern lists at most this many alternatives at one position (``{a,b,... 40 more}`` beyond).
+_MAX_WORDS_SHOWN = 8
 #: Files whose tensors are an adapter's (PEFT's ``save_pretrained`` names).
 _ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 
@@ -84,52 +86,110 @@ def tensor_change(name: str, a: TensorRecord, b: TensorRecord) -> TensorChange:
 
 
 def group_tensors(kind: str, items: list[tuple[str, str]]) -> tuple[TensorGroup, ...]:
-    """Group ``(name, what)`` pairs: numbered modules collapse to ``*``, then sibling names to ``{a,b}``."""
+    """Group ``(name, what)`` pairs: numbered modules collapse to ``*``, then sibling names to ``{a,b}``.
+
+    Names are split at dots. The first numbered part (``layers.3``) becomes ``*``
+    and its numbers the group's indices. Then groups with the same ``what``, the
+    same indices and names that differ in one part only are merged, repeatedly
+    (``q_proj.lora_A`` .. ``v_proj.lora_B`` end as ``{q,v}_proj.lora_{A,B}``), as
+    long as the differing words are one family (``*_proj``, ``lora_*``): attention
+    projections and norms stay apart.
+    """
     by_key: dict[tuple[str, tuple[str, ...], int], dict[int | None, str]] = {}
     for name, what in items:
         parts = name.split(".")
         star = next((i for i, p in enumerate(parts) if p.isascii() and p.isdigit() and i > 0), -1)
         key_parts = tuple("*" if i == star else p for i, p in enumerate(parts))
         by_key.setdefault((what, key_parts, star), {})[int(parts[star]) if star >= 0 else None] = name
-    pool = [(what, parts, star, tuple(sorted(i for i in members if i is not None)), members)
-            for (what, parts, star), members in by_key.items()]
-    merged: list[tuple[str, list[tuple[str, ...]], int, tuple[int, ...], list[str]]] = []
-    for column in range(max((len(p) for _, p, _, _, _ in pool), default=0) - 1, -1, -1):
-        buckets: dict[tuple, list] = {}
-        for entry in pool:
-            what, parts, star, indices, _ = entry
-            if column < len(parts) and column != star:
-                family = parts[column].rsplit("_", 1)[-1] if "_" in parts[column] else ""
-                signature = (what, star, indices, parts[:column], parts[column + 1:], family)
-                buckets.setdefault(signature, []).append(entry)
-        for signature, entries in buckets.items():
-            if len(entries) > 1:
-                merged.append((signature[0], [e[1] for e in entries], signature[1], signature[2],
-                               [n for e in entries for n in e[4].values()]))
-                pool = [e for e in pool if all(e is not m for m in entries)]
-    merged += [(what, [parts], star, indices, list(members.values())) for what, parts, star, indices, members in pool]
     groups = [
-        TensorGroup(kind, what, names[0], "", (), tuple(names)) if len(names) == 1 else
-        TensorGroup(kind, what, _pattern(variants), variants[0][star - 1] if star > 0 else "", indices,
-                    tuple(sorted(names)))
-        for what, variants, star, indices, names in merged
+        _Draft(what, tuple(frozenset((p,)) for p in parts), star, tuple(sorted(i for i in members if i is not None)),
+               tuple(members.values()))
+        for (what, parts, star), members in by_key.items()
     ]
-    return tuple(sorted(groups, key=lambda g: (g.names[0], g.what)))
+    while True:
+        merged = _merge_once(groups)
+        if merged is None:
+            break
+        groups = merged
+    result = [
+        TensorGroup(kind, g.what, g.names[0], "", (), g.names) if len(g.names) == 1 else
+        TensorGroup(kind, g.what, ".".join(_render(words) for words in g.words),
+                    next(iter(g.words[g.star - 1])) if g.star > 0 else "", g.indices, tuple(sorted(g.names)))
+        for g in groups
+    ]
+    return tuple(sorted(result, key=lambda g: (min(g.names), g.what)))
 
 
-def _pattern(variants: list[tuple[str, ...]]) -> str:
-    """``a.{q,v}_proj.b`` from name parts that differ in at most one position."""
-    first = variants[0]
-    column = next((i for i in range(len(first)) if len({v[i] for v in variants}) > 1), None)
-    if column is None:
-        return ".".join(first)
-    words = sorted({v[column] for v in variants})
-    prefix = os.path.commonprefix(words)
-    suffix = os.path.commonprefix([w[len(prefix):][::-1] for w in words])[::-1]
-    middles = [w[len(prefix):len(w) - len(suffix)] for w in words]
+class _Draft(NamedTuple):
+    """A group being built: the set of words at each dotted position (``*`` at ``star``)."""
+
+    what: str
+    words: tuple[frozenset[str], ...]
+    star: int
+    indices: tuple[int, ...]
+    names: tuple[str, ...]
+
+
+def _merge_once(groups: list[_Draft]) -> list[_Draft] | None:
+    """One sweep over positions (last first): merge groups that differ only there; None when none did.
+
+    Each group falls in one bucket per position and family, so a sweep merges
+    every bucket it finds at once: a few sweeps group thousands of names.
+    """
+    changed = False
+    for column in range(max((len(g.words) for g in groups), default=0) - 1, -1, -1):
+        for family in (_suffix_family, _prefix_family):
+            buckets: dict[tuple, list[_Draft]] = {}
+            kept = []
+            for g in groups:
+                kin = family(g.words[column]) if column < len(g.words) and column != g.star else None
+                if kin is None:
+                    kept.append(g)
+                else:
+                    buckets.setdefault((g.what, g.star, g.indices, g.words[:column], g.words[column + 1:], kin),
+                                       []).append(g)
+            for members in buckets.values():
+                if len(members) == 1:
+                    kept.append(members[0])
+                    continue
+                changed = True
+                first = members[0]
+                words = frozenset().union(*(m.words[column] for m in members))
+                kept.append(first._replace(words=first.words[:column] + (words,) + first.words[column + 1:],
+                                           names=tuple(n for m in members for n in m.names)))
+            groups = kept
+    return groups if changed else None
+
+
+def _suffix_family(words: frozenset[str]) -> str | None:
+    """``proj`` for ``{q_proj, k_proj}``; ``""`` for words without ``_``; None when they disagree."""
+    families = {w.rsplit("_", 1)[1] if "_" in w else "" for w in words}
+    return "s:" + families.pop() if len(families) == 1 else None
+
+
+def _prefix_family(words: frozenset[str]) -> str | None:
+    """``lora`` for ``{lora_A, lora_B}``; None for words without ``_`` or that disagree."""
+    families = {w.split("_", 1)[0] if "_" in w else None for w in words}
+    family = families.pop() if len(families) == 1 else None
+    return None if family is None else "p:" + family
+
+
+def _render(words: frozenset[str]) -> str:
+    """``q_proj``, or ``{q,v}_proj`` for several words sharing a prefix and suffix."""
+    ordered = sorted(words)
+    if len(ordered) == 1:
+        return ordered[0]
+    prefix = os.path.commonprefix(ordered)
+    suffix = os.path.commonprefix([w[len(prefix):][::-1] for w in ordered])[::-1]
+    middles = [w[len(prefix):len(w) - len(suffix)] for w in ordered]
     if not all(middles):  # "q" and "q_a": keep the words whole
-        prefix, suffix, middles = "", "", words
-    return ".".join((*first[:column], f"{prefix}{{{','.join(middles)}}}{suffix}", *first[column + 1:]))
+        prefix, suffix, middles = "", "", ordered
+    if all(m.isascii() and m.isdigit() and str(int(m)) == m for m in middles):  # a second numbered part
+        return f"{prefix}{{{_ranges(tuple(sorted(map(int, middles))))}}}{suffix}"
+    if len(middles) > _MAX_WORDS_SHOWN:  # the names are in the group; the line stays a line
+        shown = ",".join(middles[:3])
+        return f"{prefix}{{{shown},... {len(middles) - 3} more}}{suffix}"
+    return f"{prefix}{{{','.join(middles)}}}{suffix}"
 
 
 def _ranges(indices: tuple[int, ...]) -> str:

@@ -82,8 +82,7 @@ def test_adapter_diff_says_it_applies_to_the_base(runs):
     base = ckptpub.read_manifest(runs / "base").identity
     assert lines[0] == f"lineage  b is an adapter on a ({base[:19]}): its 8 tensors apply on top of that base"
     assert lines[1:] == [
-        "added    base_model.model.model.layers.*.self_attn.{q,v}_proj.lora_A.weight in layers 0-1: F32 (4 tensors)",
-        "added    base_model.model.model.layers.*.self_attn.{q,v}_proj.lora_B.weight in layers 0-1: F32 (4 tensors)",
+        "added    base_model.model.model.layers.*.self_attn.{q,v}_proj.lora_{A,B}.weight in layers 0-1: F32 (8 tensors)",
     ]
     shown = cli("show", runs / "lora" / "checkpoint-10", expect=0)
     assert shown[1].split(None, 1) == ["kind:", f"adapter on base {base}"]

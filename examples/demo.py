@@ -1,4 +1,5 @@
-"""The main job, end to end: train with the callback, inspect, verify, catch tampering, serve through vLLM.
+"""The main job, end to end: publish a base, fine-tune it with the callback, inspect the run, verify,
+catch tampering, serve through vLLM.
 
 Run with ``make demo`` (which sets up .venv first). Every ckptpub command is a real
 subprocess, printed before it runs, so the output reads like a terminal session.
@@ -15,7 +16,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN = ROOT / "demo-run"
+DEMO = ROOT / "demo-run"
+BASE = DEMO / "base"
+RUN = DEMO / "run"
 BIN = Path(sys.executable).parent
 
 
@@ -54,27 +57,35 @@ def flip_tensor_byte(folder: Path, name: str) -> None:
 
 
 def main() -> None:
-    shutil.rmtree(RUN, ignore_errors=True)
-    print("== 1. Train a tiny Qwen3 offline; PublishCallback writes ckptpub.json at every save")
-    sh(sys.executable, ROOT / "examples" / "train_tiny.py", RUN, "--steps", "40", "--save-steps", "10", stderr_prefix="ckptpub:")
+    shutil.rmtree(DEMO, ignore_errors=True)
+    print("== 1. A base model (a tiny Qwen3 made offline, bfloat16: stands in for a download), published first")
+    sh(sys.executable, ROOT / "examples" / "fine_tune.py", "--init-base", BASE, stderr_prefix="ckptpub:")
+    sh("ckptpub", "publish", BASE)
 
-    print("\n== 2. The run's published steps, and what changed between two of them")
+    print("\n== 2. Fine-tune it; PublishCallback writes ckptpub.json at every save, naming the base")
+    sh(sys.executable, ROOT / "examples" / "fine_tune.py", BASE, RUN, "--steps", "40", "--save-steps", "10",
+       stderr_prefix="ckptpub:")
+
+    print("\n== 3. The run at a glance: its steps from the run index, and its lineage")
     sh("ckptpub", "ls", RUN)
+    sh("ckptpub", "log", RUN)
+    print("\n== 4. What changed: base -> first checkpoint (a dtype cast and two config keys), then training")
+    sh("ckptpub", "diff", BASE, RUN / "checkpoint-10", expect=1)
     sh("ckptpub", "diff", RUN / "checkpoint-10", RUN / "checkpoint-40", expect=1)
     sh("ckptpub", "show", RUN / "checkpoint-40")
 
-    print("\n== 3. Verify every byte of the last step")
+    print("\n== 5. Verify every byte of the last step")
     sh("ckptpub", "verify", RUN / "checkpoint-40")
 
-    print("\n== 4. Tamper with one tensor of a copy: verify names it (exit 1)")
-    tampered = RUN / "tampered"
+    print("\n== 6. Tamper with one tensor of a copy: verify names it (exit 1)")
+    tampered = DEMO / "tampered"
     shutil.copytree(RUN / "checkpoint-40", tampered)
     flip_tensor_byte(tampered, "model.norm.weight")
     sh("ckptpub", "verify", "--quiet", tampered, expect=1)
 
-    print("\n== 5. Serve the trained checkpoint through vLLM (CPU build) with --load-format manifest_cache")
+    print("\n== 7. Serve the trained checkpoint through vLLM (CPU build) with --load-format manifest_cache")
     sh(sys.executable, ROOT / "examples" / "serve_demo.py", RUN / "checkpoint-40", stderr_prefix="serve_demo:")
-    print("\n== 6. The tampered copy, served with the original's manifest, is refused")
+    print("\n== 8. The tampered copy, served with the original's manifest, is refused")
     sh(sys.executable, ROOT / "examples" / "serve_demo.py", tampered, expect=1, stderr_prefix="serve_demo:")
     print("\ndemo: all steps behaved as expected")
 

@@ -76,17 +76,34 @@ def base_identity_of(model: Any) -> str | None:
     Looks at ``model.name_or_path``, ``model.config._name_or_path`` and, for PEFT
     models, each adapter config's ``base_model_name_or_path``.
     """
-    candidates = [getattr(model, "name_or_path", None), getattr(getattr(model, "config", None), "_name_or_path", None)]
-    peft_config = getattr(model, "peft_config", None)
-    if isinstance(peft_config, dict):
-        candidates += [getattr(c, "base_model_name_or_path", None) for c in peft_config.values()]
-    for cand in candidates:
-        if isinstance(cand, str) and cand and os.path.isfile(os.path.join(cand, ckptpub.MANIFEST_NAME)):
+    for cand in _loaded_from(model):
+        if os.path.isfile(os.path.join(cand, ckptpub.MANIFEST_NAME)):
             try:
                 return ckptpub.read_manifest(cand).identity
             except ckptpub.CkptpubError as exc:
                 log.warning("ckptpub: base model folder %s has an unreadable manifest: %s", cand, exc)
     return None
+
+
+def unpublished_base(model: Any) -> str | None:
+    """The local folder ``model`` was loaded from, when it has no manifest (so no base can be recorded).
+
+    Checks the same places as ``base_identity_of``; a hub name or a model built in
+    code has no folder and is not reported.
+    """
+    for cand in _loaded_from(model):
+        if os.path.isdir(cand) and not os.path.lexists(os.path.join(cand, ckptpub.MANIFEST_NAME)):
+            return cand
+    return None
+
+
+def _loaded_from(model: Any) -> list[str]:
+    """Where ``model`` says it was loaded from: its name or path, its config's, each PEFT adapter's base."""
+    candidates = [getattr(model, "name_or_path", None), getattr(getattr(model, "config", None), "_name_or_path", None)]
+    peft_config = getattr(model, "peft_config", None)
+    if isinstance(peft_config, dict):
+        candidates += [getattr(c, "base_model_name_or_path", None) for c in peft_config.values()]
+    return [c for c in candidates if isinstance(c, str) and c]
 
 
 def checkpoint_folder(output_dir: str, step: int, *, trial_name: str | None = None, hp_search: bool = False) -> str:
@@ -269,6 +286,7 @@ def _make_callback_class() -> type:
             self._pub = _Publisher(background=background, max_pending=max_pending, require=_DONE_MARKER)
             self._holding = False
             self._base_identity: str | None = None
+            self._warned_base = False  # once per callback, however many times train() is called
             self._producer: dict[str, str] | None = None
             self._undelivered: list[Published] = []
             self.published: list[Published] = []
@@ -292,6 +310,11 @@ def _make_callback_class() -> type:
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             self._producer = producer_versions()
             self._base_identity = base_identity_of(model) if model is not None else None
+            folder = unpublished_base(model) if model is not None and self._base_identity is None else None
+            if folder is not None and not self._warned_base and args.should_save:
+                self._warned_base = True
+                log.warning("ckptpub: the base model %s has no ckptpub.json, so this run's checkpoints will record "
+                            "no base_identity; publish it before training: ckptpub publish %s", folder, folder)
 
         def on_step_begin(self, args, state, control, **kwargs):
             self._release()  # a save window never spans into the next step

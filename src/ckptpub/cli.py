@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from .manifest import Manifest
 
 EXIT_OK, EXIT_MISMATCH, EXIT_UNUSABLE = 0, 1, 2
-_LS_DEPTH = 3
 
 
 #: Entry-point group through which other distributions add commands (``ckptpub preload``
@@ -138,7 +137,8 @@ def _cmd_publish(args: Arguments) -> int:
     bar = ProgressBar("hashing")
     try:
         manifest = publish(args.folder, threads=args.threads, use_mmap=not args.no_mmap, on_progress=bar,
-                           allow_no_weights=args.allow_no_weights, allow_nested=args.allow_nested)
+                           allow_no_weights=args.allow_no_weights, allow_nested=args.allow_nested,
+                           base=args.base, adapter=args.adapter)
     finally:
         bar.close()
     try:
@@ -177,78 +177,146 @@ def _cmd_verify(args: Arguments) -> int:
         _note(f"{args.folder}: OK, {len(report.checked)} files, {tensors} tensors, identity {report.manifest.identity}")
         return EXIT_OK
     changed = sum(p.kind == "tensor" for p in report.problems)
-    _note(f"{args.folder}: FAILED, {len(report.problems)} problems ({changed} tensors changed) in {len(report.checked)} files")
+    _note(f"{args.folder}: FAILED, {_plural(len(report.problems), 'problem')} ({_plural(changed, 'tensor')} changed) in {_plural(len(report.checked), 'file')}")
     return EXIT_MISMATCH
 
 
 def _cmd_show(args: Arguments) -> int:
-    import json  # for nested provenance values; not imported above (see strict_json)
+    from .explain import base_of, is_adapter
 
     manifest = read_manifest(args.folder)
     summary = _summary(manifest, args.folder)
     if args.json:
         _print_json(summary)
         return EXIT_OK
-    print(f"identity:   {manifest.identity}")
-    print(f"folder:     {_safe(os.path.abspath(args.folder))}")
-    print(f"weights:    {', '.join(map(_safe, manifest.weights)) or '(none: identity covers every file)'}")
-    print(f"tensors:    {summary['tensors']} ({_gb(summary['tensor_bytes'])})")
-    print(f"files:      {summary['files']} ({_gb(summary['bytes'])})")
-    for name, digest in sorted(manifest.config.items()):
-        print(f"config:     {name} {digest}")
-    for key, value in sorted(manifest.provenance.items()):
-        print(f"{key + ':':<11} {_safe(json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value))}")
+    base = base_of(manifest)
+    kind = "adapter" if is_adapter(manifest) else "model"
+    rows = [
+        ("identity", manifest.identity),
+        ("kind", f"{kind} on base {base}" if base else f"{kind} (no base recorded)"),
+        ("folder", os.path.abspath(args.folder)),
+        ("weights", ", ".join(manifest.weights) or "(none: identity covers every file)"),
+        ("tensors", f"{summary['tensors']} ({_gb(summary['tensor_bytes'])})"),
+        ("files", f"{summary['files']} ({_gb(summary['bytes'])})"),
+        *(("config", f"{name} {digest}") for name, digest in sorted(manifest.config.items())),
+        *((key, _value(value)) for key, value in sorted(manifest.provenance.items())),
+    ]
+    width = max(len(key) for key, _ in rows) + 2
+    for key, value in rows:
+        print(f"{key + ':':<{width}}{_safe(value)}")
     return EXIT_OK
 
 
 def _cmd_diff(args: Arguments) -> int:
     from .compare import diff_manifests
 
-    difference = diff_manifests(read_manifest(args.a), read_manifest(args.b))
+    a, b = read_manifest(args.a), read_manifest(args.b)
+    folders = [path if os.path.isdir(path) else None for path in (args.a, args.b)]
+    difference = diff_manifests(a, b, folder_a=folders[0], folder_b=folders[1])
     if args.json:
-        _print_json(_diff_json(difference))
+        _print_json(_diff_json(difference, a, b))
+    elif difference.same:
+        print(f"same identity {difference.identity_a}")
     else:
-        for kind in ("changed", "added", "removed"):
-            for name in getattr(difference, kind):
-                print(f"{kind:<8} {_safe(name)}")
-        for name in difference.config_changed:
-            print(f"config   {name}")
-    _note(
-        ("same identity" if difference.same else "different identities")
-        + f": {len(difference.changed)} tensors changed, {len(difference.added)} added, "
-        f"{len(difference.removed)} removed, {len(difference.config_changed)} configs changed"
-    )
+        _print_diff_lines(difference, a, b)
+    if not difference.same:
+        _note(
+            f"different identities: {len(difference.changed)} tensors changed, {len(difference.added)} added, "
+            f"{len(difference.removed)} removed, {_plural(len(difference.config_changed), 'config')} changed"
+        )
     return EXIT_OK if difference.same else EXIT_MISMATCH
 
 
-def _cmd_ls(args: Arguments) -> int:
-    if not os.path.isdir(args.run_dir):
-        raise CkptpubError(f"{args.run_dir}: not a folder")
-    rows, unusable = [], 0
-    unlisted: list[OSError] = []
-    for folder in _published_folders(args.run_dir, unlisted.append):
-        relative = os.path.relpath(folder, args.run_dir)
-        try:
-            manifest = read_manifest(folder)
-        except CkptpubError as error:
-            unusable += 1
-            rows.append({"path": relative, "step": _step(None, folder), "identity": None, "error": str(error)})
+def _print_diff_lines(difference: ManifestDiff, a: Manifest, b: Manifest) -> None:
+    """Lineage first, then one line per group of tensors, then config keys: the answer in a few lines."""
+    relation = difference.relation
+    skip = None
+    if relation in ("adapter_on_a", "adapter_on_b"):
+        adapter, base, side = (b, a, "b") if relation == "adapter_on_a" else (a, b, "a")
+        skip = "removed" if side == "b" else "added"
+        print(f"lineage  {side} is an adapter on {'a' if side == 'b' else 'b'} ({_short(base.identity)}): "
+              f"its {len(adapter.weight_tensors() or adapter.tensors)} tensors apply on top of that base")
+    elif relation in ("from_a", "from_b"):
+        child, parent = ("b", "a") if relation == "from_a" else ("a", "b")
+        print(f"lineage  {child} records {parent} as its base")
+    elif relation == "same_base":
+        print(f"lineage  a and b record the same base {_short(a.provenance['base_identity'])}")
+    whats = {c.what for c in difference.tensor_changes}
+    everything = not difference.added and not difference.removed and len(difference.changed) == len(a.weight_tensors() or a.tensors)
+    if everything and len(whats) == 1 and len(difference.changed) > 1:  # a cast or a full fine-tune: one line says it
+        print(f"changed  all {len(difference.changed)} tensors: {whats.pop()}")
+        skip = "changed"
+    for group in difference.groups:
+        if group.kind == skip:
             continue
-        rows.append({"path": relative, "step": _step(manifest, folder), "identity": manifest.identity})
-    for error in unlisted:
-        unusable += 1
-        relative = os.path.relpath(error.filename or args.run_dir, args.run_dir)
-        message = f"{relative}: cannot list folder: {error.strerror or error}"
-        rows.append({"path": relative, "step": _step(None, relative), "identity": None, "error": message})
-    rows.sort(key=lambda r: (r["step"] is None, r["step"] or 0, r["path"]))
-    if args.json:
-        _print_json(rows)
+        count = f" ({len(group.names)} tensors)" if len(group.names) > 1 else ""
+        where = f" {group.where}" if group.where else ""
+        print(f"{group.kind:<8} {_safe(group.pattern)}{where}: {group.what}{count}")
+    for change in difference.config_keys:
+        old = _json_value(change.old) if change.in_a else "(absent)"
+        new = _json_value(change.new) if change.in_b else "(absent)"
+        print(f"config   {change.file}: {_safe(change.key)} {_safe(old)} -> {_safe(new)}")
+    for note in difference.config_notes:
+        if not (relation in ("adapter_on_a", "adapter_on_b") and " only in " in note):  # an adapter has its own config
+            print(f"config   {_safe(note)}")
+
+
+def _cmd_ls(args: Arguments) -> int:
+    from .runview import lineage, list_run
+
+    entries = list_run(args.run_dir)
+    unusable = sum(e.status == "unusable" for e in entries)
+    if args.tree:
+        _print_tree(lineage(entries), args.json)
+    elif args.json:
+        _print_json([e.as_dict() for e in entries])
     else:
-        for row in rows:
-            step = "-" if row["step"] is None else str(row["step"])
-            print(f"{step:>8}  {row['identity'] or 'UNUSABLE':<71}  {_safe(row['path'])}")
-    _note(f"{len(rows)} published checkpoints under {args.run_dir}" + (f", {unusable} unusable" if unusable else ""))
+        print(f"{'STEP':>8}  {'IDENTITY':<19}  {'SIZE':>9}  {'BASE':<19}  {'NOTE':<7}  PATH")
+        for e in entries:
+            step = "-" if e.step is None else str(e.step)
+            identity = "UNUSABLE" if e.status == "unusable" else _short(e.identity) if e.identity else "-"
+            size = "-" if e.size is None else _gb(e.size)
+            note = {"gone": "gone", "unusable": "error"}.get(e.status, "=prev" if e.same_as_previous else
+                                                              "adapter" if e.adapter else "")
+            print(f"{step:>8}  {identity:<19}  {size:>9}  {_short(e.base_identity) or '-':<19}  {note:<7}  {_safe(e.path)}")
+        for e in entries:
+            if e.status == "unusable":
+                print(f"# {_safe(e.detail or '')}")
+    published = sum(e.status == "ok" for e in entries)
+    gone = sum(e.status == "gone" for e in entries)
+    _note(f"{_plural(published, 'published checkpoint')} under {args.run_dir}"
+          + (f", {gone} rotated away" if gone else "") + (f", {unusable} unusable" if unusable else ""))
     return EXIT_UNUSABLE if unusable else EXIT_OK
+
+
+def _cmd_log(args: Arguments) -> int:
+    from .runview import lineage, list_run
+
+    entries = list_run(args.run_dir)
+    _print_tree(lineage(entries), args.json)
+    return EXIT_UNUSABLE if any(e.status == "unusable" for e in entries) else EXIT_OK
+
+
+def _print_tree(roots: list[dict], as_json: bool) -> None:
+    """``base X -> steps``: each recorded base, then the checkpoints trained from it."""
+    if as_json:
+        _print_json(roots)
+        return
+    for root in roots:
+        base = root["base_identity"]
+        print(f"base {_short(base)} (not in this run)" if base else "(no base recorded)")
+        _print_children(root["children"], "")
+
+
+def _print_children(nodes: list[dict], indent: str) -> None:
+    for number, node in enumerate(nodes):
+        last = number == len(nodes) - 1
+        e = node["entry"]
+        step = f"step {e['step']}" if e["step"] is not None else "-"
+        marks = [m for m, on in (("adapter", e["adapter"]), ("=prev", e["same_as_previous"])) if on]
+        print(f"{indent}{'`-' if last else '|-'} {step:<10} {_short(e['identity'])}  {_safe(e['path'])}"
+              + (f"  ({', '.join(marks)})" if marks else ""))
+        _print_children(node["children"], indent + ("   " if last else "|  "))
 
 
 def _extension_command(name: str):
@@ -271,33 +339,6 @@ def _print_extension_commands() -> None:
     names = sorted({entry.name for entry in entry_points(group=COMMANDS_GROUP)})
     if names:
         print(f"\nadded by installed distributions: {', '.join(names)} ('ckptpub NAME --help' for each)")
-
-
-def _published_folders(run_dir: str, on_error):
-    """Folders holding a manifest, at most ``_LS_DEPTH`` levels down, not inside another checkpoint.
-
-    The run folder itself is looked into even when it holds a manifest (a stray
-    ``ckptpub publish RUN_DIR`` must not hide the run's checkpoints). Folders that
-    cannot be listed go to ``on_error``: a checkpoint is never left out silently.
-    """
-    for current, dirs, files in os.walk(run_dir, onerror=on_error):
-        if MANIFEST_NAME in files or MANIFEST_NAME in dirs:
-            yield current
-            if current != run_dir:
-                dirs.clear()
-        if os.path.relpath(current, run_dir).count(os.sep) + 1 >= _LS_DEPTH:
-            dirs.clear()
-        dirs.sort()
-
-
-def _step(manifest: Manifest | None, folder: str) -> int | None:
-    step = manifest.provenance.get("step") if manifest else None
-    if type(step) is int:
-        return step
-    import re  # only ls needs it
-
-    match = re.fullmatch(r"checkpoint[-_](\d+)", os.path.basename(os.path.normpath(folder)))
-    return int(match.group(1)) if match else None
 
 
 def _summary(manifest: Manifest, folder: str) -> dict[str, Any]:
@@ -329,15 +370,24 @@ def _verify_json(report: VerifyReport, folder: str) -> dict[str, Any]:
     }
 
 
-def _diff_json(difference: ManifestDiff) -> dict[str, Any]:
+def _diff_json(difference: ManifestDiff, a: Manifest, b: Manifest) -> dict[str, Any]:
+    from .explain import base_of
+
     return {
         "same": difference.same,
         "identity_a": difference.identity_a,
         "identity_b": difference.identity_b,
+        "base_identity_a": base_of(a),
+        "base_identity_b": base_of(b),
+        "relation": difference.relation,
         "changed": list(difference.changed),
         "added": list(difference.added),
         "removed": list(difference.removed),
         "config_changed": list(difference.config_changed),
+        "tensor_changes": [c._asdict() | {"what": c.what} for c in difference.tensor_changes],
+        "groups": [g._asdict() | {"where": g.where, "count": len(g.names)} for g in difference.groups],
+        "config_keys": [c._asdict() for c in difference.config_keys],
+        "config_notes": list(difference.config_notes),
     }
 
 
@@ -365,6 +415,7 @@ def _positive(text: str) -> int:
 DESCRIPTION = "BLAKE3 manifests for model checkpoints."
 _FOLDER = ("folder", "the checkpoint folder")
 _JSON = Option("--json", "print JSON instead of lines")
+_RUN = ("run_dir", "the run's output folder")
 #: Options of the two commands that hash: the knobs of ``hashing.hash_spans``.
 _HASHING = (
     Option("--threads", "hashing threads (default: one per CPU)", "N", _positive),
@@ -380,6 +431,8 @@ COMMANDS = (
             *_HASHING,
             Option("--allow-no-weights", "publish a folder without *.safetensors weights (FSDP, DeepSpeed, .bin)"),
             Option("--allow-nested", "publish a folder that holds other checkpoints (checkpoint-N, manifests)"),
+            Option("--base", "record the model this one was made from (a published folder or an identity)", "DIR|ID"),
+            Option("--adapter", "record the adapter merged into this model (a published folder or an identity)", "DIR|ID"),
             _JSON,
         ),
     ),
@@ -403,7 +456,10 @@ COMMANDS = (
         (("a", "checkpoint folder or manifest file"), ("b", "checkpoint folder or manifest file")),
         (_JSON,),
     ),
-    Command("ls", "list the published checkpoints of a training run", _cmd_ls, (("run_dir", "the run's output folder"),), (_JSON,)),
+    Command("ls", "list the published checkpoints of a training run (its run index, then a folder scan)", _cmd_ls,
+            (_RUN,), (Option("--tree", "show the run's lineage, as 'ckptpub log' does"), _JSON)),
+    Command("log", "show a training run's lineage: each recorded base, then the steps trained from it", _cmd_log,
+            (_RUN,), (_JSON,)),
 )
 
 
@@ -436,5 +492,28 @@ def _safe(text: str) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+def _short(identity: str | None) -> str:
+    """``blake3:1a2b3c4d5e6f``: enough to tell a run's checkpoints apart; ``--json`` has the whole digest."""
+    return identity[:19] if identity else ""
+
+
+def _value(value: object) -> str:
+    """A provenance value for people: strings as they are, the rest as JSON (``null``, never ``None``)."""
+    return value if isinstance(value, str) else _json_value(value)
+
+
+def _json_value(value: object) -> str:
+    from .canonical import canonical_json  # not the json package: diff stays off re/enum
+
+    try:
+        return canonical_json(value).decode("utf-8")
+    except (TypeError, ValueError, RecursionError):
+        return "(too deeply nested to print)"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def _gb(size: int) -> str:
-    return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
+    return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.1f} kB"

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 
 from .errors import CkptpubError
+from .explain import ConfigChange, TensorChange, TensorGroup, config_changes, group_tensors, relation, tensor_change
 from .hashing import Span, hash_spans
 from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, is_digest
 from .model_files import claim_problems, is_shard_path
 from .read import read_manifest
 from .records import NamedTuple
 from .safetensors import ShardLayout, read_layout
-from .scan import FolderEntry, resolve_folder, scan_folder
+from .scan import FolderEntry, as_path, resolve_folder, scan_folder
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
 if TYPE_CHECKING:
@@ -52,7 +53,16 @@ class VerifyReport(NamedTuple):
 
 
 class ManifestDiff(NamedTuple):
-    """Model tensors whose bytes, dtype or shape differ (``changed``), or that only one side has."""
+    """Model tensors whose bytes, dtype or shape differ (``changed``), or that only one side has.
+
+    The rest explains the difference (see ``explain``): ``tensor_changes`` says what
+    differs in each changed tensor, ``groups`` names changed, added and removed
+    tensors by pattern ("self_attn.{q,v}_proj.weight in layers 0-27"),
+    ``config_keys`` the config keys whose values differ (read from the folders'
+    files when both were given as folders; ``config_notes`` says why not otherwise),
+    and ``relation`` how the two are linked by their recorded base
+    (``explain.relation``: ``adapter_on_a``, ``from_a``, ``same_base``, ... or None).
+    """
 
     identity_a: str
     identity_b: str
@@ -60,6 +70,11 @@ class ManifestDiff(NamedTuple):
     added: tuple[str, ...]
     removed: tuple[str, ...]
     config_changed: tuple[str, ...]
+    tensor_changes: tuple[TensorChange, ...] = ()
+    groups: tuple[TensorGroup, ...] = ()
+    config_keys: tuple[ConfigChange, ...] = ()
+    config_notes: tuple[str, ...] = ()
+    relation: str | None = None
 
     @property
     def same(self) -> bool:
@@ -117,21 +132,44 @@ def verify(
     return VerifyReport(manifest, tuple(f.path for f in manifest.files), tuple(problems))
 
 
-def diff_manifests(a: Manifest, b: Manifest) -> ManifestDiff:
-    """Compare the model tensors and configs of two manifests; no checkpoint data is read."""
+def diff_manifests(
+    a: Manifest, b: Manifest, *, folder_a: str | os.PathLike[str] | None = None,
+    folder_b: str | os.PathLike[str] | None = None,
+) -> ManifestDiff:
+    """Compare the model tensors and configs of two manifests; no tensor data is read.
+
+    With ``folder_a`` and ``folder_b`` (the checkpoint folders the manifests came
+    from), config files whose digests differ are read there, if they still have
+    those digests, to name the keys that changed.
+    """
     for name, value in (("a", a), ("b", b)):
         if not isinstance(value, Manifest):
             raise CkptpubError(f"diff_manifests: {name} must be a Manifest (see read_manifest), got {type(value).__name__}")
     tensors_a, tensors_b = _model_tensors(a), _model_tensors(b)
     changed = sorted(n for n in tensors_a.keys() & tensors_b.keys() if _meaning(tensors_a[n]) != _meaning(tensors_b[n]))
+    added = sorted(tensors_b.keys() - tensors_a.keys())
+    removed = sorted(tensors_a.keys() - tensors_b.keys())
     configs = sorted(k for k in a.config.keys() | b.config.keys() if a.config.get(k) != b.config.get(k))
+    changes = tuple(tensor_change(n, tensors_a[n], tensors_b[n]) for n in changed)
+    config_keys, config_notes = config_changes(
+        a, b, *(None if f is None else as_path(f, "folder") for f in (folder_a, folder_b)))
+    groups = (
+        group_tensors("changed", [(c.name, c.what) for c in changes])
+        + group_tensors("added", [(n, _describe(tensors_b[n])) for n in added])
+        + group_tensors("removed", [(n, _describe(tensors_a[n])) for n in removed])
+    )
     return ManifestDiff(
         identity_a=a.identity,
         identity_b=b.identity,
         changed=tuple(changed),
-        added=tuple(sorted(tensors_b.keys() - tensors_a.keys())),
-        removed=tuple(sorted(tensors_a.keys() - tensors_b.keys())),
+        added=tuple(added),
+        removed=tuple(removed),
         config_changed=tuple(configs),
+        tensor_changes=changes,
+        groups=groups,
+        config_keys=config_keys,
+        config_notes=config_notes,
+        relation=relation(a, b),
     )
 
 
@@ -190,6 +228,10 @@ def _model_tensors(manifest: Manifest) -> dict[str, TensorRecord]:
     if manifest.weights:
         return manifest.weight_tensors()
     return {f"{t.file}:{t.name}": t for t in manifest.tensors}
+
+
+def _describe(tensor: TensorRecord) -> str:
+    return tensor.dtype
 
 
 def _meaning(tensor: TensorRecord) -> tuple:

@@ -138,8 +138,16 @@ def publish(
     on_progress: ProgressCallback | None = None,
     allow_no_weights: bool = False,
     allow_nested: bool = False,
+    base: str | os.PathLike[str] | None = None,
+    adapter: str | os.PathLike[str] | None = None,
 ) -> Manifest:
     """Build the manifest of ``folder`` and write it to ``folder/ckptpub.json`` atomically.
+
+    ``base`` and ``adapter`` record lineage for a merged or converted model: each
+    is a published checkpoint folder or an identity (``blake3:<64 hex>``), recorded
+    as ``provenance.base_identity`` / ``provenance.adapter_identity`` (they override
+    those keys of ``provenance``). A folder without a manifest is refused: publish
+    the base first, so the record names bytes someone can check.
 
     Refuses (``CkptpubError``) what ``build_manifest`` refuses. A manifest that
     landed but after which the folder's modification time could not be restored
@@ -149,6 +157,7 @@ def publish(
     >>> manifest.identity  # doctest: +SKIP
     'blake3:4f1c...'
     """
+    provenance = _with_lineage(provenance, base=base, adapter=adapter)
     options = _Options.checked(provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested)
     root = resolve_folder(folder)
     try:
@@ -163,6 +172,35 @@ def publish(
     if problem is not None:
         raise CkptpubError(f"{root}: {MANIFEST_NAME} was written, but {problem}")
     return manifest
+
+
+def _with_lineage(provenance: Any, **links: Any) -> Any:
+    """``provenance`` plus ``<name>_identity`` for each link given (a published folder or an identity)."""
+    given = {name: value for name, value in links.items() if value is not None}
+    if not given:
+        return provenance
+    if provenance is not None and not hasattr(provenance, "items"):
+        return provenance  # _Options.checked refuses it with its usual message
+    merged = dict(provenance or {})
+    for name, value in given.items():
+        merged[f"{name}_identity"] = _identity_of(value, name)
+    return merged
+
+
+def _identity_of(value: Any, what: str) -> str:
+    from .manifest import is_digest
+    from .read import read_manifest
+    from .scan import as_path
+
+    if isinstance(value, str) and value.startswith("blake3:"):
+        if not is_digest(value):
+            raise CkptpubError(f"{what}: {value!r} is not of the form blake3:<64 hex>")
+        return value
+    path = as_path(value, what)
+    try:
+        return read_manifest(path).identity
+    except CkptpubError as error:
+        raise CkptpubError(f"{what}: {error} (publish it first: ckptpub publish {path})") from None
 
 
 def write_manifest(root: str, manifest: Manifest, mode: int) -> None:

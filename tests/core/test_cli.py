@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import ckptpub
-from checkpoints import copy_checkpoint, flip_byte, locate, run_cli, tensor_range, write_checkpoint
+from checkpoints import copy_checkpoint, flip_byte, locate, model_tensors, run_cli, tensor_range, write_checkpoint
 
 
 @pytest.fixture
@@ -99,7 +99,10 @@ def test_show_and_diff(published: Path, tmp_path: Path) -> None:
     assert shown["weights"] == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
     assert shown["tensors"] == 10
     text = run_cli("show", published).stdout
-    assert text.startswith(f"identity:   {shown['identity']}\n")
+    lines = text.splitlines()
+    assert lines[0].split() == ["identity:", shown["identity"]] and lines[1].split(None, 1) == ["kind:", "model (no base recorded)"]
+    assert len({len(line) - len(line.split(":", 1)[1].lstrip()) for line in lines}) == 1, "values start in one column"
+    assert "None" not in text
 
     other = copy_checkpoint(published, tmp_path / "other")
     shard, begin, _ = locate(other, "model.layers.0.mlp.up_proj.weight")
@@ -107,10 +110,12 @@ def test_show_and_diff(published: Path, tmp_path: Path) -> None:
     assert run_cli("publish", other).returncode == 0
     result = run_cli("diff", published, other)
     assert result.returncode == 1
-    assert result.stdout.splitlines() == ["changed  model.layers.0.mlp.up_proj.weight"]
+    assert result.stdout.splitlines() == ["changed  model.layers.0.mlp.up_proj.weight: bytes"]
     as_json = json.loads(run_cli("diff", "--json", published, other / "ckptpub.json").stdout)
     assert as_json["changed"] == ["model.layers.0.mlp.up_proj.weight"] and as_json["added"] == []
-    assert run_cli("diff", published, published).returncode == 0
+    assert as_json["tensor_changes"][0]["what"] == "bytes" and as_json["relation"] is None
+    same = run_cli("diff", published, published)
+    assert (same.returncode, same.stdout, same.stderr) == (0, f"same identity {shown['identity']}\n", "")
 
 
 def test_ls_lists_steps_in_order(tmp_path: Path) -> None:
@@ -121,8 +126,9 @@ def test_ls_lists_steps_in_order(tmp_path: Path) -> None:
     write_checkpoint(run / "checkpoint-25", extra_files=False)  # saved, not published
     result = run_cli("ls", run)
     assert result.returncode == 0
-    rows = [line.split() for line in result.stdout.splitlines()]
-    assert [(r[0], r[2]) for r in rows] == [("5", "checkpoint-5"), ("10", "checkpoint-10"), ("20", "checkpoint-20")]
+    header, *rows = [line.split() for line in result.stdout.splitlines()]
+    assert header == ["STEP", "IDENTITY", "SIZE", "BASE", "NOTE", "PATH"]
+    assert [(r[0], r[-1]) for r in rows] == [("5", "checkpoint-5"), ("10", "checkpoint-10"), ("20", "checkpoint-20")]
     listed = json.loads(run_cli("ls", "--json", run).stdout)
     assert [r["step"] for r in listed] == [5, 10, 20] and all(r["identity"].startswith("blake3:") for r in listed)
 
@@ -230,3 +236,44 @@ def test_all_names_every_lazy_export() -> None:
     import ckptpub
 
     assert sorted(ckptpub.__all__) == sorted(ckptpub._WHERE)
+
+
+def test_ls_reads_the_run_index_and_checks_it_against_each_folder(tmp_path: Path) -> None:
+    """The index names steps (rotated ones too); each folder's manifest must have the identity it recorded,
+    and a folder the index reaches through a symlink is not followed."""
+    from ckptpub import run_index
+
+    run = tmp_path / "run"
+    ids = {}
+    for step in (10, 20, 30):
+        write_checkpoint(run / f"checkpoint-{step}", model_tensors(seed=step), extra_files=False)
+        ids[step] = ckptpub.publish(run / f"checkpoint-{step}").identity
+        run_index.append(run, step=step, path=f"checkpoint-{step}", identity=ids[step], time=0.0)
+    run_index.append(run, step=40, path="checkpoint-40", identity=ids[30], time=0.0)  # rotated away since
+    outside = tmp_path / "elsewhere"
+    write_checkpoint(outside, extra_files=False)
+    os.symlink(outside, run / "checkpoint-50")
+    run_index.append(run, step=50, path="checkpoint-50", identity=ckptpub.publish(outside).identity, time=0.0)
+    run_index.append(run, step=20, path="checkpoint-20", identity=ids[10], time=0.0)  # not what the folder holds
+    result = run_cli("ls", run)
+    assert result.returncode == 2 and result.stderr == (
+        f"ckptpub: 2 published checkpoints under {run}, 1 rotated away, 2 unusable\n")
+    rows = [line.split() for line in result.stdout.splitlines()[1:] if not line.startswith("#")]
+    assert [(r[0], r[1], r[-2], r[-1]) for r in rows] == [
+        ("10", ids[10][:19], "-", "checkpoint-10"), ("20", "UNUSABLE", "error", "checkpoint-20"),
+        ("30", ids[30][:19], "-", "checkpoint-30"), ("40", ids[30][:19], "gone", "checkpoint-40"),
+        ("50", "UNUSABLE", "error", "checkpoint-50")]
+    notes = [line for line in result.stdout.splitlines() if line.startswith("#")]
+    assert notes == [f"# checkpoint-20: ckptpub.json has identity {ids[20]}, the run index recorded {ids[10]}",
+                     "# checkpoint-50: reached through a symlink; not followed out of the run folder"]
+    listed = json.loads(run_cli("ls", "--json", run).stdout)
+    assert [(r["step"], r["status"], r["source"]) for r in listed] == [
+        (10, "ok", "index"), (20, "unusable", "index"), (30, "ok", "index"), (40, "gone", "index"), (50, "unusable", "index")]
+
+
+def test_verify_counts_problems_in_english(published: Path, tmp_path: Path) -> None:
+    other = copy_checkpoint(published, tmp_path / "other")
+    shard, begin, _ = locate(other, "model.layers.0.mlp.up_proj.weight")
+    flip_byte(shard, begin + 2000)
+    result = run_cli("verify", other)
+    assert result.returncode == 1 and ", 1 problem (1 tensor changed) in " in result.stderr, result.stderr

@@ -1,0 +1,296 @@
+"""What a difference between two manifests means: per-tensor changes, groups, config keys, lineage.
+
+``compare.diff_manifests`` says *which* tensors differ; a user asks *why* (a dtype
+cast, a shape change, training), *where* ("q/v_proj in layers 0-27", not 56 lines),
+*which config keys* moved, and *how the two relate* (an adapter on that base, a
+model trained from it). This module answers those from the manifests alone, plus
+the two folders' ``config.json`` when they are at hand: a manifest records only
+a config's digest, so keys can be named only from the files, and only when the
+files still have the digest the manifest recorded.
+
+Plain string operations, no ``re``/``json``: ``ckptpub diff`` stays off both
+(docs/performance.md, tests/core/test_cli.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import CkptpubError
+from .manifest import _VOLATILE_CONFIG_KEYS, CONFIG_FILES, MANIFEST_NAME, Manifest, TensorRecord, config_digest
+from .records import NamedTuple
+from .strict_json import loads_strict, read_bounded
+
+#: A config over this is not read for key changes (real ones are a few kB).
+MAX_CONFIG_BYTES = 16 << 20
+#: A pattern lists at most this many alternatives at one position (``{a,b,... 40 more}`` beyond).
+_MAX_WORDS_SHOWN = 8
+#: Files whose tensors are an adapter's (PEFT's ``save_pretrained`` names).
+_ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+class TensorChange(NamedTuple):
+    """One tensor both sides have, with different meaning: what differs (dtype, shape, or only bytes)."""
+
+    name: str
+    dtype_a: str
+    dtype_b: str
+    shape_a: tuple[int, ...]
+    shape_b: tuple[int, ...]
+
+    @property
+    def what(self) -> str:
+        """``dtype BF16 -> F32``, ``shape [4, 8] -> [4, 16]``, both, or ``bytes`` (same dtype and shape)."""
+        parts = []
+        if self.dtype_a != self.dtype_b:
+            parts.append(f"dtype {self.dtype_a} -> {self.dtype_b}")
+        if self.shape_a != self.shape_b:
+            parts.append(f"shape {list(self.shape_a)} -> {list(self.shape_b)}")
+        return ", ".join(parts) or "bytes"
+
+
+class TensorGroup(NamedTuple):
+    """Tensors of one kind (``changed``/``added``/``removed``) and one ``what``, named by one pattern.
+
+    ``pattern`` has ``*`` where a numbered module's index goes and ``{q,v}`` where
+    names differ in one part; ``over`` is the numbered part's name (``layers``) and
+    ``indices`` the numbers it takes (empty when the names have no number).
+    """
+
+    kind: str
+    what: str
+    pattern: str
+    over: str
+    indices: tuple[int, ...]
+    names: tuple[str, ...]
+
+    @property
+    def where(self) -> str:
+        """``in layers 0-27`` (empty when the pattern has no number)."""
+        return f"in {self.over} {_ranges(self.indices)}" if self.indices else ""
+
+
+class ConfigChange(NamedTuple):
+    """One top-level key of a config file whose value differs (``old``/``new`` None when absent on that side)."""
+
+    file: str
+    key: str
+    old: object
+    new: object
+    in_a: bool = True
+    in_b: bool = True
+
+
+def tensor_change(name: str, a: TensorRecord, b: TensorRecord) -> TensorChange:
+    return TensorChange(name, a.dtype, b.dtype, tuple(a.shape), tuple(b.shape))
+
+
+def group_tensors(kind: str, items: list[tuple[str, str]]) -> tuple[TensorGroup, ...]:
+    """Group ``(name, what)`` pairs: numbered modules collapse to ``*``, then sibling names to ``{a,b}``.
+
+    Names are split at dots. The first numbered part (``layers.3``) becomes ``*``
+    and its numbers the group's indices. Then groups with the same ``what``, the
+    same indices and names that differ in one part only are merged, repeatedly
+    (``q_proj.lora_A`` .. ``v_proj.lora_B`` end as ``{q,v}_proj.lora_{A,B}``), as
+    long as the differing words are one family (``*_proj``, ``lora_*``): attention
+    projections and norms stay apart.
+    """
+    by_key: dict[tuple[str, tuple[str, ...], int], dict[int | None, str]] = {}
+    for name, what in items:
+        parts = name.split(".")
+        star = next((i for i, p in enumerate(parts) if p.isascii() and p.isdigit() and i > 0), -1)
+        key_parts = tuple("*" if i == star else p for i, p in enumerate(parts))
+        by_key.setdefault((what, key_parts, star), {})[int(parts[star]) if star >= 0 else None] = name
+    groups = [
+        _Draft(what, tuple(frozenset((p,)) for p in parts), star, tuple(sorted(i for i in members if i is not None)),
+               tuple(members.values()))
+        for (what, parts, star), members in by_key.items()
+    ]
+    while True:
+        merged = _merge_once(groups)
+        if merged is None:
+            break
+        groups = merged
+    result = [
+        TensorGroup(kind, g.what, g.names[0], "", (), g.names) if len(g.names) == 1 else
+        TensorGroup(kind, g.what, ".".join(_render(words) for words in g.words),
+                    next(iter(g.words[g.star - 1])) if g.star > 0 else "", g.indices, tuple(sorted(g.names)))
+        for g in groups
+    ]
+    return tuple(sorted(result, key=lambda g: (min(g.names), g.what)))
+
+
+class _Draft(NamedTuple):
+    """A group being built: the set of words at each dotted position (``*`` at ``star``)."""
+
+    what: str
+    words: tuple[frozenset[str], ...]
+    star: int
+    indices: tuple[int, ...]
+    names: tuple[str, ...]
+
+
+def _merge_once(groups: list[_Draft]) -> list[_Draft] | None:
+    """One sweep over positions (last first): merge groups that differ only there; None when none did.
+
+    Each group falls in one bucket per position and family, so a sweep merges
+    every bucket it finds at once: a few sweeps group thousands of names.
+    """
+    changed = False
+    for column in range(max((len(g.words) for g in groups), default=0) - 1, -1, -1):
+        for family in (_suffix_family, _prefix_family):
+            buckets: dict[tuple, list[_Draft]] = {}
+            kept = []
+            for g in groups:
+                kin = family(g.words[column]) if column < len(g.words) and column != g.star else None
+                if kin is None:
+                    kept.append(g)
+                else:
+                    buckets.setdefault((g.what, g.star, g.indices, g.words[:column], g.words[column + 1:], kin),
+                                       []).append(g)
+            for members in buckets.values():
+                if len(members) == 1:
+                    kept.append(members[0])
+                    continue
+                changed = True
+                first = members[0]
+                words = frozenset().union(*(m.words[column] for m in members))
+                kept.append(first._replace(words=first.words[:column] + (words,) + first.words[column + 1:],
+                                           names=tuple(n for m in members for n in m.names)))
+            groups = kept
+    return groups if changed else None
+
+
+def _suffix_family(words: frozenset[str]) -> str | None:
+    """``proj`` for ``{q_proj, k_proj}``; ``""`` for words without ``_``; None when they disagree."""
+    families = {w.rsplit("_", 1)[1] if "_" in w else "" for w in words}
+    return "s:" + families.pop() if len(families) == 1 else None
+
+
+def _prefix_family(words: frozenset[str]) -> str | None:
+    """``lora`` for ``{lora_A, lora_B}``; None for words without ``_`` or that disagree."""
+    families = {w.split("_", 1)[0] if "_" in w else None for w in words}
+    family = families.pop() if len(families) == 1 else None
+    return None if family is None else "p:" + family
+
+
+def _render(words: frozenset[str]) -> str:
+    """``q_proj``, or ``{q,v}_proj`` for several words sharing a prefix and suffix."""
+    ordered = sorted(words)
+    if len(ordered) == 1:
+        return ordered[0]
+    prefix = os.path.commonprefix(ordered)
+    suffix = os.path.commonprefix([w[len(prefix):][::-1] for w in ordered])[::-1]
+    middles = [w[len(prefix):len(w) - len(suffix)] for w in ordered]
+    if not all(middles):  # "q" and "q_a": keep the words whole
+        prefix, suffix, middles = "", "", ordered
+    if all(m.isascii() and m.isdigit() and str(int(m)) == m for m in middles):  # a second numbered part
+        return f"{prefix}{{{_ranges(tuple(sorted(map(int, middles))))}}}{suffix}"
+    if len(middles) > _MAX_WORDS_SHOWN:  # the names are in the group; the line stays a line
+        shown = ",".join(middles[:3])
+        return f"{prefix}{{{shown},... {len(middles) - 3} more}}{suffix}"
+    return f"{prefix}{{{','.join(middles)}}}{suffix}"
+
+
+def _ranges(indices: tuple[int, ...]) -> str:
+    """``0-3,5,7-9``."""
+    spans: list[list[int]] = []
+    for i in indices:
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in spans)
+
+
+def is_adapter(manifest: Manifest) -> bool:
+    """An adapter checkpoint: PEFT's adapter weights or adapter config, not a full model."""
+    return "adapter_config.json" in manifest.config or any(w in _ADAPTER_WEIGHTS for w in manifest.weights)
+
+
+def base_of(manifest: Manifest) -> str | None:
+    """The recorded base identity (``provenance.base_identity``), if it is a string."""
+    base = manifest.provenance.get("base_identity")
+    return base if isinstance(base, str) else None
+
+
+def relation(a: Manifest, b: Manifest) -> str | None:
+    """How ``b`` relates to ``a`` by recorded lineage.
+
+    ``adapter_on_a``/``adapter_on_b``: one is an adapter whose base is the other;
+    ``from_a``/``from_b``: one records the other as its base (a fine-tune, a merge);
+    ``same_base``: both record the same base; None: nothing recorded links them.
+    """
+    if base_of(b) == a.identity:
+        return "adapter_on_a" if is_adapter(b) else "from_a"
+    if base_of(a) == b.identity:
+        return "adapter_on_b" if is_adapter(a) else "from_b"
+    if base_of(a) is not None and base_of(a) == base_of(b):
+        return "same_base"
+    return None
+
+
+def config_changes(
+    a: Manifest, b: Manifest, folder_a: str | None, folder_b: str | None
+) -> tuple[tuple[ConfigChange, ...], tuple[str, ...]]:
+    """Key-level changes of each config whose digest differs, and notes on those that could not be read.
+
+    A config is read from its folder only if the file is a regular file inside it
+    (no symlink) and still has the digest the manifest recorded: keys read from a
+    file edited since publishing would describe a different model.
+    """
+    changes: list[ConfigChange] = []
+    notes: list[str] = []
+    for name in CONFIG_FILES:
+        digest_a, digest_b = a.config.get(name), b.config.get(name)
+        if digest_a == digest_b:
+            continue
+        if digest_a is None or digest_b is None:
+            notes.append(f"{name} only in {'b' if digest_a is None else 'a'}")
+            continue
+        documents = []
+        for side, folder, digest in (("a", folder_a, digest_a), ("b", folder_b, digest_b)):
+            document, why = _read_config(folder, name, digest)
+            if why:
+                notes.append(f"{name} differs; keys not compared: {side}: {why}")
+                break
+            documents.append(document)
+        if len(documents) == 2:
+            changes.extend(_key_changes(name, *documents))
+    return tuple(changes), tuple(notes)
+
+
+def _read_config(folder: str | None, name: str, digest: str) -> tuple[dict | None, str | None]:
+    if folder is None:
+        return None, "given as a manifest file, not a folder"
+    try:
+        document = loads_strict(read_bounded(os.path.join(folder, name), MAX_CONFIG_BYTES, name), name, "config")
+        if not isinstance(document, dict):
+            return None, f"{name} is not a JSON object"
+        if config_digest(document) != digest:
+            return None, f"{name} changed since {MANIFEST_NAME} was written"
+    except CkptpubError as error:
+        return None, str(error)
+    except (ValueError, RecursionError):
+        return None, f"{name} cannot be encoded canonically"
+    return document, None
+
+
+def _key_changes(name: str, old: dict, new: dict) -> list[ConfigChange]:
+    keys = sorted((old.keys() | new.keys()) - _VOLATILE_CONFIG_KEYS)
+    return [
+        ConfigChange(name, key, old.get(key), new.get(key), key in old, key in new)
+        for key in keys
+        if key not in old or key not in new or not _same_json(old[key], new[key])
+    ]
+
+
+def _same_json(x: object, y: object) -> bool:
+    """Equal as JSON values: ``1`` and ``True`` differ, ``1`` and ``1.0`` do not."""
+    if isinstance(x, bool) or isinstance(y, bool):
+        return type(x) is type(y) and x == y
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_same_json(x[k], y[k]) for k in x)
+    if isinstance(x, list) and isinstance(y, list):
+        return len(x) == len(y) and all(_same_json(p, q) for p, q in zip(x, y))
+    return type(x) in (int, float) and type(y) in (int, float) and x == y or type(x) is type(y) and x == y

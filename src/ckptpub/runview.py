@@ -1,0 +1,158 @@
+"""A training run at a glance: its published checkpoints (``ckptpub ls``) and their lineage (``ckptpub log``).
+
+The run index (``ckptpub-index.jsonl``, see ``run_index``) says what was published,
+in order, with each step and identity, including checkpoints rotated away since. A
+folder scan finds what the index does not name (a run without the callback, a
+``final`` model published by hand). Each listed folder's manifest is read: a
+checkpoint is never trusted on the index's word alone, and never left out silently.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import run_index
+from .errors import CkptpubError
+from .explain import base_of, is_adapter
+from .manifest import MANIFEST_NAME
+from .read import read_manifest
+from .records import NamedTuple
+
+#: How deep the scan looks for checkpoint folders (``run/trial/checkpoint-N`` is 2).
+SCAN_DEPTH = 3
+
+
+class RunEntry(NamedTuple):
+    """One checkpoint of a run.
+
+    ``status``: ``ok``; ``gone`` (the index names it, the folder was rotated away);
+    ``unusable`` (its manifest cannot be read, or its identity is not the one the
+    index recorded: ``detail`` says which). ``same_as_previous``: an ``ok`` step
+    with the identity of the ``ok`` step before it (a re-save of unchanged weights).
+    """
+
+    path: str
+    step: int | None
+    identity: str | None
+    size: int | None
+    base_identity: str | None
+    adapter: bool
+    source: str
+    status: str
+    detail: str | None = None
+    same_as_previous: bool = False
+
+    def as_dict(self) -> dict:
+        return dict(self._asdict())
+
+
+def list_run(run_dir: str) -> list[RunEntry]:
+    """Every checkpoint of ``run_dir`` the index names or a scan finds, by step."""
+    if not os.path.isdir(run_dir):
+        raise CkptpubError(f"{run_dir}: not a folder")
+    entries: dict[str, RunEntry] = {}
+    try:
+        records = run_index.read(run_dir)
+    except CkptpubError as error:
+        records = []
+        entries[run_index.INDEX_NAME] = RunEntry(run_index.INDEX_NAME, None, None, None, None, False, "index",
+                                                 "unusable", str(error))
+    for record in records:  # a path published twice keeps its last record
+        path = record["path"]
+        entries[path] = _entry(run_dir, path, record["step"], "index", record["identity"])
+    unlisted: list[OSError] = []
+    for folder in _published_folders(run_dir, unlisted.append):
+        path = os.path.relpath(folder, run_dir).replace(os.sep, "/")
+        if path not in entries:
+            entries[path] = _entry(run_dir, path, None, "scan", None)
+    for error in unlisted:
+        path = os.path.relpath(error.filename or run_dir, run_dir)
+        entries[path] = RunEntry(path, _step_from_name(path), None, None, None, False, "scan", "unusable",
+                                 f"{path}: cannot list folder: {error.strerror or error}")
+    ordered = sorted(entries.values(), key=lambda e: (e.step is None, e.step or 0, e.path))
+    previous = None
+    for number, entry in enumerate(ordered):
+        if entry.status == "ok":
+            if previous is not None and previous.identity == entry.identity:
+                ordered[number] = entry = entry._replace(same_as_previous=True)
+            previous = entry
+    return ordered
+
+
+def lineage(entries: list[RunEntry]) -> list[dict]:
+    """The run as a forest: each recorded base, then what was trained from it.
+
+    A checkpoint whose base is another checkpoint of this run (a merge of step 40
+    published with ``--base``) hangs under that one; bases outside the run are roots.
+    """
+    nodes = {}
+    roots: list[dict] = []
+    outside: dict[str | None, dict] = {}
+    for entry in entries:
+        if entry.status != "ok":
+            continue
+        node = {"entry": entry.as_dict(), "children": []}
+        parent = nodes.get(entry.base_identity) if entry.base_identity != entry.identity else None
+        if parent is None:
+            parent = outside.get(entry.base_identity)
+            if parent is None:
+                parent = outside[entry.base_identity] = {"base_identity": entry.base_identity, "children": []}
+                roots.append(parent)
+        parent["children"].append(node)
+        nodes.setdefault(entry.identity, node)
+    return roots
+
+
+def _entry(run_dir: str, path: str, step: int | None, source: str, indexed: str | None) -> RunEntry:
+    folder = os.path.join(run_dir, path)
+    if source == "index" and not os.path.lexists(folder):
+        return RunEntry(path, step, indexed, None, None, False, source, "gone", "rotated away or deleted")
+    if source == "index" and _through_link(run_dir, path):  # the scan does not follow links; nor does the index
+        return RunEntry(path, step, indexed, None, None, False, source, "unusable",
+                        f"{path}: reached through a symlink; not followed out of the run folder")
+    try:
+        manifest = read_manifest(folder)
+    except CkptpubError as error:
+        return RunEntry(path, step if step is not None else _step_from_name(path), indexed, None, None, False,
+                        source, "unusable", str(error))
+    if step is None:
+        recorded = manifest.provenance.get("step")
+        step = recorded if type(recorded) is int else _step_from_name(path)
+    size = sum(f.size for f in manifest.files)
+    entry = RunEntry(path, step, manifest.identity, size, base_of(manifest), is_adapter(manifest), source, "ok")
+    if indexed is not None and indexed != manifest.identity:
+        return entry._replace(status="unusable", detail=f"{path}: {MANIFEST_NAME} has identity {manifest.identity}, "
+                                                       f"the run index recorded {indexed}")
+    return entry
+
+
+def _through_link(run_dir: str, path: str) -> bool:
+    parts = path.split("/")
+    return any(os.path.islink(os.path.join(run_dir, *parts[:n])) for n in range(1, len(parts) + 1))
+
+
+def _published_folders(run_dir: str, on_error):
+    """Folders holding a manifest, at most ``SCAN_DEPTH`` levels down, not inside another checkpoint.
+
+    The run folder itself is looked into even when it holds a manifest (a stray
+    ``ckptpub publish RUN_DIR`` must not hide the run's checkpoints). Folders that
+    cannot be listed go to ``on_error``: a checkpoint is never left out silently.
+    """
+    for current, dirs, files in os.walk(run_dir, onerror=on_error):
+        if MANIFEST_NAME in files or MANIFEST_NAME in dirs:
+            yield current
+            if current != run_dir:
+                dirs.clear()
+        if os.path.relpath(current, run_dir).count(os.sep) + 1 >= SCAN_DEPTH:
+            dirs.clear()
+        dirs.sort()
+
+
+def _step_from_name(path: str) -> int | None:
+    """``checkpoint-10`` -> 10 (string operations: ``ls`` stays off ``re``)."""
+    name = os.path.basename(os.path.normpath(path))
+    for prefix in ("checkpoint-", "checkpoint_"):
+        number = name[len(prefix):]
+        if name.startswith(prefix) and number.isascii() and number.isdigit():
+            return int(number)
+    return None

@@ -24,6 +24,9 @@ Choices that make the counts mean "requests a remote filesystem would get":
 - Requests run in parallel (libfuse's threads), each sleeping on its own.
 - Operations that are not implemented (``flush``, ``getxattr``...) are answered by
   libfuse with ENOSYS and are neither counted nor delayed.
+- The kernel sends ``release`` after ``close`` has returned; reading or resetting
+  the counts first waits (up to 1 s) until every opened file and folder has been
+  released, so a late ``release`` is not counted in the next window.
 
 The server runs in its own process (this file run as a script), not in the one that
 reads the mount: a FUSE server in the reading process deadlocks as soon as a thread
@@ -191,6 +194,8 @@ def _serve(source: str, mountpoint: str, latency_s: float) -> None:
 
     counts: dict[str, Counter[str]] = {}
     counts_lock = threading.Lock()
+    open_handles = [0]  # files and folders opened and not yet released
+    handles_changed = threading.Condition()
     answer_lock = threading.Lock()
 
     def answer(value) -> None:
@@ -209,6 +214,16 @@ def _serve(source: str, mountpoint: str, latency_s: float) -> None:
             handler.__name__ = method.__name__
             return handler
         return wrap
+
+    def handles(delta: int) -> None:
+        with handles_changed:
+            open_handles[0] += delta
+            handles_changed.notify_all()
+
+    def settle(timeout_s: float = 1.0) -> None:
+        """Wait for the releases of closed files: the kernel sends them after ``close`` returns."""
+        with handles_changed:
+            handles_changed.wait_for(lambda: open_handles[0] == 0, timeout=timeout_s)
 
     def real(path: str) -> str:
         return os.path.join(source, path.lstrip("/"))
@@ -250,9 +265,11 @@ def _serve(source: str, mountpoint: str, latency_s: float) -> None:
             if flags & (os.O_WRONLY | os.O_RDWR):
                 raise mfusepy.FuseOSError(errno.EROFS)
             try:
-                return os.open(real(path), os.O_RDONLY | os.O_NOFOLLOW)
+                fd = os.open(real(path), os.O_RDONLY | os.O_NOFOLLOW)
             except OSError as e:
                 raise fs_error(e) from None
+            handles(+1)
+            return fd
 
         @request("read")
         def read(self, path, size, offset, fh):
@@ -261,10 +278,12 @@ def _serve(source: str, mountpoint: str, latency_s: float) -> None:
         @request("release")
         def release(self, path, fh):
             os.close(fh)
+            handles(-1)
             return 0
 
         @request("opendir")
         def opendir(self, path):
+            handles(+1)
             return 0
 
         @request("readdir")
@@ -276,6 +295,7 @@ def _serve(source: str, mountpoint: str, latency_s: float) -> None:
 
         @request("releasedir")
         def releasedir(self, path, fh):
+            handles(-1)
             return 0
 
         @request("statfs")
@@ -288,6 +308,8 @@ def _serve(source: str, mountpoint: str, latency_s: float) -> None:
         """Answer the mounting process; unmount when it goes away (stdin closed)."""
         for line in sys.stdin:
             command = line.strip()
+            if command in ("counts", "reset"):
+                settle()
             if command == "counts":
                 with counts_lock:
                     answer({path: dict(per_kind) for path, per_kind in counts.items()})

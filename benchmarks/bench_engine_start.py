@@ -108,13 +108,15 @@ def vllm_key(folder: str) -> None:
 
 
 def ckptpub_start_work(folder: str) -> None:
-    """The key and the checks ckptpub makes before an engine maps weights from a daemon."""
-    from ckptpub_vllm.key import checkpoint_key
+    """The checks and the key ckptpub makes before an engine maps weights from a daemon,
+    in the loader's order (``ManifestCacheLoader._load_model``)."""
+    from ckptpub_vllm.key import checked, checkpoint_key
     from ckptpub_vllm.options import Options
     from ckptpub_vllm.startup import check_before_start
 
-    checkpoint_key(folder)
-    check_before_start(folder, Options())
+    manifest = check_before_start(folder, Options())
+    with checked(folder, manifest):
+        checkpoint_key(folder)
 
 
 def measure(fs: SlowFS, work, folder: str, repeat: int) -> tuple[Requests, list[float]]:

@@ -87,7 +87,7 @@ def test_file_changed_while_hashed_is_refused(tmp_path: Path) -> None:
     folder = write_checkpoint(tmp_path / "ckpt")
     sparse_shard(folder / "big.safetensors", tensors=16, tensor_bytes=64 << 20)  # 1 GiB, a second or more with pread on one thread
     process = subprocess.Popen(publish_command(folder, "--threads", "1", "--no-mmap"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.15)
+    _wait_until_open(process.pid, folder / "big.safetensors")  # scanned and being hashed: not before, not after
     with open(folder / "big.safetensors", "r+b") as handle:  # an in-place write, as a late writer would do
         handle.seek(-1, os.SEEK_END)
         handle.write(b"\x01")
@@ -95,6 +95,25 @@ def test_file_changed_while_hashed_is_refused(tmp_path: Path) -> None:
     assert process.returncode == 2, stderr
     assert stderr.strip() == "ckptpub: error: big.safetensors: changed while it was being hashed; publish again once it is complete"
     assert not (folder / "ckptpub.json").exists()
+
+
+def _wait_until_open(pid: int, path: Path, timeout: float = 60.0) -> None:
+    """Return once process ``pid`` holds ``path`` open (read from /proc, so no sleep has to guess)."""
+    deadline = time.monotonic() + timeout
+    target = str(path.resolve())
+    while time.monotonic() < deadline:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except FileNotFoundError:
+            raise AssertionError("publish exited before it opened the file") from None
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                    return
+            except OSError:
+                continue
+        time.sleep(0.002)
+    raise AssertionError(f"publish did not open {path} within {timeout} s")
 
 
 def test_racing_publishers_leave_a_manifest_that_verifies(tmp_path: Path) -> None:

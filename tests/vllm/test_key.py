@@ -109,3 +109,17 @@ def test_a_manifest_path_that_is_not_a_plain_file_is_refused_not_absent(models, 
     make(folder / ckptpub.MANIFEST_NAME)
     with pytest.raises(RefusedError, match="ckptpub.json is unusable"):
         key_of(str(folder))
+
+
+def test_the_loader_hands_the_key_the_manifest_it_checked(models, tmp_path):
+    from ckptpub_vllm.key import checked
+
+    folder = str(shutil.copytree(models["v1"], tmp_path / "handed"))
+    checked_manifest = ckptpub.read_manifest(folder)
+    shutil.copy(os.path.join(models["republished"], ckptpub.MANIFEST_NAME), os.path.join(folder, ckptpub.MANIFEST_NAME))
+    with checked(folder, checked_manifest):  # another manifest landed after the check: the key keeps the checked one
+        key, opened = key_of(folder)
+    assert key.checkpoint == checked_manifest.identity
+    assert not any(p.endswith(ckptpub.MANIFEST_NAME) for p in opened)
+    key, _ = key_of(folder)  # outside the block the file is read again
+    assert key.checkpoint == ckptpub.read_manifest(models["republished"]).identity

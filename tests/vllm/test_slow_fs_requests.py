@@ -76,14 +76,19 @@ def test_the_mount_counts_each_request_and_unmounts_when_the_block_fails(tmp_pat
 
 
 def daemon_path_start(fs: SlowFS, folder: str):
-    """ckptpub's whole engine-start work when weights come from a daemon; returns (key, requests)."""
-    from ckptpub_vllm.key import checkpoint_key
+    """ckptpub's whole engine-start work when weights come from a daemon; returns (key, requests).
+
+    In the loader's order: the start-time checks, then vLLM's key while the loader
+    hands it the manifest it checked (``ManifestCacheLoader._load_model``).
+    """
+    from ckptpub_vllm.key import checked, checkpoint_key
     from ckptpub_vllm.options import Options
     from ckptpub_vllm.startup import check_before_start
 
     fs.reset()
-    key = checkpoint_key(folder)
-    check_before_start(folder, Options())
+    manifest = check_before_start(folder, Options())
+    with checked(folder, manifest):
+        key = checkpoint_key(folder)
     return key, fs.requests()
 
 

@@ -19,7 +19,9 @@ asks to fail closed.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import ckptpub
 
@@ -29,6 +31,23 @@ from .options import REQUIRE_MANIFEST_ENV, require_manifest_from_env
 
 _PATCH_MARK = "_ckptpub_original"
 _logged: set[tuple[str, str]] = set()
+#: Manifests the loader has just checked, by folder, for the key vLLM computes next (see ``checked``).
+_checked: dict[str, "ckptpub.Manifest"] = {}
+
+
+@contextlib.contextmanager
+def checked(folder: str, manifest: "ckptpub.Manifest") -> Iterator[None]:
+    """While the loader asks the daemon, key ``folder`` by the manifest it already checked.
+
+    The key then names exactly the manifest whose engine files were checked (no
+    window in which another could be read), and ``ckptpub.json`` is read once per
+    engine start. Outside the block the key reads the file as usual.
+    """
+    _checked[folder] = manifest
+    try:
+        yield
+    finally:
+        _checked.pop(folder, None)
 
 
 def has_manifest(folder: str) -> bool:
@@ -53,7 +72,9 @@ def read_folder_manifest(folder: str) -> "ckptpub.Manifest | None":
 
 def checkpoint_key(model: str) -> str | None:
     """Drop-in replacement for vLLM's ``protocol.hash_checkpoint``."""
-    manifest = read_folder_manifest(model) if isinstance(model, str) else None
+    manifest = None
+    if isinstance(model, str):
+        manifest = _checked.get(model) or read_folder_manifest(model)
     if manifest is not None:
         if (model, manifest.identity) not in _logged:
             _logged.add((model, manifest.identity))

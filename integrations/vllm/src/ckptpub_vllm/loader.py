@@ -29,7 +29,7 @@ from vllm.model_executor.model_loader.weight_cache.ipc_loader import IpcModelLoa
 
 import ckptpub
 
-from . import LOAD_FORMAT
+from . import LOAD_FORMAT, key
 from .errors import RefusedError
 from .log import logger
 from .options import Options, split_extra_config
@@ -185,7 +185,10 @@ class ManifestCacheLoader(IpcModelLoader):
                         " with verification" if manifest is not None and self.options.verify else "")
             return self._disk_loader(manifest).load_model(vllm_config=vllm_config, model_config=model_config,
                                                           prefix=prefix)
-        return super().load_model(vllm_config, model_config, prefix)
+        if manifest is None:
+            return super().load_model(vllm_config, model_config, prefix)
+        with key.checked(model_config.model, manifest):
+            return super().load_model(vllm_config, model_config, prefix)
 
     def _request_state(self, cache_key, **kwargs):
         """Log the request and its answer; ``kwargs`` carries what newer vLLMs add (0.33: ``is_reload``)."""

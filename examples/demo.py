@@ -38,7 +38,9 @@ def sh(*args: object, expect: int | tuple[int, ...] = 0, stderr_prefix: str = ""
     if result.returncode not in expected:
         sys.stdout.write(result.stderr)
         sys.exit(f"demo: '{shown}' exited {result.returncode}, expected {expected}")
-    sys.stdout.writelines(line for line in result.stderr.splitlines(keepends=True) if line.startswith(stderr_prefix))
+    sys.stdout.writelines(
+        line for line in result.stderr.splitlines(keepends=True) if line.startswith(stderr_prefix)
+    )
     return result.stdout
 
 
@@ -58,13 +60,24 @@ def flip_tensor_byte(folder: Path, name: str) -> None:
 
 def main() -> None:
     shutil.rmtree(DEMO, ignore_errors=True)
-    print("== 1. A base model (a tiny Qwen3 made offline, bfloat16: stands in for a download), published first")
+    print(
+        "== 1. A base model (a tiny Qwen3 made offline, bfloat16: stands in for a download), published first"
+    )
     sh(sys.executable, ROOT / "examples" / "fine_tune.py", "--init-base", BASE, stderr_prefix="ckptpub:")
     sh("ckptpub", "publish", BASE)
 
     print("\n== 2. Fine-tune it; PublishCallback writes ckptpub.json at every save, naming the base")
-    sh(sys.executable, ROOT / "examples" / "fine_tune.py", BASE, RUN, "--steps", "40", "--save-steps", "10",
-       stderr_prefix="ckptpub:")
+    sh(
+        sys.executable,
+        ROOT / "examples" / "fine_tune.py",
+        BASE,
+        RUN,
+        "--steps",
+        "40",
+        "--save-steps",
+        "10",
+        stderr_prefix="ckptpub:",
+    )
 
     print("\n== 3. The run at a glance: its steps from the run index, and its lineage")
     sh("ckptpub", "ls", RUN)
@@ -84,7 +97,12 @@ def main() -> None:
     sh("ckptpub", "verify", "--quiet", tampered, expect=1)
 
     print("\n== 7. Serve the trained checkpoint through vLLM (CPU build) with --load-format manifest_cache")
-    sh(sys.executable, ROOT / "examples" / "serve_demo.py", RUN / "checkpoint-40", stderr_prefix="serve_demo:")
+    sh(
+        sys.executable,
+        ROOT / "examples" / "serve_demo.py",
+        RUN / "checkpoint-40",
+        stderr_prefix="serve_demo:",
+    )
     print("\n== 8. The tampered copy, served with the original's manifest, is refused")
     sh(sys.executable, ROOT / "examples" / "serve_demo.py", tampered, expect=1, stderr_prefix="serve_demo:")
     print("\ndemo: all steps behaved as expected")

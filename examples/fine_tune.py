@@ -12,6 +12,7 @@ The fine-tune loads the base in float32 (as mixed-precision recipes do) and writ
 OUT_DIR/checkpoint-N and OUT_DIR/ckptpub-index.jsonl; the final model goes to
 OUT_DIR/final, published with ``base=BASE_DIR``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,15 @@ def fine_tune(base: str, output_dir: str, steps: int, save_steps: int) -> None:
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     # Passed to the Trainer (not add_callback) so it runs before the console printer, whose
     # log lines then carry ckptpub/identity (docs/callback.md).
-    trainer = train_tiny.make_trainer(output_dir, model=model, tokenizer=AutoTokenizer.from_pretrained(base),
-                                      callbacks=[PublishCallback()], max_steps=steps, save_steps=save_steps,
-                                      logging_steps=save_steps)
+    trainer = train_tiny.make_trainer(
+        output_dir,
+        model=model,
+        tokenizer=AutoTokenizer.from_pretrained(base),
+        callbacks=[PublishCallback()],
+        max_steps=steps,
+        save_steps=save_steps,
+        logging_steps=save_steps,
+    )
     trainer.train()
     final = os.path.join(output_dir, "final")
     trainer.save_model(final)  # fires no callback event: publish it explicitly, naming its base

@@ -34,7 +34,9 @@ import subprocess
 import sys
 import time
 
-ENGINE = dict(dtype="bfloat16", max_model_len=128, enforce_eager=True, max_num_seqs=2, gpu_memory_utilization=0.15)
+ENGINE = dict(
+    dtype="bfloat16", max_model_len=128, enforce_eager=True, max_num_seqs=2, gpu_memory_utilization=0.15
+)
 PROMPTS = ["the quick brown fox", "a checkpoint is"]
 NO_PLUGIN = {"VLLM_PLUGINS": "none"}  # an allow-list that matches no plugin
 
@@ -43,16 +45,25 @@ def engine_main(job: dict) -> None:
     """Child mode: start one engine, print its greedy tokens as JSON."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=job["model"], load_format=job["load_format"], model_loader_extra_config=job.get("extra") or {},
-              **ENGINE)
+    llm = LLM(
+        model=job["model"],
+        load_format=job["load_format"],
+        model_loader_extra_config=job.get("extra") or {},
+        **ENGINE,
+    )
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
     print("E2E_RESULT " + json.dumps([list(o.outputs[0].token_ids) for o in outs]), flush=True)
 
 
 def run_engine(model: str, load_format: str, extra: dict | None = None, env: dict | None = None):
     job = json.dumps({"model": model, "load_format": load_format, "extra": extra or {}})
-    proc = subprocess.run([sys.executable, __file__, "--engine", job], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--engine", job],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
     log = proc.stdout + proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("E2E_RESULT ")]
     tokens = json.loads(lines[-1].split(" ", 1)[1]) if lines else None
@@ -61,11 +72,23 @@ def run_engine(model: str, load_format: str, extra: dict | None = None, env: dic
 
 def start_daemon(model: str, socket_dir: str, env: dict | None = None) -> subprocess.Popen:
     os.makedirs(socket_dir, mode=0o700, exist_ok=True)
-    cmd = ["vllm", "preload", "--model", model, "--weight-cache-socket-dir", socket_dir,
-           "--dtype", ENGINE["dtype"], "--max-model-len", str(ENGINE["max_model_len"]), "--enforce-eager"]
+    cmd = [
+        "vllm",
+        "preload",
+        "--model",
+        model,
+        "--weight-cache-socket-dir",
+        socket_dir,
+        "--dtype",
+        ENGINE["dtype"],
+        "--max-model-len",
+        str(ENGINE["max_model_len"]),
+        "--enforce-eager",
+    ]
     log = open(os.path.join(socket_dir, "preload.log"), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+    )
     deadline = time.monotonic() + 300
     while not glob.glob(os.path.join(socket_dir, "*.sock")):  # bound only after loading
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -106,7 +129,6 @@ def cuda_available(program: str) -> bool:
 def negate_tensor(folder: str, name: str = "model.norm.weight") -> None:
     """Same header, same size, different values: the case header-only keys cannot tell apart."""
     import torch
-
     from ckptpub_vllm.testing import find_tensor_file, tensor_location
 
     path = find_tensor_file(folder, name)
@@ -125,9 +147,9 @@ def main() -> int:
     if not cuda_available("gpu_e2e"):
         return 2
 
-    import ckptpub
-
     from ckptpub_vllm.testing import build_tiny_qwen3
+
+    import ckptpub
 
     shutil.rmtree(args.workdir, ignore_errors=True)
     v1, v2 = os.path.join(args.workdir, "v1"), os.path.join(args.workdir, "v2")
@@ -147,8 +169,12 @@ def main() -> int:
     daemon = start_daemon(v1, ours_dir)
     try:
         t1, log1 = run_engine(v1, "manifest_cache", {"socket_dir": ours_dir, "fallback": False})
-        checks.append(("v1 via manifest_cache is mapped from the daemon",
-                       "Mapped" in log1 and "from the weight cache daemon" in log1))
+        checks.append(
+            (
+                "v1 via manifest_cache is mapped from the daemon",
+                "Mapped" in log1 and "from the weight cache daemon" in log1,
+            )
+        )
         checks.append(("v1 via manifest_cache has v1's tokens", t1 == ref1))
         t2, log2 = run_engine(v2, "manifest_cache", {"socket_dir": ours_dir})
         checks.append(("v2 is refused by the daemon (mismatch on checkpoint)", "['checkpoint']" in log2))
@@ -160,8 +186,12 @@ def main() -> int:
     stock = start_daemon(v1, stock_dir, env=NO_PLUGIN)
     try:
         t3, log3 = run_engine(v2, "ipc_cache", {"socket_dir": stock_dir}, env=NO_PLUGIN)
-        checks.append(("BUG (stock vLLM): ipc_cache asked for v2 maps v1's weights and serves v1's tokens",
-                       t3 == ref1 and t3 != ref2 and "Mapped" in log3))
+        checks.append(
+            (
+                "BUG (stock vLLM): ipc_cache asked for v2 maps v1's weights and serves v1's tokens",
+                t3 == ref1 and t3 != ref2 and "Mapped" in log3,
+            )
+        )
     finally:
         stop_daemon(stock)
 

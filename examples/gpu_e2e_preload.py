@@ -40,21 +40,35 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_e2e import ENGINE, cuda_available, negate_tensor, run_engine, script_args  # noqa: E402  (shared with gpu_e2e)
 
-DAEMON_ARGS = ["--dtype", ENGINE["dtype"], "--max-model-len", str(ENGINE["max_model_len"]), "--enforce-eager",
-               "--gpu-memory-utilization", "0.15"]
+DAEMON_ARGS = [
+    "--dtype",
+    ENGINE["dtype"],
+    "--max-model-len",
+    str(ENGINE["max_model_len"]),
+    "--enforce-eager",
+    "--gpu-memory-utilization",
+    "0.15",
+]
 
 
 def append_index(run_dir: str, step: int, rel: str, identity: str) -> None:
     """One line of ``ckptpub-index.jsonl``, as the Trainer callback writes it."""
-    line = json.dumps({"step": step, "path": rel, "identity": identity, "time": time.time()}, sort_keys=True,
-                      separators=(",", ":")) + "\n"
+    line = (
+        json.dumps(
+            {"step": step, "path": rel, "identity": identity, "time": time.time()},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        + "\n"
+    )
     with open(os.path.join(run_dir, "ckptpub-index.jsonl"), "a") as handle:
         handle.write(line)
 
 
 def status(state_dir: str) -> dict:
-    proc = subprocess.run(["ckptpub", "preload", "--status", "--json", "--state-dir", state_dir],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["ckptpub", "preload", "--status", "--json", "--state-dir", state_dir], capture_output=True, text=True
+    )
     try:
         return json.loads(proc.stdout)
     except ValueError:
@@ -79,13 +93,30 @@ def wait_ready(state_dir: str, identity: str, sup: subprocess.Popen, timeout: fl
         if sup.poll() is not None:
             raise SystemExit(f"gpu_e2e_preload: the supervisor exited ({sup.returncode}); see {state_dir}")
         time.sleep(2)
-    raise SystemExit(f"gpu_e2e_preload: no daemon holding {identity} after {timeout:.0f}s; see {state_dir}/logs")
+    raise SystemExit(
+        f"gpu_e2e_preload: no daemon holding {identity} after {timeout:.0f}s; see {state_dir}/logs"
+    )
 
 
 def start_supervisor(run_dir: str, state_dir: str, log_path: str) -> subprocess.Popen:
     log = open(log_path, "a")
-    return subprocess.Popen(["ckptpub", "preload", "--follow", run_dir, "--state-dir", state_dir, "--interval", "1",
-                             "--", *DAEMON_ARGS], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [
+            "ckptpub",
+            "preload",
+            "--follow",
+            run_dir,
+            "--state-dir",
+            state_dir,
+            "--interval",
+            "1",
+            "--",
+            *DAEMON_ARGS,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def alive(pid: int) -> bool:
@@ -103,9 +134,9 @@ def main() -> int:
     if not cuda_available("gpu_e2e_preload"):
         return 2
 
-    import ckptpub
-
     from ckptpub_vllm.testing import build_tiny_qwen3
+
+    import ckptpub
 
     shutil.rmtree(args.workdir, ignore_errors=True)
     run_dir, state_dir = os.path.join(args.workdir, "run"), os.path.join(args.workdir, "st")
@@ -120,7 +151,9 @@ def main() -> int:
 
     ref10, _ = run_engine(s10, "auto")
     ref20, _ = run_engine(s20, "auto")
-    checks.append(("steps 10 and 20 generate different tokens from disk", ref10 is not None and ref10 != ref20))
+    checks.append(
+        ("steps 10 and 20 generate different tokens from disk", ref10 is not None and ref10 != ref20)
+    )
 
     append_index(run_dir, 10, "checkpoint-10", id10)
     sup_log = os.path.join(args.workdir, "supervisor.log")
@@ -130,19 +163,29 @@ def main() -> int:
         st10 = wait_ready(state_dir, id10, sup)
         pid10 = st10["held"]["pid"]
         daemon_log = open(st10["held"]["log"]).read()
-        checks.append(("the daemon process reported step 10's manifest identity",
-                       f"is keyed by checkpoint {id10}" in daemon_log))
+        checks.append(
+            (
+                "the daemon process reported step 10's manifest identity",
+                f"is keyed by checkpoint {id10}" in daemon_log,
+            )
+        )
         t10, log10 = run_engine(s10, "manifest_cache", {"socket_dir": st10["socket_dir"], "fallback": False})
         checks.append(("step 10 is mapped from the daemon", "from the weight cache daemon" in log10))
         checks.append(("step 10's tokens", t10 == ref10))
 
         append_index(run_dir, 20, "checkpoint-20", id20)  # "publish" step 20
         st20 = wait_ready(state_dir, id20, sup)
-        why = [e["why"] for e in decisions(state_dir) if e.get("event") == "decision" and e.get("action") == "replace"]
+        why = [
+            e["why"]
+            for e in decisions(state_dir)
+            if e.get("event") == "decision" and e.get("action") == "replace"
+        ]
         checks.append(("re-preloaded for step 20 because its weights changed", why == ["weights-changed"]))
         checks.append(("the old daemon was stopped after the new one was confirmed", not alive(pid10)))
         t20, log20 = run_engine(s20, "manifest_cache", {"socket_dir": st20["socket_dir"], "fallback": False})
-        checks.append(("the restarted engine maps step 20 from the new daemon", "from the weight cache daemon" in log20))
+        checks.append(
+            ("the restarted engine maps step 20 from the new daemon", "from the weight cache daemon" in log20)
+        )
         checks.append(("step 20's tokens equal a disk load of step 20", t20 == ref20))
 
         pid20 = st20["held"]["pid"]
@@ -152,8 +195,12 @@ def main() -> int:
         time.sleep(5)
         s = status(state_dir)
         whys = [e["why"] for e in decisions(state_dir) if e.get("event") == "decision"][-2:]
-        checks.append(("a copy at a new path and a re-publish do not re-preload",
-                       s["held"]["pid"] == pid20 and all(w.startswith("same-identity") for w in whys)))
+        checks.append(
+            (
+                "a copy at a new path and a re-publish do not re-preload",
+                s["held"]["pid"] == pid20 and all(w.startswith("same-identity") for w in whys),
+            )
+        )
 
         sup.kill()
         sup.wait()
@@ -161,7 +208,9 @@ def main() -> int:
         time.sleep(5)
         s = wait_ready(state_dir, id20, second)
         adopted = [e for e in decisions(state_dir) if e.get("why") == "adopted"]
-        checks.append(("a restarted supervisor adopts the running daemon", s["held"]["pid"] == pid20 and adopted))
+        checks.append(
+            ("a restarted supervisor adopts the running daemon", s["held"]["pid"] == pid20 and adopted)
+        )
         second.send_signal(signal.SIGTERM)
         code = second.wait(timeout=120)
         checks.append(("SIGTERM stops the supervisor and its daemon", code == 0 and not alive(pid20)))

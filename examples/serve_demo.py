@@ -23,10 +23,20 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 def generate(folder: str, load_format: str, prompt: str, max_tokens: int) -> tuple[str, list[int]]:
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=folder, load_format=load_format, dtype="float32", max_model_len=256, enforce_eager=True,
-              max_num_seqs=2, kv_cache_memory_bytes=64 << 20, seed=0)
+    llm = LLM(
+        model=folder,
+        load_format=load_format,
+        dtype="float32",
+        max_model_len=256,
+        enforce_eager=True,
+        max_num_seqs=2,
+        kv_cache_memory_bytes=64 << 20,
+        seed=0,
+    )
     try:
-        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)[0]
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)[
+            0
+        ]
         return out.outputs[0].text, list(out.outputs[0].token_ids)
     finally:
         llm.llm_engine.engine_core.shutdown()
@@ -53,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         identity = ckptpub.read_manifest(folder).identity
     except ckptpub.CkptpubError as e:
-        print(f"serve_demo: error: {e} (publish it first: ckptpub publish {args.checkpoint})", file=sys.stderr)
+        print(
+            f"serve_demo: error: {e} (publish it first: ckptpub publish {args.checkpoint})", file=sys.stderr
+        )
         return 2
 
     answers = {}
@@ -61,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             answers[load_format] = generate(folder, load_format, args.prompt, args.max_tokens)
         except Exception as e:  # vLLM raises many types; one line is what the user needs
-            print(f"serve_demo: {load_format}: refused or failed: {' '.join(str(e).split())}", file=sys.stderr)
+            print(
+                f"serve_demo: {load_format}: refused or failed: {' '.join(str(e).split())}", file=sys.stderr
+            )
             return 1
 
     print(f"checkpoint: {folder}")

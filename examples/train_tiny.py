@@ -9,6 +9,7 @@ can serve (Qwen3, 2 layers, 2 heads of dimension 64 - its CPU kernels refuse 16)
 Writes OUT_DIR/checkpoint-N (each with ckptpub.json), OUT_DIR/ckptpub-index.jsonl,
 and the final model in OUT_DIR/final (published with ``ckptpub.publish``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,10 +17,7 @@ import os
 import random
 
 SEQ_LEN = 32
-_WORDS = (
-    "the a one cat dog bird fish model token weight layer step run save load hash byte "
-    "reads writes trains serves keeps sees finds makes small big fast slow red blue new old"
-).split()
+_WORDS = ["the", "a", "one", "cat", "dog", "bird", "fish", "model", "token", "weight", "layer", "step", "run", "save", "load", "hash", "byte", "reads", "writes", "trains", "serves", "keeps", "sees", "finds", "makes", "small", "big", "fast", "slow", "red", "blue", "new", "old"]
 
 
 def corpus(n: int = 800, seed: int = 0) -> list[str]:
@@ -58,9 +56,18 @@ def build_model(seed: int = 0, **overrides):
 
     torch.manual_seed(seed)
     cfg = dict(
-        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=256,
-        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=1,
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
     )
     cfg.update(overrides)
     return AutoModelForCausalLM.from_config(Qwen3Config(**cfg), dtype="float32")
@@ -86,22 +93,43 @@ def build_dataset(tokenizer, n: int = 256):
     return Blocks()
 
 
-def make_trainer(output_dir: str, *, model=None, tokenizer=None, callbacks=(), eval_dataset=None, train_size=256,
-                 **arg_overrides):
+def make_trainer(
+    output_dir: str,
+    *,
+    model=None,
+    tokenizer=None,
+    callbacks=(),
+    eval_dataset=None,
+    train_size=256,
+    **arg_overrides,
+):
     """A Trainer over the tiny model and data; ``arg_overrides`` go to TrainingArguments."""
     from transformers import Trainer, TrainingArguments
 
     tokenizer = tokenizer or build_tokenizer()
     model = model if model is not None else build_model()
     kwargs = dict(
-        output_dir=output_dir, max_steps=20, save_steps=5, save_strategy="steps", logging_steps=5,
-        per_device_train_batch_size=4, learning_rate=3e-3, report_to="none", use_cpu=True,
-        disable_tqdm=True, seed=0, dataloader_num_workers=0,
+        output_dir=output_dir,
+        max_steps=20,
+        save_steps=5,
+        save_strategy="steps",
+        logging_steps=5,
+        per_device_train_batch_size=4,
+        learning_rate=3e-3,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
     )
     kwargs.update(arg_overrides)
     return Trainer(
-        model=model, args=TrainingArguments(**kwargs), train_dataset=build_dataset(tokenizer, n=train_size),
-        eval_dataset=eval_dataset, processing_class=tokenizer, callbacks=list(callbacks),
+        model=model,
+        args=TrainingArguments(**kwargs),
+        train_dataset=build_dataset(tokenizer, n=train_size),
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        callbacks=list(callbacks),
     )
 
 
@@ -131,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     trainer.train()
     final = os.path.join(a.output_dir, "final")
     trainer.save_model(final)  # fires no callback event: publish it explicitly
-    manifest = ckptpub.publish(final, provenance={"step": int(trainer.state.global_step), "run_dir": os.path.abspath(a.output_dir)})
+    manifest = ckptpub.publish(
+        final, provenance={"step": int(trainer.state.global_step), "run_dir": os.path.abspath(a.output_dir)}
+    )
     print(f"final model {final}: {manifest.identity}")
     return 0
 

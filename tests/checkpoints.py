@@ -65,7 +65,9 @@ def write_checkpoint(
             part = names[index::shards]
             save_file({n: tensors[n] for n in part}, str(folder / shard), metadata=metadata)
             weight_map.update({n: shard for n in part})
-        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        (folder / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": weight_map})
+        )
     if extra_files:
         (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "WordLevel"}}')
         (folder / "optimizer.pt").write_bytes(bytes(range(256)) * 16)
@@ -78,7 +80,11 @@ def sparse_shard(path: Path, tensors: int, tensor_bytes: int) -> None:
     """A valid safetensors file of ``tensors`` U8 tensors whose data is a hole (reads as zeros):
     large to hash, free to write."""
     header = {
-        f"{path.stem}.t{i}": {"dtype": "U8", "shape": [tensor_bytes], "data_offsets": [i * tensor_bytes, (i + 1) * tensor_bytes]}
+        f"{path.stem}.t{i}": {
+            "dtype": "U8",
+            "shape": [tensor_bytes],
+            "data_offsets": [i * tensor_bytes, (i + 1) * tensor_bytes],
+        }
         for i in range(tensors)
     }
     encoded = json.dumps(header).encode()

@@ -4,6 +4,7 @@ Why a helper: accelerate has a pre-save hook but no post-save hook, and every ra
 calls ``save_state()`` while only the main process should hash and write the
 manifest, after everyone's files are on disk. No import of accelerate is needed.
 """
+
 from __future__ import annotations
 
 import os

@@ -112,7 +112,9 @@ def _parse_command(program: str, command: Command, argv: Sequence[str]) -> Argum
             continue
         if not has_value:
             value = next(tokens, None)
-            if value is None or (value.startswith("-") and value != "-"):  # "--threads --json": no value given
+            if value is None or (
+                value.startswith("-") and value != "-"
+            ):  # "--threads --json": no value given
                 raise UsageError(f"{flag} needs a value ({option.metavar})", command.name)
         try:
             values[option.dest] = option.convert(value)
@@ -120,10 +122,10 @@ def _parse_command(program: str, command: Command, argv: Sequence[str]) -> Argum
             raise UsageError(f"{flag}: {error}", command.name) from None
     names = [name for name, _ in command.positionals]
     if len(positionals) < len(names):
-        missing = " ".join(name.upper() for name in names[len(positionals):])
+        missing = " ".join(name.upper() for name in names[len(positionals) :])
         raise UsageError(f"the following arguments are required: {missing}", command.name)
     if len(positionals) > len(names):
-        raise UsageError(f"unrecognized arguments: {' '.join(positionals[len(names):])}", command.name)
+        raise UsageError(f"unrecognized arguments: {' '.join(positionals[len(names) :])}", command.name)
     values.update(zip(names, positionals))
     return Arguments(values)
 
@@ -131,7 +133,10 @@ def _parse_command(program: str, command: Command, argv: Sequence[str]) -> Argum
 def program_help(program: str, description: str, commands: Sequence[Command]) -> str:
     sections = {
         "commands": [(command.name, command.help) for command in commands],
-        "options": [("-h, --help", "show this help (after a command: that command's help)"), ("--version", "print the version")],
+        "options": [
+            ("-h, --help", "show this help (after a command: that command's help)"),
+            ("--version", "print the version"),
+        ],
     }
     return f"usage: {program} COMMAND [OPTIONS] ARGUMENTS\n\n{description}\n\n{_sections(sections)}"
 

@@ -16,6 +16,7 @@ shared/reference/trainer-save-path.md for the facts it relies on):
   again after publishing while holding that lock, so it never leaves a manifest in
   a half-deleted folder (it removes its own manifest and warns instead).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -99,14 +100,19 @@ def unpublished_base(model: Any) -> str | None:
 
 def _loaded_from(model: Any) -> list[str]:
     """Where ``model`` says it was loaded from: its name or path, its config's, each PEFT adapter's base."""
-    candidates = [getattr(model, "name_or_path", None), getattr(getattr(model, "config", None), "_name_or_path", None)]
+    candidates = [
+        getattr(model, "name_or_path", None),
+        getattr(getattr(model, "config", None), "_name_or_path", None),
+    ]
     peft_config = getattr(model, "peft_config", None)
     if isinstance(peft_config, dict):
         candidates += [getattr(c, "base_model_name_or_path", None) for c in peft_config.values()]
     return [c for c in candidates if isinstance(c, str) and c]
 
 
-def checkpoint_folder(output_dir: str, step: int, *, trial_name: str | None = None, hp_search: bool = False) -> str:
+def checkpoint_folder(
+    output_dir: str, step: int, *, trial_name: str | None = None, hp_search: bool = False
+) -> str:
     """The folder the Trainer just wrote for ``step``.
 
     Plain runs: ``output_dir/checkpoint-{step}``. Under hyper-parameter search the
@@ -122,8 +128,11 @@ def checkpoint_folder(output_dir: str, step: int, *, trial_name: str | None = No
         return direct
     try:
         # Not through symlinks: the callback writes inside output_dir only.
-        subdirs = [e.path for e in os.scandir(output_dir)
-                   if e.is_dir(follow_symlinks=False) and not e.name.startswith(_CHECKPOINT_PREFIX)]
+        subdirs = [
+            e.path
+            for e in os.scandir(output_dir)
+            if e.is_dir(follow_symlinks=False) and not e.name.startswith(_CHECKPOINT_PREFIX)
+        ]
     except FileNotFoundError:
         subdirs = []
     candidates = [os.path.join(d, name) for d in subdirs if os.path.isdir(os.path.join(d, name))]
@@ -231,13 +240,20 @@ class _Publisher:
             missing = sorted(set(before) - set(after or ()))
             if after is None or missing:
                 _withdraw(job.folder)
-                return self._fail(job, f"folder was deleted while publishing (missing {missing[:3]}); manifest removed")
+                return self._fail(
+                    job, f"folder was deleted while publishing (missing {missing[:3]}); manifest removed"
+                )
             now = time.time()
             if job.index_dir is not None:
                 rel = os.path.relpath(job.folder, job.index_dir)
                 try:
-                    run_index.append(job.index_dir, step=job.step, path=rel, identity=manifest.identity, time=now)
-                except (OSError, ckptpub.CkptpubError) as exc:  # e.g. a symlink named like the index: not followed
+                    run_index.append(
+                        job.index_dir, step=job.step, path=rel, identity=manifest.identity, time=now
+                    )
+                except (
+                    OSError,
+                    ckptpub.CkptpubError,
+                ) as exc:  # e.g. a symlink named like the index: not followed
                     log.warning("ckptpub: could not append to the run index in %s: %s", job.index_dir, exc)
         log.info("ckptpub: published step %d %s identity %s", job.step, job.folder, manifest.identity)
         with self._done_lock:
@@ -313,8 +329,12 @@ def _make_callback_class() -> type:
             folder = unpublished_base(model) if model is not None and self._base_identity is None else None
             if folder is not None and not self._warned_base and args.should_save:
                 self._warned_base = True
-                log.warning("ckptpub: the base model %s has no ckptpub.json, so this run's checkpoints will record "
-                            "no base_identity; publish it before training: ckptpub publish %s", folder, folder)
+                log.warning(
+                    "ckptpub: the base model %s has no ckptpub.json, so this run's checkpoints will record "
+                    "no base_identity; publish it before training: ckptpub publish %s",
+                    folder,
+                    folder,
+                )
 
         def on_step_begin(self, args, state, control, **kwargs):
             self._release()  # a save window never spans into the next step
@@ -373,9 +393,14 @@ def _make_callback_class() -> type:
 
         # -- helpers -------------------------------------------------------------
         def _job(self, args, state) -> _Job:
-            hp_search = getattr(state, "trial_params", None) is not None or bool(getattr(state, "trial_name", None))
+            hp_search = getattr(state, "trial_params", None) is not None or bool(
+                getattr(state, "trial_name", None)
+            )
             folder = checkpoint_folder(
-                args.output_dir, state.global_step, trial_name=getattr(state, "trial_name", None), hp_search=hp_search
+                args.output_dir,
+                state.global_step,
+                trial_name=getattr(state, "trial_name", None),
+                hp_search=hp_search,
             )
             if self._producer is None:
                 self._producer = producer_versions()
@@ -403,7 +428,9 @@ def _make_callback_class() -> type:
 
 def _is_training_log(logs: Any) -> bool:
     return (
-        isinstance(logs, dict) and "loss" in logs and "train_runtime" not in logs
+        isinstance(logs, dict)
+        and "loss" in logs
+        and "train_runtime" not in logs
         and not any(str(k).startswith(("eval_", "test_", "predict_")) for k in logs)
     )
 

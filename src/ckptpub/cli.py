@@ -136,9 +136,16 @@ def _cmd_publish(args: Arguments) -> int:
 
     bar = ProgressBar("hashing")
     try:
-        manifest = publish(args.folder, threads=args.threads, use_mmap=not args.no_mmap, on_progress=bar,
-                           allow_no_weights=args.allow_no_weights, allow_nested=args.allow_nested,
-                           base=args.base, adapter=args.adapter)
+        manifest = publish(
+            args.folder,
+            threads=args.threads,
+            use_mmap=not args.no_mmap,
+            on_progress=bar,
+            allow_no_weights=args.allow_no_weights,
+            allow_nested=args.allow_nested,
+            base=args.base,
+            adapter=args.adapter,
+        )
     finally:
         bar.close()
     try:
@@ -150,8 +157,10 @@ def _cmd_publish(args: Arguments) -> int:
     except (OSError, ValueError) as error:
         if isinstance(error, BrokenPipeError):
             raise
-        raise CkptpubError(f"published {os.path.join(args.folder, MANIFEST_NAME)} (identity {manifest.identity}), "
-                           f"but could not write to stdout: {getattr(error, 'strerror', None) or error}") from None
+        raise CkptpubError(
+            f"published {os.path.join(args.folder, MANIFEST_NAME)} (identity {manifest.identity}), "
+            f"but could not write to stdout: {getattr(error, 'strerror', None) or error}"
+        ) from None
     _note(
         f"published {os.path.join(args.folder, MANIFEST_NAME)}: {len(manifest.tensors)} tensors, "
         f"{len(manifest.files)} files, {_gb(sum(f.size for f in manifest.files))}"
@@ -164,8 +173,13 @@ def _cmd_verify(args: Arguments) -> int:
 
     bar = ProgressBar("verifying")
     try:
-        report = verify(args.folder, expect_identity=args.expect_identity, threads=args.threads,
-                        use_mmap=not args.no_mmap, on_progress=bar)
+        report = verify(
+            args.folder,
+            expect_identity=args.expect_identity,
+            threads=args.threads,
+            use_mmap=not args.no_mmap,
+            on_progress=bar,
+        )
     finally:
         bar.close()
     if args.json:
@@ -174,10 +188,14 @@ def _cmd_verify(args: Arguments) -> int:
         _print_verify_lines(report, quiet=args.quiet)
     tensors = len(report.manifest.tensors)
     if report.ok:
-        _note(f"{args.folder}: OK, {len(report.checked)} files, {tensors} tensors, identity {report.manifest.identity}")
+        _note(
+            f"{args.folder}: OK, {len(report.checked)} files, {tensors} tensors, identity {report.manifest.identity}"
+        )
         return EXIT_OK
     changed = sum(p.kind == "tensor" for p in report.problems)
-    _note(f"{args.folder}: FAILED, {_plural(len(report.problems), 'problem')} ({_plural(changed, 'tensor')} changed) in {_plural(len(report.checked), 'file')}")
+    _note(
+        f"{args.folder}: FAILED, {_plural(len(report.problems), 'problem')} ({_plural(changed, 'tensor')} changed) in {_plural(len(report.checked), 'file')}"
+    )
     return EXIT_MISMATCH
 
 
@@ -234,16 +252,24 @@ def _print_diff_lines(difference: ManifestDiff, a: Manifest, b: Manifest) -> Non
     if relation in ("adapter_on_a", "adapter_on_b"):
         adapter, base, side = (b, a, "b") if relation == "adapter_on_a" else (a, b, "a")
         skip = "removed" if side == "b" else "added"
-        print(f"lineage  {side} is an adapter on {'a' if side == 'b' else 'b'} ({_short(base.identity)}): "
-              f"its {len(adapter.weight_tensors() or adapter.tensors)} tensors apply on top of that base")
+        print(
+            f"lineage  {side} is an adapter on {'a' if side == 'b' else 'b'} ({_short(base.identity)}): "
+            f"its {len(adapter.weight_tensors() or adapter.tensors)} tensors apply on top of that base"
+        )
     elif relation in ("from_a", "from_b"):
         child, parent = ("b", "a") if relation == "from_a" else ("a", "b")
         print(f"lineage  {child} records {parent} as its base")
     elif relation == "same_base":
         print(f"lineage  a and b record the same base {_short(a.provenance['base_identity'])}")
     whats = {c.what for c in difference.tensor_changes}
-    everything = not difference.added and not difference.removed and len(difference.changed) == len(a.weight_tensors() or a.tensors)
-    if everything and len(whats) == 1 and len(difference.changed) > 1:  # a cast or a full fine-tune: one line says it
+    everything = (
+        not difference.added
+        and not difference.removed
+        and len(difference.changed) == len(a.weight_tensors() or a.tensors)
+    )
+    if (
+        everything and len(whats) == 1 and len(difference.changed) > 1
+    ):  # a cast or a full fine-tune: one line says it
         print(f"changed  all {len(difference.changed)} tensors: {whats.pop()}")
         skip = "changed"
     for group in difference.groups:
@@ -257,7 +283,9 @@ def _print_diff_lines(difference: ManifestDiff, a: Manifest, b: Manifest) -> Non
         new = _json_value(change.new) if change.in_b else "(absent)"
         print(f"config   {change.file}: {_safe(change.key)} {_safe(old)} -> {_safe(new)}")
     for note in difference.config_notes:
-        if not (relation in ("adapter_on_a", "adapter_on_b") and " only in " in note):  # an adapter has its own config
+        if not (
+            relation in ("adapter_on_a", "adapter_on_b") and " only in " in note
+        ):  # an adapter has its own config
             print(f"config   {_safe(note)}")
 
 
@@ -276,16 +304,22 @@ def _cmd_ls(args: Arguments) -> int:
             step = "-" if e.step is None else str(e.step)
             identity = "UNUSABLE" if e.status == "unusable" else _short(e.identity) if e.identity else "-"
             size = "-" if e.size is None else _gb(e.size)
-            note = {"gone": "gone", "unusable": "error"}.get(e.status, "=prev" if e.same_as_previous else
-                                                              "adapter" if e.adapter else "")
-            print(f"{step:>8}  {identity:<19}  {size:>9}  {_short(e.base_identity) or '-':<19}  {note:<7}  {_safe(e.path)}")
+            note = {"gone": "gone", "unusable": "error"}.get(
+                e.status, "=prev" if e.same_as_previous else "adapter" if e.adapter else ""
+            )
+            print(
+                f"{step:>8}  {identity:<19}  {size:>9}  {_short(e.base_identity) or '-':<19}  {note:<7}  {_safe(e.path)}"
+            )
         for e in entries:
             if e.status == "unusable":
                 print(f"# {_safe(e.detail or '')}")
     published = sum(e.status == "ok" for e in entries)
     gone = sum(e.status == "gone" for e in entries)
-    _note(f"{_plural(published, 'published checkpoint')} under {args.run_dir}"
-          + (f", {gone} rotated away" if gone else "") + (f", {unusable} unusable" if unusable else ""))
+    _note(
+        f"{_plural(published, 'published checkpoint')} under {args.run_dir}"
+        + (f", {gone} rotated away" if gone else "")
+        + (f", {unusable} unusable" if unusable else "")
+    )
     return EXIT_UNUSABLE if unusable else EXIT_OK
 
 
@@ -314,8 +348,10 @@ def _print_children(nodes: list[dict], indent: str) -> None:
         e = node["entry"]
         step = f"step {e['step']}" if e["step"] is not None else "-"
         marks = [m for m, on in (("adapter", e["adapter"]), ("=prev", e["same_as_previous"])) if on]
-        print(f"{indent}{'`-' if last else '|-'} {step:<10} {_short(e['identity'])}  {_safe(e['path'])}"
-              + (f"  ({', '.join(marks)})" if marks else ""))
+        print(
+            f"{indent}{'`-' if last else '|-'} {step:<10} {_short(e['identity'])}  {_safe(e['path'])}"
+            + (f"  ({', '.join(marks)})" if marks else "")
+        )
         _print_children(node["children"], indent + ("   " if last else "|  "))
 
 
@@ -402,7 +438,9 @@ def _print_verify_lines(report: VerifyReport, *, quiet: bool) -> None:
                 print(f"{_safe(path)}: OK")
             continue
         for p in problems:
-            what = f"tensor {_safe(repr(p.tensor))} {p.detail}" if p.tensor else f"{p.kind}: {_safe(p.detail)}"
+            what = (
+                f"tensor {_safe(repr(p.tensor))} {p.detail}" if p.tensor else f"{p.kind}: {_safe(p.detail)}"
+            )
             print(f"{_safe(path)}: FAILED ({what})")
 
 
@@ -429,10 +467,22 @@ COMMANDS = (
         (_FOLDER,),
         (
             *_HASHING,
-            Option("--allow-no-weights", "publish a folder without *.safetensors weights (FSDP, DeepSpeed, .bin)"),
-            Option("--allow-nested", "publish a folder that holds other checkpoints (checkpoint-N, manifests)"),
-            Option("--base", "record the model this one was made from (a published folder or an identity)", "DIR|ID"),
-            Option("--adapter", "record the adapter merged into this model (a published folder or an identity)", "DIR|ID"),
+            Option(
+                "--allow-no-weights", "publish a folder without *.safetensors weights (FSDP, DeepSpeed, .bin)"
+            ),
+            Option(
+                "--allow-nested", "publish a folder that holds other checkpoints (checkpoint-N, manifests)"
+            ),
+            Option(
+                "--base",
+                "record the model this one was made from (a published folder or an identity)",
+                "DIR|ID",
+            ),
+            Option(
+                "--adapter",
+                "record the adapter merged into this model (a published folder or an identity)",
+                "DIR|ID",
+            ),
             _JSON,
         ),
     ),
@@ -448,7 +498,9 @@ COMMANDS = (
             _JSON,
         ),
     ),
-    Command("show", "print a checkpoint's identity and summary from its manifest", _cmd_show, (_FOLDER,), (_JSON,)),
+    Command(
+        "show", "print a checkpoint's identity and summary from its manifest", _cmd_show, (_FOLDER,), (_JSON,)
+    ),
     Command(
         "diff",
         "compare the model tensors of two manifests (no data is read)",
@@ -456,10 +508,20 @@ COMMANDS = (
         (("a", "checkpoint folder or manifest file"), ("b", "checkpoint folder or manifest file")),
         (_JSON,),
     ),
-    Command("ls", "list the published checkpoints of a training run (its run index, then a folder scan)", _cmd_ls,
-            (_RUN,), (Option("--tree", "show the run's lineage, as 'ckptpub log' does"), _JSON)),
-    Command("log", "show a training run's lineage: each recorded base, then the steps trained from it", _cmd_log,
-            (_RUN,), (_JSON,)),
+    Command(
+        "ls",
+        "list the published checkpoints of a training run (its run index, then a folder scan)",
+        _cmd_ls,
+        (_RUN,),
+        (Option("--tree", "show the run's lineage, as 'ckptpub log' does"), _JSON),
+    ),
+    Command(
+        "log",
+        "show a training run's lineage: each recorded base, then the steps trained from it",
+        _cmd_log,
+        (_RUN,),
+        (_JSON,),
+    ),
 )
 
 
@@ -516,4 +578,10 @@ def _plural(count: int, noun: str) -> str:
 
 
 def _gb(size: int) -> str:
-    return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.1f} kB"
+    return (
+        f"{size / 1e9:.2f} GB"
+        if size >= 1e8
+        else f"{size / 1e6:.1f} MB"
+        if size >= 1e5
+        else f"{size / 1e3:.1f} kB"
+    )

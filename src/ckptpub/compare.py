@@ -11,7 +11,15 @@ from __future__ import annotations
 import os
 
 from .errors import CkptpubError
-from .explain import ConfigChange, TensorChange, TensorGroup, config_changes, group_tensors, relation, tensor_change
+from .explain import (
+    ConfigChange,
+    TensorChange,
+    TensorGroup,
+    config_changes,
+    group_tensors,
+    relation,
+    tensor_change,
+)
 from .hashing import Span, hash_spans
 from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, is_digest
 from .model_files import claim_problems, is_shard_path
@@ -127,13 +135,22 @@ def verify(
     if not problems:
         problems.extend(_claims(manifest, entries, layouts))
     if expect_identity is not None and manifest.identity != expect_identity:
-        problems.append(Problem(MANIFEST_NAME, "identity", f"identity {manifest.identity} is not the expected {expect_identity}"))
+        problems.append(
+            Problem(
+                MANIFEST_NAME,
+                "identity",
+                f"identity {manifest.identity} is not the expected {expect_identity}",
+            )
+        )
     problems.sort(key=lambda p: (p.path, p.tensor or ""))
     return VerifyReport(manifest, tuple(f.path for f in manifest.files), tuple(problems))
 
 
 def diff_manifests(
-    a: Manifest, b: Manifest, *, folder_a: str | os.PathLike[str] | None = None,
+    a: Manifest,
+    b: Manifest,
+    *,
+    folder_a: str | os.PathLike[str] | None = None,
     folder_b: str | os.PathLike[str] | None = None,
 ) -> ManifestDiff:
     """Compare the model tensors and configs of two manifests; no tensor data is read.
@@ -144,15 +161,20 @@ def diff_manifests(
     """
     for name, value in (("a", a), ("b", b)):
         if not isinstance(value, Manifest):
-            raise CkptpubError(f"diff_manifests: {name} must be a Manifest (see read_manifest), got {type(value).__name__}")
+            raise CkptpubError(
+                f"diff_manifests: {name} must be a Manifest (see read_manifest), got {type(value).__name__}"
+            )
     tensors_a, tensors_b = _model_tensors(a), _model_tensors(b)
-    changed = sorted(n for n in tensors_a.keys() & tensors_b.keys() if _meaning(tensors_a[n]) != _meaning(tensors_b[n]))
+    changed = sorted(
+        n for n in tensors_a.keys() & tensors_b.keys() if _meaning(tensors_a[n]) != _meaning(tensors_b[n])
+    )
     added = sorted(tensors_b.keys() - tensors_a.keys())
     removed = sorted(tensors_a.keys() - tensors_b.keys())
     configs = sorted(k for k in a.config.keys() | b.config.keys() if a.config.get(k) != b.config.get(k))
     changes = tuple(tensor_change(n, tensors_a[n], tensors_b[n]) for n in changed)
     config_keys, config_notes = config_changes(
-        a, b, *(None if f is None else as_path(f, "folder") for f in (folder_a, folder_b)))
+        a, b, *(None if f is None else as_path(f, "folder") for f in (folder_a, folder_b))
+    )
     groups = (
         group_tensors("changed", [(c.name, c.what) for c in changes])
         + group_tensors("added", [(n, _describe(tensors_b[n])) for n in added])
@@ -186,7 +208,10 @@ def _shard_checks(
     does not is caught even when every hashed range matches.
     """
     identity = entry.signature[:2]
-    yield Span(entry.real_path, 0, record.header_size, record.path, identity), Problem(record.path, "header", "safetensors header differs")
+    yield (
+        Span(entry.real_path, 0, record.header_size, record.path, identity),
+        Problem(record.path, "header", "safetensors header differs"),
+    )
     try:
         layouts[record.path] = read_layout(entry.real_path, record.path, identity)
     except CkptpubError as error:
@@ -196,7 +221,13 @@ def _shard_checks(
         if tensor.file == record.path:
             begin, end = tensor.data_offsets
             yield (
-                Span(entry.real_path, base + begin, base + end, f"{record.path}: tensor {tensor.name!r}", identity),
+                Span(
+                    entry.real_path,
+                    base + begin,
+                    base + end,
+                    f"{record.path}: tensor {tensor.name!r}",
+                    identity,
+                ),
                 Problem(record.path, "tensor", "bytes differ", tensor.name),
             )
 
@@ -207,7 +238,9 @@ def _expected_digests(manifest: Manifest, checks: list[tuple[Span, Problem]]) ->
     return [tensors[(p.path, p.tensor)] if p.tensor is not None else files[p.path] for _, p in checks]
 
 
-def _claims(manifest: Manifest, entries: dict[str, FolderEntry], layouts: dict[str, ShardLayout]) -> list[Problem]:
+def _claims(
+    manifest: Manifest, entries: dict[str, FolderEntry], layouts: dict[str, ShardLayout]
+) -> list[Problem]:
     """With every byte matching, the manifest's shards, weights and config must be the folder's own.
 
     Shards the manifest lists as plain files are parsed here too: the rule needs
@@ -219,8 +252,12 @@ def _claims(manifest: Manifest, entries: dict[str, FolderEntry], layouts: dict[s
             try:
                 layouts[path] = read_layout(entry.real_path, path, entry.signature[:2])
             except CkptpubError as error:
-                problems.append(Problem(path, "manifest", f"not a valid safetensors file, which publish refuses: {error}"))
-    problems.extend(Problem(path, "manifest", detail) for path, detail in claim_problems(manifest, entries, layouts))
+                problems.append(
+                    Problem(path, "manifest", f"not a valid safetensors file, which publish refuses: {error}")
+                )
+    problems.extend(
+        Problem(path, "manifest", detail) for path, detail in claim_problems(manifest, entries, layouts)
+    )
     return problems
 
 

@@ -100,8 +100,13 @@ def group_tensors(kind: str, items: list[tuple[str, str]]) -> tuple[TensorGroup,
         key_parts = tuple("*" if i == star else p for i, p in enumerate(parts))
         by_key.setdefault((what, key_parts, star), {})[int(parts[star]) if star >= 0 else None] = name
     groups = [
-        _Draft(what, tuple(frozenset((p,)) for p in parts), star, tuple(sorted(i for i in members if i is not None)),
-               tuple(members.values()))
+        _Draft(
+            what,
+            tuple(frozenset((p,)) for p in parts),
+            star,
+            tuple(sorted(i for i in members if i is not None)),
+            tuple(members.values()),
+        )
         for (what, parts, star), members in by_key.items()
     ]
     while True:
@@ -110,9 +115,16 @@ def group_tensors(kind: str, items: list[tuple[str, str]]) -> tuple[TensorGroup,
             break
         groups = merged
     result = [
-        TensorGroup(kind, g.what, g.names[0], "", (), g.names) if len(g.names) == 1 else
-        TensorGroup(kind, g.what, ".".join(_render(words) for words in g.words),
-                    next(iter(g.words[g.star - 1])) if g.star > 0 else "", g.indices, tuple(sorted(g.names)))
+        TensorGroup(kind, g.what, g.names[0], "", (), g.names)
+        if len(g.names) == 1
+        else TensorGroup(
+            kind,
+            g.what,
+            ".".join(_render(words) for words in g.words),
+            next(iter(g.words[g.star - 1])) if g.star > 0 else "",
+            g.indices,
+            tuple(sorted(g.names)),
+        )
         for g in groups
     ]
     return tuple(sorted(result, key=lambda g: (min(g.names), g.what)))
@@ -144,8 +156,9 @@ def _merge_once(groups: list[_Draft]) -> list[_Draft] | None:
                 if kin is None:
                     kept.append(g)
                 else:
-                    buckets.setdefault((g.what, g.star, g.indices, g.words[:column], g.words[column + 1:], kin),
-                                       []).append(g)
+                    buckets.setdefault(
+                        (g.what, g.star, g.indices, g.words[:column], g.words[column + 1 :], kin), []
+                    ).append(g)
             for members in buckets.values():
                 if len(members) == 1:
                     kept.append(members[0])
@@ -153,8 +166,12 @@ def _merge_once(groups: list[_Draft]) -> list[_Draft] | None:
                 changed = True
                 first = members[0]
                 words = frozenset().union(*(m.words[column] for m in members))
-                kept.append(first._replace(words=first.words[:column] + (words,) + first.words[column + 1:],
-                                           names=tuple(n for m in members for n in m.names)))
+                kept.append(
+                    first._replace(
+                        words=first.words[:column] + (words,) + first.words[column + 1 :],
+                        names=tuple(n for m in members for n in m.names),
+                    )
+                )
             groups = kept
     return groups if changed else None
 
@@ -178,8 +195,8 @@ def _render(words: frozenset[str]) -> str:
     if len(ordered) == 1:
         return ordered[0]
     prefix = os.path.commonprefix(ordered)
-    suffix = os.path.commonprefix([w[len(prefix):][::-1] for w in ordered])[::-1]
-    middles = [w[len(prefix):len(w) - len(suffix)] for w in ordered]
+    suffix = os.path.commonprefix([w[len(prefix) :][::-1] for w in ordered])[::-1]
+    middles = [w[len(prefix) : len(w) - len(suffix)] for w in ordered]
     if not all(middles):  # "q" and "q_a": keep the words whole
         prefix, suffix, middles = "", "", ordered
     if all(m.isascii() and m.isdigit() and str(int(m)) == m for m in middles):  # a second numbered part

@@ -107,7 +107,7 @@ def hash_spans(
     with _Files(use_mmap) as files:
         for index in huge:
             digests[index] = _hash_span(spans[index], files, report, all_cores=True)
-        rest = order[len(huge):]
+        rest = order[len(huge) :]
         _run_parallel(rest, lambda i: digests.__setitem__(i, _hash_span(spans[i], files, report)), workers)
     return digests
 
@@ -168,7 +168,7 @@ def _progress_reporter(total: int, on_progress: ProgressCallback | None) -> Call
     return advance
 
 
-def _hash_span(span: Span, files: "_Files", report: Callable[[int], None], all_cores: bool = False) -> str:
+def _hash_span(span: Span, files: _Files, report: Callable[[int], None], all_cores: bool = False) -> str:
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO) if all_cores else blake3.blake3()
     for piece in files.pieces(span):
         hasher.update(piece)
@@ -185,7 +185,7 @@ class _Files:
         self._open: dict[str, tuple[int, int, mmap.mmap | None]] = {}
         self._buffers: dict[int, bytearray] = {}  # one read buffer per thread (by thread id)
 
-    def __enter__(self) -> "_Files":
+    def __enter__(self) -> _Files:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -237,7 +237,9 @@ class _Files:
                     mapping.madvise(mmap.MADV_SEQUENTIAL)
         except (OSError, ValueError) as error:
             os.close(fd)
-            raise CkptpubError(f"{span.name}: cannot map: {getattr(error, 'strerror', None) or error}") from None
+            raise CkptpubError(
+                f"{span.name}: cannot map: {getattr(error, 'strerror', None) or error}"
+            ) from None
         return fd, size, mapping
 
     def _buffer(self) -> bytearray:

@@ -152,7 +152,9 @@ _VOLATILE_CONFIG_KEYS = frozenset({"_name_or_path", "transformers_version", "_co
 def parse_manifest(data: bytes, display_name: str = MANIFEST_NAME) -> Manifest:
     """Parse and fully validate manifest bytes; raise ``CkptpubError`` naming the first problem."""
     if len(data) > MAX_MANIFEST_BYTES:
-        raise CkptpubError(f"{display_name}: {len(data)} bytes is over the {MAX_MANIFEST_BYTES}-byte manifest limit")
+        raise CkptpubError(
+            f"{display_name}: {len(data)} bytes is over the {MAX_MANIFEST_BYTES}-byte manifest limit"
+        )
     document = loads_strict(data, display_name, "manifest")
     return _Validator(display_name).manifest(document)
 
@@ -177,7 +179,9 @@ class _Validator:
             extra, missing = set(document) - expected, expected - set(document)
             raise self.fail(f"manifest fields {sorted(extra)} unexpected, {sorted(missing)} missing")
         files = tuple(self.file(entry, i) for i, entry in enumerate(self.array(document["files"], "files")))
-        tensors = tuple(self.tensor(entry, i) for i, entry in enumerate(self.array(document["tensors"], "tensors")))
+        tensors = tuple(
+            self.tensor(entry, i) for i, entry in enumerate(self.array(document["tensors"], "tensors"))
+        )
         weights = tuple(self.path(p, "weights") for p in self.array(document["weights"], "weights"))
         config = self.config(document["config"])
         provenance = document["provenance"]
@@ -188,7 +192,9 @@ class _Validator:
         if not is_digest(identity):
             raise self.fail(f"identity {identity!r} is not a blake3 digest")
         if identity != compute_identity(tensors, files, weights, config):
-            raise self.fail("recorded identity does not match the manifest's own entries (edited or corrupt manifest)")
+            raise self.fail(
+                "recorded identity does not match the manifest's own entries (edited or corrupt manifest)"
+            )
         return Manifest(identity, tensors, files, weights, config, provenance)
 
     def array(self, value: Any, what: str) -> list:
@@ -239,7 +245,10 @@ class _Validator:
         dtype = entry["dtype"]
         if dtype not in DTYPE_BITS:
             raise self.fail(f"tensor {name!r}: unknown dtype {dtype!r}")
-        shape = tuple(self.count(d, f"tensor {name!r}: shape") for d in self.array(entry["shape"], f"tensor {name!r}: shape"))
+        shape = tuple(
+            self.count(d, f"tensor {name!r}: shape")
+            for d in self.array(entry["shape"], f"tensor {name!r}: shape")
+        )
         offsets = self.array(entry["data_offsets"], f"tensor {name!r}: data_offsets")
         if len(offsets) != 2:
             raise self.fail(f"tensor {name!r}: data_offsets must have two entries")
@@ -248,7 +257,9 @@ class _Validator:
         for dim in shape:
             numel *= dim
         if end < begin or numel * DTYPE_BITS[dtype] != (end - begin) * 8:
-            raise self.fail(f"tensor {name!r}: data_offsets {offsets} do not fit shape {list(shape)} of {dtype}")
+            raise self.fail(
+                f"tensor {name!r}: data_offsets {offsets} do not fit shape {list(shape)} of {dtype}"
+            )
         return TensorRecord(
             name=name,
             dtype=dtype,
@@ -276,7 +287,9 @@ class _Validator:
         for tensor in tensors:
             record = by_path.get(tensor.file)
             if record is None or record.header_size is None:
-                raise self.fail(f"tensor {tensor.name!r}: file {tensor.file!r} is not a listed safetensors file")
+                raise self.fail(
+                    f"tensor {tensor.name!r}: file {tensor.file!r} is not a listed safetensors file"
+                )
             per_file.setdefault(tensor.file, []).append(tensor)
         for record in files:
             if record.header_size is None:
@@ -285,7 +298,9 @@ class _Validator:
             names: set[str] = set()
             for tensor in sorted(per_file.get(record.path, []), key=lambda t: t.data_offsets):
                 if tensor.data_offsets[0] != position or tensor.name in names:
-                    raise self.fail(f"{record.path}: tensor entries do not tile the file (at {tensor.name!r})")
+                    raise self.fail(
+                        f"{record.path}: tensor entries do not tile the file (at {tensor.name!r})"
+                    )
                 names.add(tensor.name)
                 position = tensor.data_offsets[1]
             if record.header_size < 8 or record.header_size + position != record.size:

@@ -51,9 +51,13 @@ def claim_problems(
     problems = []
     for record in manifest.files:
         if record.header_size is not None and not is_shard_path(record.path):
-            problems.append((record.path, "listed as a safetensors shard, but only *.safetensors files are shards"))
+            problems.append(
+                (record.path, "listed as a safetensors shard, but only *.safetensors files are shards")
+            )
         elif record.header_size is None and is_shard_path(record.path) and record.path in entries:
-            problems.append((record.path, "a safetensors file listed as a plain file (its tensors are not listed)"))
+            problems.append(
+                (record.path, "a safetensors file listed as a plain file (its tensors are not listed)")
+            )
     recorded: dict[str, set] = {}
     for t in manifest.tensors:
         recorded.setdefault(t.file, set()).add((t.name, t.dtype, t.shape, t.data_offsets))
@@ -64,8 +68,11 @@ def claim_problems(
     try:
         actual_weights = weight_files(entries, layouts)
         for path in sorted(set(actual_weights) ^ set(manifest.weights)):
-            listed = "listed as a weight file, but the folder's weights do not include it" if path in manifest.weights else (
-                "holds weights an engine loads, but the manifest does not list it in weights")
+            listed = (
+                "listed as a weight file, but the folder's weights do not include it"
+                if path in manifest.weights
+                else ("holds weights an engine loads, but the manifest does not list it in weights")
+            )
             problems.append((path, listed))
         if config_digests(entries) != dict(manifest.config):
             problems.append((MANIFEST_NAME, "records another config than the folder has"))
@@ -114,7 +121,9 @@ def read_config(path: str, name: str, expect: tuple[int, int] | None = None) -> 
 
 
 def _files_named_by_index(index: FolderEntry, layouts: Mapping[str, ShardLayout]) -> list[str]:
-    document = loads_strict(read_bounded(index.real_path, MAX_INDEX_BYTES, INDEX_NAME, index.signature[:2]), INDEX_NAME, "index")
+    document = loads_strict(
+        read_bounded(index.real_path, MAX_INDEX_BYTES, INDEX_NAME, index.signature[:2]), INDEX_NAME, "index"
+    )
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CkptpubError(f"{INDEX_NAME}: weight_map must map tensor names to file names")

@@ -65,16 +65,31 @@ class _Options:
         self.__dict__.update(values)
 
     @classmethod
-    def checked(cls, provenance: Any, threads: Any, use_mmap: Any, on_progress: Any, allow_no_weights: Any,
-                allow_nested: Any) -> "_Options":
+    def checked(
+        cls,
+        provenance: Any,
+        threads: Any,
+        use_mmap: Any,
+        on_progress: Any,
+        allow_no_weights: Any,
+        allow_nested: Any,
+    ) -> _Options:
         if provenance is not None and not hasattr(provenance, "items"):
-            raise CkptpubError(f"provenance: expected a mapping of JSON data, got {type(provenance).__name__}")
+            raise CkptpubError(
+                f"provenance: expected a mapping of JSON data, got {type(provenance).__name__}"
+            )
         if threads is not None and (type(threads) is not int or threads < 1):
             raise CkptpubError(f"threads: expected a positive int or None, got {threads!r}")
         if on_progress is not None and not callable(on_progress):
             raise CkptpubError(f"on_progress: expected a callable, got {type(on_progress).__name__}")
-        return cls(provenance=provenance, threads=threads, use_mmap=bool(use_mmap), on_progress=on_progress,
-                   allow_no_weights=bool(allow_no_weights), allow_nested=bool(allow_nested))
+        return cls(
+            provenance=provenance,
+            threads=threads,
+            use_mmap=bool(use_mmap),
+            on_progress=on_progress,
+            allow_no_weights=bool(allow_no_weights),
+            allow_nested=bool(allow_nested),
+        )
 
 
 def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
@@ -82,7 +97,9 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
     if not options.allow_nested:
         _refuse_nested_checkpoints(root, entries)
     by_path = {e.path: e for e in entries}
-    layouts = {e.path: read_layout(e.real_path, e.path, e.signature[:2]) for e in entries if is_shard_path(e.path)}
+    layouts = {
+        e.path: read_layout(e.real_path, e.path, e.signature[:2]) for e in entries if is_shard_path(e.path)
+    }
     for path, layout in layouts.items():
         if layout.header_size + (layout.tensors[-1].end if layout.tensors else 0) != by_path[path].size:
             raise CkptpubError(f"{path}: changed size while its header was read")
@@ -96,16 +113,24 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
     config = config_digests(by_path)
     provenance = _provenance(options.provenance)
     spans = list(_spans(entries, layouts))
-    digests = iter(hash_spans(spans, threads=options.threads, use_mmap=options.use_mmap, on_progress=options.on_progress))
+    digests = iter(
+        hash_spans(spans, threads=options.threads, use_mmap=options.use_mmap, on_progress=options.on_progress)
+    )
     for entry in entries:
         if restat(entry) != entry.signature:
-            raise CkptpubError(f"{entry.path}: changed while it was being hashed; publish again once it is complete")
+            raise CkptpubError(
+                f"{entry.path}: changed while it was being hashed; publish again once it is complete"
+            )
     files, tensors = [], []
     for entry in entries:
         layout = layouts.get(entry.path)
-        files.append(FileRecord(entry.path, entry.size, next(digests), layout.header_size if layout else None))
+        files.append(
+            FileRecord(entry.path, entry.size, next(digests), layout.header_size if layout else None)
+        )
         for t in layout.tensors if layout else ():
-            tensors.append(TensorRecord(t.name, t.dtype, t.shape, entry.path, (t.begin, t.end), next(digests)))
+            tensors.append(
+                TensorRecord(t.name, t.dtype, t.shape, entry.path, (t.begin, t.end), next(digests))
+            )
     identity = compute_identity(tuple(tensors), tuple(files), weights, config)
     return Manifest(identity, tuple(tensors), tuple(files), weights, config, provenance), entries
 
@@ -114,8 +139,11 @@ def _refuse_nested_checkpoints(root: str, entries: list[FolderEntry]) -> None:
     """Refuse a folder that holds checkpoints (a run folder): publishing it would hide them in one manifest."""
     for entry in entries:
         parts = entry.path.split("/")
-        nested = parts[-1] == MANIFEST_NAME or entry.path == _RUN_INDEX_NAME or (
-            len(parts) > 1 and _is_checkpoint_name(parts[0]))
+        nested = (
+            parts[-1] == MANIFEST_NAME
+            or entry.path == _RUN_INDEX_NAME
+            or (len(parts) > 1 and _is_checkpoint_name(parts[0]))
+        )
         if nested:
             raise CkptpubError(
                 f"{root}: holds other checkpoints ({entry.path}); it looks like a training run's folder. Publish each "
@@ -213,8 +241,10 @@ def write_manifest(root: str, manifest: Manifest, mode: int) -> None:
     """
     data = manifest.to_json()
     if len(data) > MAX_MANIFEST_BYTES:
-        raise CkptpubError(f"{MANIFEST_NAME}: {len(data)} bytes would be over the {MAX_MANIFEST_BYTES}-byte manifest "
-                           f"limit readers accept; not written")
+        raise CkptpubError(
+            f"{MANIFEST_NAME}: {len(data)} bytes would be over the {MAX_MANIFEST_BYTES}-byte manifest "
+            f"limit readers accept; not written"
+        )
     with _interrupts_held():
         _write_atomically(root, data, mode)
 
@@ -279,7 +309,9 @@ def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]):
         yield Span(entry.real_path, 0, layout.header_size, entry.path, identity)
         base = layout.header_size
         for t in layout.tensors:
-            yield Span(entry.real_path, base + t.begin, base + t.end, f"{entry.path}: tensor {t.name!r}", identity)
+            yield Span(
+                entry.real_path, base + t.begin, base + t.end, f"{entry.path}: tensor {t.name!r}", identity
+            )
 
 
 def _provenance(extra: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -45,9 +45,13 @@ def read_manifest(location: str | os.PathLike[str]) -> Manifest:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise CkptpubError(f"{manifest_path}: {kind_of(info.st_mode)}, not a regular file; a manifest must be a plain file")
+            raise CkptpubError(
+                f"{manifest_path}: {kind_of(info.st_mode)}, not a regular file; a manifest must be a plain file"
+            )
         if info.st_size > MAX_MANIFEST_BYTES:
-            raise CkptpubError(f"{manifest_path}: {info.st_size} bytes is over the {MAX_MANIFEST_BYTES}-byte manifest limit")
+            raise CkptpubError(
+                f"{manifest_path}: {info.st_size} bytes is over the {MAX_MANIFEST_BYTES}-byte manifest limit"
+            )
         data = _read_all(fd, info.st_size, manifest_path)
     finally:
         os.close(fd)
@@ -64,7 +68,7 @@ def _open_file(path: str) -> int:
 
 
 def _absent(path: str, manifest_path: str) -> CkptpubError:
-    """"No manifest" when the folder that would hold it exists; otherwise the path itself is the problem."""
+    """ "No manifest" when the folder that would hold it exists; otherwise the path itself is the problem."""
     folder = os.path.dirname(manifest_path) or "."
     try:
         is_folder = stat.S_ISDIR(os.stat(folder).st_mode)
@@ -85,7 +89,9 @@ def _read_all(fd: int, size: int, name: str) -> bytes:
             parts.append(os.read(fd, max(1, MAX_MANIFEST_BYTES + 1 - total)))
             total += len(parts[-1])
             if total > MAX_MANIFEST_BYTES:
-                raise CkptpubError(f"{name}: grew past the {MAX_MANIFEST_BYTES}-byte manifest limit while being read")
+                raise CkptpubError(
+                    f"{name}: grew past the {MAX_MANIFEST_BYTES}-byte manifest limit while being read"
+                )
     except OSError as error:
         raise CkptpubError(f"{name}: cannot read: {error.strerror or error}") from None
     return b"".join(parts)

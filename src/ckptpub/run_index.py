@@ -27,11 +27,13 @@ Format (``ckptpub-index.jsonl`` in the Trainer's ``output_dir``), one object a l
 
 Stdlib only, so ``import ckptpub`` stays light.
 """
+
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .errors import CkptpubError
 from .manifest import is_digest, is_safe_relative_path
@@ -47,7 +49,12 @@ _APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONB
 
 def append(index_dir: str | os.PathLike, *, step: int, path: str, identity: str, time: float) -> None:
     """Append one record to ``index_dir/ckptpub-index.jsonl`` atomically (whole line, fsync)."""
-    record = {"step": int(step), "path": str(path).replace(os.sep, "/"), "identity": identity, "time": float(time)}
+    record = {
+        "step": int(step),
+        "path": str(path).replace(os.sep, "/"),
+        "identity": identity,
+        "time": float(time),
+    }
     line = (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
     path = os.path.join(index_dir, INDEX_NAME)
     fd, info = open_regular(path, path, flags=_APPEND_FLAGS)  # CkptpubError for a symlink, FIFO, folder
@@ -63,7 +70,9 @@ def append(index_dir: str | os.PathLike, *, step: int, path: str, identity: str,
         os.close(fd)
 
 
-def read(index_dir: str | os.PathLike, on_skip: Callable[[int, str], None] | None = None) -> list[dict[str, Any]]:
+def read(
+    index_dir: str | os.PathLike, on_skip: Callable[[int, str], None] | None = None
+) -> list[dict[str, Any]]:
     """Return the index records in order; a missing index is an empty list.
 
     Lines that are not records (a torn last line after a crash, or a hostile or

@@ -55,8 +55,9 @@ def list_run(run_dir: str) -> list[RunEntry]:
         records = run_index.read(run_dir)
     except CkptpubError as error:
         records = []
-        entries[run_index.INDEX_NAME] = RunEntry(run_index.INDEX_NAME, None, None, None, None, False, "index",
-                                                 "unusable", str(error))
+        entries[run_index.INDEX_NAME] = RunEntry(
+            run_index.INDEX_NAME, None, None, None, None, False, "index", "unusable", str(error)
+        )
     for record in records:  # a path published twice keeps its last record
         path = record["path"]
         entries[path] = _entry(run_dir, path, record["step"], "index", record["identity"])
@@ -67,8 +68,17 @@ def list_run(run_dir: str) -> list[RunEntry]:
             entries[path] = _entry(run_dir, path, None, "scan", None)
     for error in unlisted:
         path = os.path.relpath(error.filename or run_dir, run_dir)
-        entries[path] = RunEntry(path, _step_from_name(path), None, None, None, False, "scan", "unusable",
-                                 f"{path}: cannot list folder: {error.strerror or error}")
+        entries[path] = RunEntry(
+            path,
+            _step_from_name(path),
+            None,
+            None,
+            None,
+            False,
+            "scan",
+            "unusable",
+            f"{path}: cannot list folder: {error.strerror or error}",
+        )
     ordered = sorted(entries.values(), key=lambda e: (e.step is None, e.step or 0, e.path))
     previous = None
     for number, entry in enumerate(ordered):
@@ -107,22 +117,47 @@ def _entry(run_dir: str, path: str, step: int | None, source: str, indexed: str 
     folder = os.path.join(run_dir, path)
     if source == "index" and not os.path.lexists(folder):
         return RunEntry(path, step, indexed, None, None, False, source, "gone", "rotated away or deleted")
-    if source == "index" and _through_link(run_dir, path):  # the scan does not follow links; nor does the index
-        return RunEntry(path, step, indexed, None, None, False, source, "unusable",
-                        f"{path}: reached through a symlink; not followed out of the run folder")
+    if source == "index" and _through_link(
+        run_dir, path
+    ):  # the scan does not follow links; nor does the index
+        return RunEntry(
+            path,
+            step,
+            indexed,
+            None,
+            None,
+            False,
+            source,
+            "unusable",
+            f"{path}: reached through a symlink; not followed out of the run folder",
+        )
     try:
         manifest = read_manifest(folder)
     except CkptpubError as error:
-        return RunEntry(path, step if step is not None else _step_from_name(path), indexed, None, None, False,
-                        source, "unusable", str(error))
+        return RunEntry(
+            path,
+            step if step is not None else _step_from_name(path),
+            indexed,
+            None,
+            None,
+            False,
+            source,
+            "unusable",
+            str(error),
+        )
     if step is None:
         recorded = manifest.provenance.get("step")
         step = recorded if type(recorded) is int else _step_from_name(path)
     size = sum(f.size for f in manifest.files)
-    entry = RunEntry(path, step, manifest.identity, size, base_of(manifest), is_adapter(manifest), source, "ok")
+    entry = RunEntry(
+        path, step, manifest.identity, size, base_of(manifest), is_adapter(manifest), source, "ok"
+    )
     if indexed is not None and indexed != manifest.identity:
-        return entry._replace(status="unusable", detail=f"{path}: {MANIFEST_NAME} has identity {manifest.identity}, "
-                                                       f"the run index recorded {indexed}")
+        return entry._replace(
+            status="unusable",
+            detail=f"{path}: {MANIFEST_NAME} has identity {manifest.identity}, "
+            f"the run index recorded {indexed}",
+        )
     return entry
 
 
@@ -152,7 +187,7 @@ def _step_from_name(path: str) -> int | None:
     """``checkpoint-10`` -> 10 (string operations: ``ls`` stays off ``re``)."""
     name = os.path.basename(os.path.normpath(path))
     for prefix in ("checkpoint-", "checkpoint_"):
-        number = name[len(prefix):]
+        number = name[len(prefix) :]
         if name.startswith(prefix) and number.isascii() and number.isdigit():
             return int(number)
     return None

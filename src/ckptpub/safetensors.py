@@ -24,11 +24,26 @@ MAX_HEADER_BYTES = 100_000_000
 
 #: Width in bits of each dtype the safetensors format defines.
 DTYPE_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
-    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
 }
 
 
@@ -61,7 +76,9 @@ def read_layout(path: str, display_name: str, expect: tuple[int, int] | None = N
             file_size = info.st_size
             prefix = handle.read(8)
             if len(prefix) < 8:
-                raise CkptpubError(f"{display_name}: truncated safetensors file ({file_size} bytes, no header length)")
+                raise CkptpubError(
+                    f"{display_name}: truncated safetensors file ({file_size} bytes, no header length)"
+                )
             (header_len,) = struct.unpack("<Q", prefix)
             if header_len > MAX_HEADER_BYTES:
                 raise CkptpubError(
@@ -96,7 +113,9 @@ def parse_header(header: bytes, file_size: int, display_name: str) -> ShardLayou
     position = 0
     for tensor in tensors:
         if tensor.begin != position:
-            problem = "overlaps the tensor before it" if tensor.begin < position else "leaves a hole before it"
+            problem = (
+                "overlaps the tensor before it" if tensor.begin < position else "leaves a hole before it"
+            )
             raise CkptpubError(f"{display_name}: tensor {tensor.name!r} at offset {tensor.begin} {problem}")
         position = tensor.end
     if position > data_size:

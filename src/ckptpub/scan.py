@@ -42,7 +42,9 @@ def as_path(value: object, what: str) -> str:
     try:
         path = os.fsdecode(os.fspath(value))  # type: ignore[arg-type]
     except TypeError:
-        raise CkptpubError(f"{what}: expected a path (str, bytes or os.PathLike), got {type(value).__name__}") from None
+        raise CkptpubError(
+            f"{what}: expected a path (str, bytes or os.PathLike), got {type(value).__name__}"
+        ) from None
     if not path or "\x00" in path:
         raise CkptpubError(f"{what}: {path!r} is not a usable path")
     return path
@@ -133,7 +135,9 @@ def _file_entry(root: str, relative: str, child: os.DirEntry) -> FolderEntry:
             if os.path.commonpath([root, real_path]) != root or real_path == root:
                 raise CkptpubError(f"{relative}: symlink points outside the checkpoint folder")
             if os.path.dirname(real_path) == root and is_ckptpub_file(os.path.basename(real_path)):
-                raise CkptpubError(f"{relative}: symlink points at {MANIFEST_NAME}, which publishing replaces")
+                raise CkptpubError(
+                    f"{relative}: symlink points at {MANIFEST_NAME}, which publishing replaces"
+                )
             info = os.lstat(real_path)
         else:
             info = child.stat(follow_symlinks=False)

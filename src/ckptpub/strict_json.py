@@ -41,7 +41,9 @@ def loads_strict(data: bytes, display_name: str, what: str) -> Any:
         detail = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise CkptpubError(f"{display_name}: {what} is not valid JSON: {detail}") from None
     if ("\\ud" in text or "\\uD" in text) and _has_lone_surrogate(value):
-        raise CkptpubError(f"{display_name}: {what} holds a lone surrogate escape (\\ud800-\\udfff), not Unicode text")
+        raise CkptpubError(
+            f"{display_name}: {what} holds a lone surrogate escape (\\ud800-\\udfff), not Unicode text"
+        )
     return value
 
 
@@ -73,7 +75,9 @@ def read_bounded(path: str, limit: int, display_name: str, expect: tuple[int, in
         with os.fdopen(fd, "rb") as handle:
             size = info.st_size
             if size > limit:
-                raise CkptpubError(f"{display_name}: {size} bytes is over the {limit}-byte limit for this file")
+                raise CkptpubError(
+                    f"{display_name}: {size} bytes is over the {limit}-byte limit for this file"
+                )
             data = handle.read(limit + 1)
     except OSError as error:
         raise CkptpubError(f"{display_name}: cannot read: {error.strerror or error}") from None
@@ -120,7 +124,10 @@ def _decode(text: str) -> Any:
         import json
 
         return json.loads(
-            text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant, parse_float=_finite_float
+            text,
+            object_pairs_hook=_reject_duplicate_keys,
+            parse_constant=_reject_constant,
+            parse_float=_finite_float,
         )
     if text.startswith("\ufeff"):
         raise _error("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)

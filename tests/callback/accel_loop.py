@@ -1,6 +1,7 @@
 """A plain accelerate loop (no Trainer): save_state() every 4 steps, then
 publish_accelerate_state(). Run directly or under torchrun; each process writes
 what the helper returned to OUT/rank-{rank}.json."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,10 @@ def main(out: str) -> None:
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
 
-    acc = Accelerator(cpu=True, project_config=ProjectConfiguration(
-        project_dir=out, automatic_checkpoint_naming=True, total_limit=2))
+    acc = Accelerator(
+        cpu=True,
+        project_config=ProjectConfiguration(project_dir=out, automatic_checkpoint_naming=True, total_limit=2),
+    )
     model = train_tiny.build_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = torch.utils.data.DataLoader(train_tiny.build_dataset(train_tiny.build_tokenizer()), batch_size=4)

@@ -3,6 +3,7 @@
 Lives in its own module (not conftest.py) so test files and subprocess scripts can
 import it by a name no other test folder uses.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,15 +45,14 @@ def manifest_json(folder: str | os.PathLike) -> dict:
     return json.loads((Path(folder) / "ckptpub.json").read_text())
 
 
-
-
 def run_group(cmd: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
     """Run ``cmd`` in its own process group; on timeout kill that group (torchrun's
     workers too) instead of leaving orphans that hold the cores."""
     import signal
 
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, **kwargs)
+    proc = subprocess.Popen(
+        cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

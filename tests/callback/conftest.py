@@ -1,4 +1,5 @@
 """Fixtures for the Trainer-callback tests (helpers live in cbhelpers.py)."""
+
 from __future__ import annotations
 
 import sys

@@ -1,5 +1,6 @@
 """Run under ``torchrun --nproc_per_node 2``: train the tiny model with DDP (gloo, CPU)
 and PublishCallback; each rank writes what it published to OUT/rank-{rank}.json."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,11 @@ def main(out: str) -> None:
     trainer.train()
     rank = int(os.environ.get("RANK", "0"))
     report = {
-        "rank": rank, "world_size": trainer.args.world_size, "should_save": trainer.args.should_save,
-        "published": [p.step for p in cb.published], "failures": cb.failures,
+        "rank": rank,
+        "world_size": trainer.args.world_size,
+        "should_save": trainer.args.should_save,
+        "published": [p.step for p in cb.published],
+        "failures": cb.failures,
     }
     Path(out, f"rank-{rank}.json").write_text(json.dumps(report))
 

@@ -1,6 +1,7 @@
 """publish_accelerate_state in a plain accelerate loop on two processes (torchrun,
 gloo, CPU): every process saves its part, the main process alone publishes once all
 have, and the manifests verify."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,19 @@ HERE = Path(__file__).resolve().parent
 
 def test_accelerate_loop_two_processes(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(free_port()), str(HERE / "accel_loop.py"), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(HERE / "accel_loop.py"),
+        str(tmp_path),
+    ]
     r = run_group(cmd, timeout=240, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 

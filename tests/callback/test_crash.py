@@ -6,6 +6,7 @@ Kills are aimed at the publishing window: a random number of completed saves
 (trainer_state.json present), then a random delay of 0-120 ms (a publish of this
 ~50 MB checkpoint takes tens of ms here). Each trial is bounded in time.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,11 @@ TRIALS = int(os.environ.get("CKPTPUB_CRASH_TRIALS", "8"))
 
 def completed_saves(out: Path) -> int:
     try:
-        return sum(1 for e in os.scandir(out) if e.name.startswith("checkpoint-")
-                   and os.path.exists(os.path.join(e.path, "trainer_state.json")))
+        return sum(
+            1
+            for e in os.scandir(out)
+            if e.name.startswith("checkpoint-") and os.path.exists(os.path.join(e.path, "trainer_state.json"))
+        )
     except FileNotFoundError:
         return 0
 
@@ -40,13 +44,20 @@ def test_sigkill_while_publishing_never_leaves_a_bad_manifest(tmp_path):
         out = tmp_path / f"trial-{trial}"
         target, delay = rng.randint(1, 4), rng.uniform(0.0, 0.12)
         with open(tmp_path / f"trial-{trial}.log", "w") as log:
-            proc = subprocess.Popen([sys.executable, str(HERE / "crash_train.py"), str(out)], stdout=log,
-                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, str(HERE / "crash_train.py"), str(out)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
             try:
                 deadline = time.monotonic() + 90
                 while completed_saves(out) < target and proc.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.002)
-                assert proc.poll() is None, f"trainer exited early: {(tmp_path / f'trial-{trial}.log').read_text()[-2000:]}"
+                assert proc.poll() is None, (
+                    f"trainer exited early: {(tmp_path / f'trial-{trial}.log').read_text()[-2000:]}"
+                )
                 time.sleep(delay)
             finally:
                 os.killpg(proc.pid, signal.SIGKILL)

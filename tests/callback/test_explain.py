@@ -3,6 +3,7 @@
 Real Trainer runs of the tiny offline Qwen3 (examples/train_tiny.py) from a base
 saved and published in the test; every ckptpub command is a real subprocess.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,11 +20,10 @@ from ckptpub.callback import PublishCallback
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A bf16 base (published), a full fine-tune of it in f32, a LoRA run on it, and the LoRA merged back."""
+    import cbhelpers
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
-
-    import cbhelpers
 
     tiny = cbhelpers.train_tiny
     threads = torch.get_num_threads()
@@ -35,14 +35,24 @@ def runs(tmp_path_factory):
     ckptpub.publish(base)
 
     def fine_tune(out, model):
-        tiny.make_trainer(str(out), model=model, tokenizer=tokenizer, callbacks=[PublishCallback()],
-                          max_steps=10, save_steps=5).train()
+        tiny.make_trainer(
+            str(out),
+            model=model,
+            tokenizer=tokenizer,
+            callbacks=[PublishCallback()],
+            max_steps=10,
+            save_steps=5,
+        ).train()
 
     fine_tune(root / "full", AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32))
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    fine_tune(root / "lora", get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), lora))
+    fine_tune(
+        root / "lora", get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), lora)
+    )
     adapter = root / "lora" / "checkpoint-10"
-    merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16), adapter)
+    merged = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16), adapter
+    )
     merged.merge_and_unload().save_pretrained(root / "merged")
     torch.set_num_threads(threads)
     return root
@@ -64,17 +74,24 @@ def test_full_fine_tune_diff_says_the_dtype_changed(runs):
         'config   config.json: dtype "bfloat16" -> "float32"',
         "config   config.json: use_cache true -> false",
     ]
-    as_json = json.loads("\n".join(cli("diff", "--json", runs / "base", runs / "full" / "checkpoint-10", expect=1)))
+    as_json = json.loads(
+        "\n".join(cli("diff", "--json", runs / "base", runs / "full" / "checkpoint-10", expect=1))
+    )
     assert as_json["relation"] == "from_a" and len(as_json["tensor_changes"]) == 25
     assert {c["what"] for c in as_json["tensor_changes"]} == {"dtype BF16 -> F32"}
-    assert {(c["key"], c["old"], c["new"]) for c in as_json["config_keys"]} == {("dtype", "bfloat16", "float32"),
-                                                                                ("use_cache", True, False)}
+    assert {(c["key"], c["old"], c["new"]) for c in as_json["config_keys"]} == {
+        ("dtype", "bfloat16", "float32"),
+        ("use_cache", True, False),
+    }
 
 
 def test_config_keys_need_the_folders(runs):
     """Given a manifest file, the config cannot be read: the diff says so instead of guessing."""
     lines = cli("diff", runs / "base" / "ckptpub.json", runs / "full" / "checkpoint-10", expect=1)
-    assert lines[-1] == "config   config.json differs; keys not compared: a: given as a manifest file, not a folder"
+    assert (
+        lines[-1]
+        == "config   config.json differs; keys not compared: a: given as a manifest file, not a folder"
+    )
 
 
 def test_adapter_diff_says_it_applies_to_the_base(runs):
@@ -109,7 +126,10 @@ def test_publish_refuses_an_unpublished_base(runs, tmp_path):
     shutil.copytree(runs / "merged", merged)
     result = run_cli("publish", str(merged), "--base", str(tmp_path))
     assert result.returncode == 2 and result.stderr.count("\n") == 1
-    assert result.stderr.startswith("ckptpub: error: base: ") and f"publish it first: ckptpub publish {tmp_path}" in result.stderr
+    assert (
+        result.stderr.startswith("ckptpub: error: base: ")
+        and f"publish it first: ckptpub publish {tmp_path}" in result.stderr
+    )
     assert not (merged / "ckptpub.json").exists()
     with pytest.raises(ckptpub.CkptpubError, match="not of the form"):
         ckptpub.publish(merged, base="blake3:1234")
@@ -128,8 +148,14 @@ def test_ls_reads_the_index_and_log_shows_the_lineage(runs, tmp_path):
         ["10", ids[1][:19], "5.6", "MB", base[:19], "checkpoint-10"],
     ]
     rows = json.loads("\n".join(cli("ls", "--json", run, expect=0)))
-    assert [(r["step"], r["status"], r["source"]) for r in rows] == [(5, "gone", "index"), (10, "ok", "index")]
-    assert cli("log", run, expect=0) == [f"base {base[:19]} (not in this run)", f"`- step 10    {ids[1][:19]}  checkpoint-10"]
+    assert [(r["step"], r["status"], r["source"]) for r in rows] == [
+        (5, "gone", "index"),
+        (10, "ok", "index"),
+    ]
+    assert cli("log", run, expect=0) == [
+        f"base {base[:19]} (not in this run)",
+        f"`- step 10    {ids[1][:19]}  checkpoint-10",
+    ]
     assert cli("ls", "--tree", run, expect=0) == cli("log", run, expect=0)
 
 
@@ -140,32 +166,48 @@ def test_unpublished_base_warns_once_and_ls_marks_a_resave(tiny, tokenizer, tmp_
 
     base = tmp_path / "base"
     tiny.build_model().save_pretrained(base)
-    trainer = tiny.make_trainer(str(tmp_path / "run"), model=AutoModelForCausalLM.from_pretrained(base),
-                                tokenizer=tokenizer, max_steps=10, save_steps=5, learning_rate=0.0)
+    trainer = tiny.make_trainer(
+        str(tmp_path / "run"),
+        model=AutoModelForCausalLM.from_pretrained(base),
+        tokenizer=tokenizer,
+        max_steps=10,
+        save_steps=5,
+        learning_rate=0.0,
+    )
     trainer.add_callback(PublishCallback())
     with caplog.at_level(logging.WARNING, logger="ckptpub"):
         trainer.train()
     warnings = [r.getMessage() for r in caplog.records if r.name == "ckptpub"]
-    assert warnings == [f"ckptpub: the base model {base} has no ckptpub.json, so this run's checkpoints will record "
-                        f"no base_identity; publish it before training: ckptpub publish {base}"]
+    assert warnings == [
+        f"ckptpub: the base model {base} has no ckptpub.json, so this run's checkpoints will record "
+        f"no base_identity; publish it before training: ckptpub publish {base}"
+    ]
     lines = cli("ls", tmp_path / "run", expect=0)
     assert [line.split()[-2:] for line in lines[1:]] == [["-", "checkpoint-5"], ["=prev", "checkpoint-10"]]
     shown = cli("show", tmp_path / "run" / "checkpoint-10", expect=0)
     assert shown[1].split(None, 1) == ["kind:", "model (no base recorded)"] and "None" not in "\n".join(shown)
 
 
-def test_console_printer_shows_the_identity_when_the_callback_is_passed_to_the_trainer(tiny, tokenizer, tmp_path,
-                                                                                          capsys):
+def test_console_printer_shows_the_identity_when_the_callback_is_passed_to_the_trainer(
+    tiny, tokenizer, tmp_path, capsys
+):
     """docs/callback.md: ``Trainer(callbacks=[PublishCallback()])`` runs before the console printer
     (``add_callback`` runs after it, and the printed line lacks the identity)."""
     for where in ("constructor", "add_callback"):
         callback = PublishCallback(background=False)
-        trainer = tiny.make_trainer(str(tmp_path / where), tokenizer=tokenizer, max_steps=10, save_steps=5,
-                                    callbacks=[callback] if where == "constructor" else [])
+        trainer = tiny.make_trainer(
+            str(tmp_path / where),
+            tokenizer=tokenizer,
+            max_steps=10,
+            save_steps=5,
+            callbacks=[callback] if where == "constructor" else [],
+        )
         if where == "add_callback":
             trainer.add_callback(callback)
         capsys.readouterr()
         trainer.train()
         printed = [line for line in capsys.readouterr().out.splitlines() if "'loss'" in line]
-        with_identity = [line for line in printed if f"'ckptpub/identity': '{callback.published[0].identity}'" in line]
+        with_identity = [
+            line for line in printed if f"'ckptpub/identity': '{callback.published[0].identity}'" in line
+        ]
         assert printed and bool(with_identity) == (where == "constructor"), (where, printed)

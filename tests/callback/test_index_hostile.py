@@ -5,6 +5,7 @@ the callback calls), then one real Trainer run with the index a symlink out of t
 folder: training finishes, every checkpoint is published and verifies, the outside
 file is untouched and the refusal is a warning.
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,8 +29,13 @@ def symlink_out(run: Path, outside: Path) -> None:
 
 KINDS = {
     "symlink out of the folder": symlink_out,
-    "dangling symlink": lambda run, outside: os.symlink(outside.with_name("missing.jsonl"), run / run_index.INDEX_NAME),
-    "symlink to a file inside": lambda run, outside: ((run / "notes.txt").write_text("mine\n"), os.symlink("notes.txt", run / run_index.INDEX_NAME)),
+    "dangling symlink": lambda run, outside: os.symlink(
+        outside.with_name("missing.jsonl"), run / run_index.INDEX_NAME
+    ),
+    "symlink to a file inside": lambda run, outside: (
+        (run / "notes.txt").write_text("mine\n"),
+        os.symlink("notes.txt", run / run_index.INDEX_NAME),
+    ),
     "FIFO": lambda run, outside: os.mknod(run / run_index.INDEX_NAME, 0o644 | stat.S_IFIFO),
     "folder": lambda run, outside: (run / run_index.INDEX_NAME).mkdir(),
 }
@@ -64,7 +70,9 @@ def test_training_continues_when_the_index_is_a_symlink_out(tiny, tokenizer, tmp
         assert_verifies(out / name)
     assert [p.step for p in cb.published] == [5, 10]
     assert outside.read_text() == "theirs\n"
-    warnings = [r.getMessage() for r in caplog.records if "could not append to the run index" in r.getMessage()]
+    warnings = [
+        r.getMessage() for r in caplog.records if "could not append to the run index" in r.getMessage()
+    ]
     assert len(warnings) == 2 and "symlink" in warnings[0], warnings
 
 

@@ -3,6 +3,7 @@
 Every surviving checkpoint verifies, the run index agrees with the folders, and no
 file descriptor or thread outlives the run.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,15 @@ def test_two_hundred_saves(tiny, tokenizer, tmp_path):
     fds, threads = open_fds(), threads_but_tqdm()
     callback = PublishCallback()
     trainer = tiny.make_trainer(
-        str(tmp_path), model=model, tokenizer=tokenizer, callbacks=[callback],
-        max_steps=SAVES, save_steps=1, save_total_limit=2, logging_steps=50, train_size=SAVES * 4,
+        str(tmp_path),
+        model=model,
+        tokenizer=tokenizer,
+        callbacks=[callback],
+        max_steps=SAVES,
+        save_steps=1,
+        save_total_limit=2,
+        logging_steps=50,
+        train_size=SAVES * 4,
     )
     trainer.train()
     del trainer
@@ -58,5 +66,7 @@ def test_two_hundred_saves(tiny, tokenizer, tmp_path):
     # tqdm (transformers' progress bars) keeps a monitor thread of its own; ours must all be gone
     ours = [t.name for t in threading.enumerate() if t.name.startswith("ckptpub")]
     assert ours == [] and threads_but_tqdm() == threads
-    print(f"load test: {SAVES} saves, {len(published)} published, {skipped} skipped (rotated first), "
-          f"{len(survivors)} surviving folders verify, fds {fds}->{open_fds()}, ckptpub threads left {len(ours)}")
+    print(
+        f"load test: {SAVES} saves, {len(published)} published, {skipped} skipped (rotated first), "
+        f"{len(survivors)} surviving folders verify, fds {fds}->{open_fds()}, ckptpub threads left {len(ours)}"
+    )

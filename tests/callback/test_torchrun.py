@@ -1,5 +1,6 @@
 """Two processes (``torchrun --nproc_per_node 2``, gloo on CPU): one manifest per
 checkpoint, written by the saving rank only, and it verifies."""
+
 from __future__ import annotations
 
 import json
@@ -17,12 +18,25 @@ HERE = Path(__file__).resolve().parent
 
 def test_two_process_run_publishes_once_per_checkpoint(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-           str(HERE / "ddp_train.py"), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(HERE / "ddp_train.py"),
+        str(tmp_path),
+    ]
     r = run_group(cmd, timeout=240, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
-    reports = {rep["rank"]: rep for rep in (json.loads((tmp_path / f"rank-{i}.json").read_text()) for i in (0, 1))}
+    reports = {
+        rep["rank"]: rep for rep in (json.loads((tmp_path / f"rank-{i}.json").read_text()) for i in (0, 1))
+    }
     assert reports[0]["world_size"] == 2 and reports[0]["should_save"] and not reports[1]["should_save"]
     assert reports[0]["published"] == [4, 8, 12] and reports[0]["failures"] == []
     assert reports[1]["published"] == [] and reports[1]["failures"] == []
@@ -31,7 +45,9 @@ def test_two_process_run_publishes_once_per_checkpoint(tmp_path):
     assert names == ["checkpoint-4", "checkpoint-8", "checkpoint-12"]
     for name in names:
         folder = tmp_path / name
-        ours = [p.name for p in folder.iterdir() if p.name.startswith("ckptpub") or p.name.startswith(".ckptpub")]
+        ours = [
+            p.name for p in folder.iterdir() if p.name.startswith("ckptpub") or p.name.startswith(".ckptpub")
+        ]
         assert ours == [ckptpub.MANIFEST_NAME], ours  # exactly one manifest, no stray temp file
         assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in folder.iterdir()}
         assert_verifies(folder)

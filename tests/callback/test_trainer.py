@@ -3,6 +3,7 @@
 Each test trains a few dozen steps of the tiny Qwen3 from examples/train_tiny.py
 and checks the folders on disk with the real ``ckptpub verify`` CLI.
 """
+
 from __future__ import annotations
 
 import functools
@@ -92,7 +93,9 @@ def test_every_checkpoint_published_and_verifies(tiny, tokenizer, tmp_path, capl
         (int(n.split("-")[1]), n, i) for n, i in zip(names, identities)
     ]
     # identities reach the Trainer's log history, later reporters and the ckptpub logger
-    logged = {e["ckptpub/step"]: e["ckptpub/identity"] for e in trainer.state.log_history if "ckptpub/identity" in e}
+    logged = {
+        e["ckptpub/step"]: e["ckptpub/identity"] for e in trainer.state.log_history if "ckptpub/identity" in e
+    }
     assert logged == {int(n.split("-")[1]): i for n, i in zip(names, identities)}
     assert any(log.get("ckptpub/identity") in identities for log in seen.logs)
     assert sum("published step" in r.getMessage() for r in caplog.records) == 4
@@ -138,8 +141,14 @@ def test_best_checkpoint_end_of_training_deletion(tiny, tokenizer, tmp_path):
     queued or hashing. No folder may be left with a manifest it does not match."""
     eval_ds = tiny.build_dataset(tokenizer, n=8)
     common = dict(
-        max_steps=15, save_steps=5, eval_strategy="steps", eval_steps=5, save_total_limit=1,
-        load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=True,
+        max_steps=15,
+        save_steps=5,
+        eval_strategy="steps",
+        eval_steps=5,
+        save_total_limit=1,
+        load_best_model_at_end=True,
+        metric_for_best_model="eval_loss",
+        greater_is_better=True,
     )
 
     def run(out, *cbs):
@@ -153,9 +162,14 @@ def test_best_checkpoint_end_of_training_deletion(tiny, tokenizer, tmp_path):
     survivors = checkpoints(tmp_path / "published")
     assert survivors == checkpoints(tmp_path / "plain") == ["checkpoint-5"]
     assert_verifies(tmp_path / "published" / "checkpoint-5")
-    assert any("step 15 " in f for f in cb.failures), cb.failures  # deleted at the end: skipped, with a warning
+    assert any("step 15 " in f for f in cb.failures), (
+        cb.failures
+    )  # deleted at the end: skipped, with a warning
     # the deleted folders left nothing behind, not even a lone manifest
-    assert sorted(p.name for p in (tmp_path / "published").iterdir()) == ["checkpoint-5", "ckptpub-index.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "published").iterdir()) == [
+        "checkpoint-5",
+        "ckptpub-index.jsonl",
+    ]
 
 
 @pytest.mark.parametrize("strategy", ["epoch", "best"])
@@ -164,8 +178,14 @@ def test_other_save_strategies(tiny, tokenizer, tmp_path, strategy):
     if strategy == "epoch":
         args = dict(save_strategy="epoch", max_steps=-1, num_train_epochs=2, train_size=20)
     else:
-        args = dict(save_strategy="best", eval_strategy="steps", eval_steps=5, max_steps=15,
-                    metric_for_best_model="eval_loss", eval_dataset=tiny.build_dataset(tokenizer, n=8))
+        args = dict(
+            save_strategy="best",
+            eval_strategy="steps",
+            eval_steps=5,
+            max_steps=15,
+            metric_for_best_model="eval_loss",
+            eval_dataset=tiny.build_dataset(tokenizer, n=8),
+        )
     cb = PublishCallback()
     train(tiny, tokenizer, tmp_path, cb, **args)
     names = checkpoints(tmp_path)
@@ -196,8 +216,16 @@ def test_save_only_model_from_published_base(tiny, tokenizer, tmp_path):
     tiny.build_model().save_pretrained(base_dir)
     base = ckptpub.publish(base_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir)
-    train(tiny, tokenizer, tmp_path / "run", PublishCallback(), model=model, max_steps=10, save_steps=5,
-          save_only_model=True)
+    train(
+        tiny,
+        tokenizer,
+        tmp_path / "run",
+        PublishCallback(),
+        model=model,
+        max_steps=10,
+        save_steps=5,
+        save_only_model=True,
+    )
     for name in checkpoints(tmp_path / "run"):
         folder = tmp_path / "run" / name
         assert not (folder / "optimizer.pt").exists()
@@ -318,12 +346,20 @@ def test_hyperparameter_search_layout(tiny, tokenizer, tmp_path):
     """A real optuna search writes output_dir/run-{trial}/checkpoint-N; each is published."""
     pytest.importorskip("optuna")
     cb = PublishCallback()
-    trainer = tiny.make_trainer(str(tmp_path), tokenizer=tokenizer, callbacks=[cb], max_steps=10, save_steps=5,
-                                eval_dataset=tiny.build_dataset(tokenizer, n=8))
+    trainer = tiny.make_trainer(
+        str(tmp_path),
+        tokenizer=tokenizer,
+        callbacks=[cb],
+        max_steps=10,
+        save_steps=5,
+        eval_dataset=tiny.build_dataset(tokenizer, n=8),
+    )
     trainer.model_init = lambda trial=None: tiny.build_model()
     trainer.hyperparameter_search(
         hp_space=lambda trial: {"learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True)},
-        backend="optuna", n_trials=2, direction="minimize",
+        backend="optuna",
+        n_trials=2,
+        direction="minimize",
     )
     runs = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
     assert runs == ["run-0", "run-1"]
@@ -331,7 +367,9 @@ def test_hyperparameter_search_layout(tiny, tokenizer, tmp_path):
         assert checkpoints(tmp_path / run) == ["checkpoint-5", "checkpoint-10"]
         for name in checkpoints(tmp_path / run):
             assert_verifies(tmp_path / run / name)
-            assert manifest_json(tmp_path / run / name)["provenance"]["run_dir"] == str((tmp_path / run).resolve())
+            assert manifest_json(tmp_path / run / name)["provenance"]["run_dir"] == str(
+                (tmp_path / run).resolve()
+            )
     assert [r["path"] for r in run_index.read(tmp_path)] == [
         f"{run}/{name}" for run in runs for name in ("checkpoint-5", "checkpoint-10")
     ]

@@ -22,7 +22,9 @@ def test_unreadable_file_is_named(tmp_path: Path) -> None:
         command = without_privileges() + [sys.executable, "-m", "ckptpub", verb, str(folder)]
         result = subprocess.run(command, capture_output=True, text=True, timeout=60)
         assert result.returncode == 2, (verb, result.stdout, result.stderr)
-        assert result.stderr == "ckptpub: error: tokenizer.json: cannot open: Permission denied\n", result.stderr
+        assert result.stderr == "ckptpub: error: tokenizer.json: cannot open: Permission denied\n", (
+            result.stderr
+        )
     assert snapshot(folder) == before
 
 
@@ -31,6 +33,9 @@ def test_folder_that_is_a_file(tmp_path: Path) -> None:
     path.write_text("x")
     for verb in ("publish", "verify", "ls"):
         result = run_cli(verb, path)
-        assert result.returncode == 2 and result.stderr == f"ckptpub: error: {path}: not a folder\n", (verb, result.stderr)
+        assert result.returncode == 2 and result.stderr == f"ckptpub: error: {path}: not a folder\n", (
+            verb,
+            result.stderr,
+        )
     result = run_cli("show", path)  # show also takes a manifest file; this one is not JSON
     assert result.returncode == 2 and "manifest is not valid JSON" in result.stderr

@@ -9,9 +9,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from checkpoints import (
+    copy_checkpoint,
+    flip_byte,
+    locate,
+    model_tensors,
+    run_cli,
+    tensor_range,
+    write_checkpoint,
+)
 
 import ckptpub
-from checkpoints import copy_checkpoint, flip_byte, locate, model_tensors, run_cli, tensor_range, write_checkpoint
 
 
 @pytest.fixture
@@ -32,7 +40,11 @@ def test_publish_prints_identity_and_writes_manifest(tmp_path: Path) -> None:
     manifest = json.loads((folder / "ckptpub.json").read_text())
     assert manifest["format"] == "ckptpub/1" and manifest["identity"] == identity
     assert {f["path"] for f in manifest["files"]} == {
-        "config.json", "model.safetensors", "tokenizer.json", "optimizer.pt", "logs/train.txt"
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "optimizer.pt",
+        "logs/train.txt",
     }
     assert os.stat(folder).st_mtime_ns == mtime, "folder mtime must be restored for save_total_limit rotation"
     assert not [p for p in os.listdir(folder) if p.endswith(".tmp")]
@@ -60,7 +72,12 @@ def test_verify_names_the_changed_tensor(published: Path) -> None:
     report = json.loads(run_cli("verify", "--json", published).stdout)
     assert report["ok"] is False
     assert report["problems"] == [
-        {"path": "model-00001-of-00003.safetensors", "kind": "tensor", "tensor": name, "detail": "bytes differ"}
+        {
+            "path": "model-00001-of-00003.safetensors",
+            "kind": "tensor",
+            "tensor": name,
+            "detail": "bytes differ",
+        }
     ]
 
 
@@ -71,8 +88,14 @@ def test_verify_names_the_changed_tensor(published: Path) -> None:
         (lambda f: flip_byte(f / "optimizer.pt", 100), "optimizer.pt: FAILED (changed: content differs)"),
         (lambda f: (f / "logs" / "train.txt").unlink(), "logs/train.txt: FAILED (missing: "),
         (lambda f: (f / "extra.bin").write_bytes(b"x"), "extra.bin: FAILED (added: "),
-        (lambda f: os.truncate(f / "model-00003-of-00003.safetensors", 100), "model-00003-of-00003.safetensors: FAILED (size: "),
-        (lambda f: flip_byte(f / "model-00002-of-00003.safetensors", 20), "model-00002-of-00003.safetensors: FAILED (header: "),
+        (
+            lambda f: os.truncate(f / "model-00003-of-00003.safetensors", 100),
+            "model-00003-of-00003.safetensors: FAILED (size: ",
+        ),
+        (
+            lambda f: flip_byte(f / "model-00002-of-00003.safetensors", 20),
+            "model-00002-of-00003.safetensors: FAILED (header: ",
+        ),
     ],
     ids=["rewritten", "flipped", "missing", "added", "truncated", "header"],
 )
@@ -100,8 +123,13 @@ def test_show_and_diff(published: Path, tmp_path: Path) -> None:
     assert shown["tensors"] == 10
     text = run_cli("show", published).stdout
     lines = text.splitlines()
-    assert lines[0].split() == ["identity:", shown["identity"]] and lines[1].split(None, 1) == ["kind:", "model (no base recorded)"]
-    assert len({len(line) - len(line.split(":", 1)[1].lstrip()) for line in lines}) == 1, "values start in one column"
+    assert lines[0].split() == ["identity:", shown["identity"]] and lines[1].split(None, 1) == [
+        "kind:",
+        "model (no base recorded)",
+    ]
+    assert len({len(line) - len(line.split(":", 1)[1].lstrip()) for line in lines}) == 1, (
+        "values start in one column"
+    )
     assert "None" not in text
 
     other = copy_checkpoint(published, tmp_path / "other")
@@ -128,16 +156,31 @@ def test_ls_lists_steps_in_order(tmp_path: Path) -> None:
     assert result.returncode == 0
     header, *rows = [line.split() for line in result.stdout.splitlines()]
     assert header == ["STEP", "IDENTITY", "SIZE", "BASE", "NOTE", "PATH"]
-    assert [(r[0], r[-1]) for r in rows] == [("5", "checkpoint-5"), ("10", "checkpoint-10"), ("20", "checkpoint-20")]
+    assert [(r[0], r[-1]) for r in rows] == [
+        ("5", "checkpoint-5"),
+        ("10", "checkpoint-10"),
+        ("20", "checkpoint-20"),
+    ]
     listed = json.loads(run_cli("ls", "--json", run).stdout)
-    assert [r["step"] for r in listed] == [5, 10, 20] and all(r["identity"].startswith("blake3:") for r in listed)
+    assert [r["step"] for r in listed] == [5, 10, 20] and all(
+        r["identity"].startswith("blake3:") for r in listed
+    )
 
 
 def test_usage_errors_are_one_line(tmp_path: Path) -> None:
-    for args in [(), ("frobnicate",), ("verify",), ("publish", tmp_path / "nope"), ("verify", "--threads", "0", tmp_path)]:
+    for args in [
+        (),
+        ("frobnicate",),
+        ("verify",),
+        ("publish", tmp_path / "nope"),
+        ("verify", "--threads", "0", tmp_path),
+    ]:
         result = run_cli(*args)
         assert result.returncode == 2, args
-        assert result.stderr.count("\n") == 1 and result.stderr.startswith("ckptpub: error: "), (args, result.stderr)
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith("ckptpub: error: "), (
+            args,
+            result.stderr,
+        )
 
 
 def test_options_go_anywhere_and_double_dash_ends_them(published: Path, tmp_path: Path) -> None:
@@ -155,7 +198,9 @@ def test_help_and_version() -> None:
     assert top.returncode == 0 and top.stderr == ""
     assert all(f"  {name} " in top.stdout for name in ("publish", "verify", "show", "diff", "ls"))
     verify_help = run_cli("verify", "--threads", "1", "-h")
-    assert verify_help.returncode == 0 and verify_help.stdout.startswith("usage: ckptpub verify [OPTIONS] FOLDER")
+    assert verify_help.returncode == 0 and verify_help.stdout.startswith(
+        "usage: ckptpub verify [OPTIONS] FOLDER"
+    )
     assert "--expect-identity ID" in verify_help.stdout and "--no-mmap" in verify_help.stdout
     version = run_cli("--version")
     assert (version.returncode, version.stdout) == (0, f"ckptpub {ckptpub.__version__}\n")
@@ -166,12 +211,38 @@ def test_commands_import_only_what_they_need(published: Path) -> None:
 
     ``re`` (with ``enum``) and ``json`` matter most: together 7 ms of a 0.27 s verify of 2 GB.
     """
-    heavy = {"re", "enum", "json", "typing", "threading", "argparse", "shutil", "locale", "gettext", "dataclasses",
-             "inspect", "decimal", "importlib.metadata", "concurrent.futures", "logging", "subprocess", "tempfile"}
+    heavy = {
+        "re",
+        "enum",
+        "json",
+        "typing",
+        "threading",
+        "argparse",
+        "shutil",
+        "locale",
+        "gettext",
+        "dataclasses",
+        "inspect",
+        "decimal",
+        "importlib.metadata",
+        "concurrent.futures",
+        "logging",
+        "subprocess",
+        "tempfile",
+    }
     program = "import sys; from ckptpub.cli import main; main(sys.argv[1:]); sys.stderr.write(' '.join(sys.modules))"
-    for args in (["publish", published], ["verify", published], ["diff", published, published], ["show", published]):
-        result = subprocess.run([sys.executable, "-c", program, *map(str, args)], capture_output=True, text=True)
-        allowed = {"json", "re", "enum"} if args[0] == "show" else set()  # show prints nested provenance with json
+    for args in (
+        ["publish", published],
+        ["verify", published],
+        ["diff", published, published],
+        ["show", published],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-c", program, *map(str, args)], capture_output=True, text=True
+        )
+        allowed = (
+            {"json", "re", "enum"} if args[0] == "show" else set()
+        )  # show prints nested provenance with json
         loaded = set(result.stderr.split()) & heavy - allowed
         assert not loaded, (args[0], sorted(loaded))
 
@@ -205,19 +276,23 @@ def test_public_names_survive_submodule_imports() -> None:
 def test_commands_from_other_distributions(tmp_path: Path) -> None:
     """A distribution adds ``ckptpub NAME`` through the ``ckptpub.commands`` entry-point group."""
 
-    (tmp_path / "hello_cmd.py").write_text(
-        "def main(argv):\n    print('hello', *argv)\n    return 7\n"
-    )
+    (tmp_path / "hello_cmd.py").write_text("def main(argv):\n    print('hello', *argv)\n    return 7\n")
     info = tmp_path / "hello_cmd-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hello-cmd\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[ckptpub.commands]\nhello = hello_cmd:main\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    result = subprocess.run([sys.executable, "-m", "ckptpub", "hello", "a", "b"], capture_output=True, text=True, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "ckptpub", "hello", "a", "b"], capture_output=True, text=True, env=env
+    )
     assert (result.returncode, result.stdout) == (7, "hello a b\n")
-    unknown = subprocess.run([sys.executable, "-m", "ckptpub", "nope"], capture_output=True, text=True, env=env)
+    unknown = subprocess.run(
+        [sys.executable, "-m", "ckptpub", "nope"], capture_output=True, text=True, env=env
+    )
     assert unknown.returncode == 2 and "invalid choice: 'nope'" in unknown.stderr
-    listed = subprocess.run([sys.executable, "-m", "ckptpub", "--help"], capture_output=True, text=True, env=env)
+    listed = subprocess.run(
+        [sys.executable, "-m", "ckptpub", "--help"], capture_output=True, text=True, env=env
+    )
     assert "added by installed distributions:" in listed.stdout and "hello" in listed.stdout
 
 
@@ -225,9 +300,20 @@ def test_public_records_have_resolvable_type_hints() -> None:
     """Annotations stay strings at run time (no typing import), and tools that resolve them (pydantic, cattrs) still can."""
     import typing
 
-    records = [getattr(ckptpub, name) for name in ckptpub.__all__ if name not in ("PublishCallback", "publish_accelerate_state")]
+    records = [
+        getattr(ckptpub, name)
+        for name in ckptpub.__all__
+        if name not in ("PublishCallback", "publish_accelerate_state")
+    ]
     records = [value for value in records if isinstance(value, type) and issubclass(value, tuple)]
-    assert {r.__name__ for r in records} == {"FileRecord", "Manifest", "ManifestDiff", "Problem", "TensorRecord", "VerifyReport"}
+    assert {r.__name__ for r in records} == {
+        "FileRecord",
+        "Manifest",
+        "ManifestDiff",
+        "Problem",
+        "TensorRecord",
+        "VerifyReport",
+    }
     for record in records:
         assert list(typing.get_type_hints(record)) == list(record._fields), record
 
@@ -254,21 +340,34 @@ def test_ls_reads_the_run_index_and_checks_it_against_each_folder(tmp_path: Path
     write_checkpoint(outside, extra_files=False)
     os.symlink(outside, run / "checkpoint-50")
     run_index.append(run, step=50, path="checkpoint-50", identity=ckptpub.publish(outside).identity, time=0.0)
-    run_index.append(run, step=20, path="checkpoint-20", identity=ids[10], time=0.0)  # not what the folder holds
+    run_index.append(
+        run, step=20, path="checkpoint-20", identity=ids[10], time=0.0
+    )  # not what the folder holds
     result = run_cli("ls", run)
     assert result.returncode == 2 and result.stderr == (
-        f"ckptpub: 2 published checkpoints under {run}, 1 rotated away, 2 unusable\n")
+        f"ckptpub: 2 published checkpoints under {run}, 1 rotated away, 2 unusable\n"
+    )
     rows = [line.split() for line in result.stdout.splitlines()[1:] if not line.startswith("#")]
     assert [(r[0], r[1], r[-2], r[-1]) for r in rows] == [
-        ("10", ids[10][:19], "-", "checkpoint-10"), ("20", "UNUSABLE", "error", "checkpoint-20"),
-        ("30", ids[30][:19], "-", "checkpoint-30"), ("40", ids[30][:19], "gone", "checkpoint-40"),
-        ("50", "UNUSABLE", "error", "checkpoint-50")]
+        ("10", ids[10][:19], "-", "checkpoint-10"),
+        ("20", "UNUSABLE", "error", "checkpoint-20"),
+        ("30", ids[30][:19], "-", "checkpoint-30"),
+        ("40", ids[30][:19], "gone", "checkpoint-40"),
+        ("50", "UNUSABLE", "error", "checkpoint-50"),
+    ]
     notes = [line for line in result.stdout.splitlines() if line.startswith("#")]
-    assert notes == [f"# checkpoint-20: ckptpub.json has identity {ids[20]}, the run index recorded {ids[10]}",
-                     "# checkpoint-50: reached through a symlink; not followed out of the run folder"]
+    assert notes == [
+        f"# checkpoint-20: ckptpub.json has identity {ids[20]}, the run index recorded {ids[10]}",
+        "# checkpoint-50: reached through a symlink; not followed out of the run folder",
+    ]
     listed = json.loads(run_cli("ls", "--json", run).stdout)
     assert [(r["step"], r["status"], r["source"]) for r in listed] == [
-        (10, "ok", "index"), (20, "unusable", "index"), (30, "ok", "index"), (40, "gone", "index"), (50, "unusable", "index")]
+        (10, "ok", "index"),
+        (20, "unusable", "index"),
+        (30, "ok", "index"),
+        (40, "gone", "index"),
+        (50, "unusable", "index"),
+    ]
 
 
 def test_verify_counts_problems_in_english(published: Path, tmp_path: Path) -> None:

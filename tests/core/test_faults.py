@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from checkpoints import run_cli, snapshot, sparse_shard, write_checkpoint
 
 import ckptpub
-from checkpoints import run_cli, snapshot, sparse_shard, write_checkpoint
 
 KILL_TRIALS = 40
 RACE_TRIALS = 8
@@ -38,7 +38,9 @@ def test_sigkill_during_publish_never_leaves_a_partial_manifest(tmp_path: Path) 
     rng = random.Random(1234)
     outcomes = {"no manifest": 0, "complete manifest": 0}
     for _ in range(KILL_TRIALS):
-        process = subprocess.Popen(publish_command(folder, "--threads", "1"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            publish_command(folder, "--threads", "1"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         time.sleep(rng.uniform(0, duration * 1.1))
         process.send_signal(signal.SIGKILL)
         process.wait()
@@ -65,7 +67,9 @@ def test_disk_full_while_writing_the_manifest(tmp_path: Path) -> None:
     try:
         folder = write_checkpoint(mount / "ckpt", extra_files=False)
         filler = mount / "filler"
-        with open(filler, "wb", buffering=0) as handle:  # fill the rest of the file system, outside the folder
+        with open(
+            filler, "wb", buffering=0
+        ) as handle:  # fill the rest of the file system, outside the folder
             try:
                 while True:
                     handle.write(b"\0" * 4096)
@@ -85,15 +89,27 @@ def test_disk_full_while_writing_the_manifest(tmp_path: Path) -> None:
 
 def test_file_changed_while_hashed_is_refused(tmp_path: Path) -> None:
     folder = write_checkpoint(tmp_path / "ckpt")
-    sparse_shard(folder / "big.safetensors", tensors=16, tensor_bytes=64 << 20)  # 1 GiB, a second or more with pread on one thread
-    process = subprocess.Popen(publish_command(folder, "--threads", "1", "--no-mmap"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_until_open(process.pid, folder / "big.safetensors")  # scanned and being hashed: not before, not after
+    sparse_shard(
+        folder / "big.safetensors", tensors=16, tensor_bytes=64 << 20
+    )  # 1 GiB, a second or more with pread on one thread
+    process = subprocess.Popen(
+        publish_command(folder, "--threads", "1", "--no-mmap"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_until_open(
+        process.pid, folder / "big.safetensors"
+    )  # scanned and being hashed: not before, not after
     with open(folder / "big.safetensors", "r+b") as handle:  # an in-place write, as a late writer would do
         handle.seek(-1, os.SEEK_END)
         handle.write(b"\x01")
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 2, stderr
-    assert stderr.strip() == "ckptpub: error: big.safetensors: changed while it was being hashed; publish again once it is complete"
+    assert (
+        stderr.strip()
+        == "ckptpub: error: big.safetensors: changed while it was being hashed; publish again once it is complete"
+    )
     assert not (folder / "ckptpub.json").exists()
 
 
@@ -121,7 +137,12 @@ def test_racing_publishers_leave_a_manifest_that_verifies(tmp_path: Path) -> Non
     sparse_shard(folder / "big.safetensors", tensors=4, tensor_bytes=16 << 20)
     identities = set()
     for _ in range(RACE_TRIALS):
-        racers = [subprocess.Popen(publish_command(folder), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        racers = [
+            subprocess.Popen(
+                publish_command(folder), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            for _ in range(2)
+        ]
         results = [(p.communicate(timeout=120), p.returncode) for p in racers]
         assert [code for _, code in results] == [0, 0], results
         identities |= {out.strip() for (out, _), _ in results}
@@ -134,7 +155,12 @@ def test_racing_publishers_leave_a_manifest_that_verifies(tmp_path: Path) -> Non
 def test_folder_deleted_while_publishing_is_a_clean_error(tmp_path: Path) -> None:
     folder = write_checkpoint(tmp_path / "ckpt")
     sparse_shard(folder / "big.safetensors", tensors=16, tensor_bytes=64 << 20)
-    process = subprocess.Popen(publish_command(folder, "--threads", "1", "--no-mmap"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        publish_command(folder, "--threads", "1", "--no-mmap"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(0.15)
     shutil.rmtree(folder)
     _, stderr = process.communicate(timeout=120)

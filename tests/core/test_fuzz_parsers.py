@@ -12,8 +12,14 @@ from ckptpub.manifest import parse_manifest
 from ckptpub.safetensors import parse_header
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=6),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=6),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
     max_leaves=20,
 )
 tensor_entries = st.fixed_dictionaries(
@@ -35,7 +41,10 @@ def test_header_parser_random_bytes(header: bytes, size: int) -> None:
 
 
 @settings(max_examples=400, deadline=None)
-@given(tensors=st.dictionaries(st.text(max_size=4), tensor_entries | json_values, max_size=5), data_size=st.integers(0, 80))
+@given(
+    tensors=st.dictionaries(st.text(max_size=4), tensor_entries | json_values, max_size=5),
+    data_size=st.integers(0, 80),
+)
 def test_header_parser_structured(tensors: dict, data_size: int) -> None:
     header = json.dumps(tensors).encode()
     try:
@@ -60,7 +69,16 @@ def test_manifest_parser_random_json(document: object) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    files=st.lists(st.fixed_dictionaries({"path": st.text(max_size=8), "size": st.integers(-1, 99), "digest": st.just("blake3:" + "a" * 64)}), max_size=3),
+    files=st.lists(
+        st.fixed_dictionaries(
+            {
+                "path": st.text(max_size=8),
+                "size": st.integers(-1, 99),
+                "digest": st.just("blake3:" + "a" * 64),
+            }
+        ),
+        max_size=3,
+    ),
     tensors=st.lists(json_values, max_size=3),
     weights=st.lists(st.text(max_size=5), max_size=2),
 )
@@ -93,18 +111,35 @@ def _json_loads_verdict(data: bytes) -> tuple[str, object]:
     except UnicodeDecodeError:
         return ("error", "fuzz.json: document is not valid UTF-8")
     try:
-        value = json.loads(text, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant, parse_float=_finite_float)
-        json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError: a lone surrogate somewhere
+        value = json.loads(
+            text,
+            object_pairs_hook=_reject_duplicate_keys,
+            parse_constant=_reject_constant,
+            parse_float=_finite_float,
+        )
+        json.dumps(value, ensure_ascii=False).encode(
+            "utf-8"
+        )  # UnicodeEncodeError: a lone surrogate somewhere
         return ("value", value)
     except UnicodeEncodeError:
-        return ("error", "fuzz.json: document holds a lone surrogate escape (\\ud800-\\udfff), not Unicode text")
+        return (
+            "error",
+            "fuzz.json: document holds a lone surrogate escape (\\ud800-\\udfff), not Unicode text",
+        )
     except (ValueError, RecursionError) as error:
-        return ("error", " ".join(f"fuzz.json: document is not valid JSON: {str(error).splitlines()[0]}".split()))
+        return (
+            "error",
+            " ".join(f"fuzz.json: document is not valid JSON: {str(error).splitlines()[0]}".split()),
+        )
 
 
 def _mutations(text: str) -> st.SearchStrategy[str]:
-    edits = st.sampled_from(["", " ", "\n", "\ufeff", ",", "]", "}", "{", '"', "NaN", "1e999", "\x00", "\\", ":", '{"a":1,"a":2}'])
-    return st.tuples(st.integers(0, len(text)), st.integers(0, 3), edits).map(lambda e: text[: e[0]] + e[2] + text[e[0] + e[1] :])
+    edits = st.sampled_from(
+        ["", " ", "\n", "\ufeff", ",", "]", "}", "{", '"', "NaN", "1e999", "\x00", "\\", ":", '{"a":1,"a":2}']
+    )
+    return st.tuples(st.integers(0, len(text)), st.integers(0, 3), edits).map(
+        lambda e: text[: e[0]] + e[2] + text[e[0] + e[1] :]
+    )
 
 
 @settings(max_examples=1500, deadline=None)
@@ -114,8 +149,14 @@ def test_strict_reader_agrees_with_json_loads(data: st.DataObject) -> None:
     from ckptpub.strict_json import loads_strict
 
     document = data.draw(json_values)
-    text = json.dumps(document, indent=data.draw(st.sampled_from([None, 1])), ensure_ascii=data.draw(st.booleans()))
-    raw = data.draw(_mutations(text)).encode("utf-8", "surrogatepass") if data.draw(st.booleans()) else data.draw(st.binary(max_size=40))
+    text = json.dumps(
+        document, indent=data.draw(st.sampled_from([None, 1])), ensure_ascii=data.draw(st.booleans())
+    )
+    raw = (
+        data.draw(_mutations(text)).encode("utf-8", "surrogatepass")
+        if data.draw(st.booleans())
+        else data.draw(st.binary(max_size=40))
+    )
     expected = _json_loads_verdict(raw)
     try:
         actual: tuple[str, object] = ("value", loads_strict(raw, "fuzz.json", "document"))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from checkpoints import CONFIG, flip_byte, locate, model_tensors, write_checkpoint
 
 import ckptpub
-from checkpoints import CONFIG, flip_byte, locate, model_tensors, write_checkpoint
 
 
 def identity(folder: Path) -> str:
@@ -30,7 +30,9 @@ def test_resharding_and_metadata_keep_identity(tmp_path: Path) -> None:
     tensors = model_tensors()
     one = identity(write_checkpoint(tmp_path / "one", tensors, shards=1))
     three = identity(write_checkpoint(tmp_path / "three", tensors, shards=3))
-    four = identity(write_checkpoint(tmp_path / "four", tensors, shards=4, metadata={"format": "pt", "note": "x"}))
+    four = identity(
+        write_checkpoint(tmp_path / "four", tensors, shards=4, metadata={"format": "pt", "note": "x"})
+    )
     assert one == three == four
 
 
@@ -74,7 +76,9 @@ def test_config_meaning_changes_identity(tmp_path: Path) -> None:
 def test_dtype_or_shape_change_with_same_bytes_changes_identity(tmp_path: Path) -> None:
     tensors = model_tensors()
     base = identity(write_checkpoint(tmp_path / "base", tensors))
-    reshaped = dict(tensors, **{"model.embed_tokens.weight": tensors["model.embed_tokens.weight"].reshape(64, 128)})
+    reshaped = dict(
+        tensors, **{"model.embed_tokens.weight": tensors["model.embed_tokens.weight"].reshape(64, 128)}
+    )
     assert identity(write_checkpoint(tmp_path / "reshaped", reshaped)) != base
     retyped = dict(tensors, **{"model.norm.weight": tensors["model.norm.weight"].view(np.int32)})
     assert identity(write_checkpoint(tmp_path / "retyped", retyped)) != base
@@ -92,7 +96,9 @@ def test_folder_without_weights_uses_every_file(tmp_path: Path) -> None:
     (folder / "pytorch_model_fsdp_0").mkdir(parents=True)
     (folder / "pytorch_model_fsdp_0" / "__0_0.distcp").write_bytes(b"\x01" * 4096)
     (folder / "config.json").write_text("{}")
-    with pytest.raises(ckptpub.CkptpubError, match="has no weight files"):  # probably the wrong folder, unless said so
+    with pytest.raises(
+        ckptpub.CkptpubError, match="has no weight files"
+    ):  # probably the wrong folder, unless said so
         ckptpub.publish(folder)
     first = ckptpub.publish(folder, allow_no_weights=True)
     assert first.weights == () and first.tensors == ()

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from checkpoints import sparse_shard
+
 from ckptpub.progress import ProgressBar
 
 SHARD_TENSORS = 16  # two 1 GiB shards of 64 MiB zero tensors, written sparse so the test costs no disk
@@ -72,7 +72,8 @@ def test_progress_bar_draws_on_a_terminal_after_a_delay() -> None:
 def test_progress_bar_silent_when_not_a_terminal(big_checkpoint: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "ckptpub", "verify", "--threads", "1", str(big_checkpoint)],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0
     assert "\r" not in result.stderr and result.stderr.count("\n") == 1
@@ -85,7 +86,8 @@ def test_progress_bar_on_a_real_terminal(big_checkpoint: Path) -> None:
     leader, follower = pty.openpty()
     process = subprocess.Popen(
         [sys.executable, "-m", "ckptpub", "verify", "--threads", "1", "--no-mmap", str(big_checkpoint)],
-        stdout=subprocess.DEVNULL, stderr=follower,
+        stdout=subprocess.DEVNULL,
+        stderr=follower,
     )
     os.close(follower)
     chunks: list[bytes] = []

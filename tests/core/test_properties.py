@@ -7,11 +7,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from checkpoints import flip_byte, model_tensors, write_checkpoint
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ckptpub
-from checkpoints import flip_byte, model_tensors, write_checkpoint
 
 TENSORS = model_tensors(seed=7)
 
@@ -53,8 +53,9 @@ def test_any_sharding_keeps_identity(assignment: list[int], metadata: dict[str, 
     with tempfile.TemporaryDirectory() as scratch:
         reference = write_checkpoint(Path(scratch) / "reference", TENSORS, extra_files=False)
         expected = ckptpub.build_manifest(reference).identity
-        from safetensors.numpy import save_file
         import json
+
+        from safetensors.numpy import save_file
 
         folder = Path(scratch) / "resharded"
         folder.mkdir()

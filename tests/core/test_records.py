@@ -40,7 +40,9 @@ Light = _record_class("Light", NamedTuple)
 Typed = _record_class("Typed", typing.NamedTuple)
 
 
-@pytest.mark.parametrize("args, kwargs", [(("a", 1), {}), (("a", 1, ("x",)), {"note": "n"}), ((), {"path": "b", "size": 2})])
+@pytest.mark.parametrize(
+    "args, kwargs", [(("a", 1), {}), (("a", 1, ("x",)), {"note": "n"}), ((), {"path": "b", "size": 2})]
+)
 def test_same_behaviour_as_typing(args: tuple, kwargs: dict) -> None:
     light, typed = Light(*args, **kwargs), Typed(*args, **kwargs)
     assert tuple(light) == tuple(typed) and light == typed and hash(light) == hash(typed)
@@ -65,7 +67,10 @@ def test_missing_arguments_fail_like_typing() -> None:
 
 def test_a_field_without_default_after_one_with_is_refused() -> None:
     with pytest.raises(TypeError, match="'b' without a default follows"):
-        exec("class Bad(NamedTuple):\n    a: int = 0\n    b: int\n", {"NamedTuple": NamedTuple, "__name__": "m"})
+        exec(
+            "class Bad(NamedTuple):\n    a: int = 0\n    b: int\n",
+            {"NamedTuple": NamedTuple, "__name__": "m"},
+        )
 
 
 def test_evaluated_annotations_are_refused_rather_than_misread() -> None:

@@ -24,7 +24,14 @@ from ckptpub.manifest import TensorRecord, compute_identity, config_digest
 
 VECTORS = Path(__file__).parent.parent / "vectors"
 UPDATE = os.environ.get("CKPTPUB_UPDATE_VECTORS") == "1"
-NUMPY_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64, "U8": np.uint8, "BOOL": np.bool_, "I32": np.int32}
+NUMPY_DTYPES = {
+    "F32": np.float32,
+    "F16": np.float16,
+    "I64": np.int64,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+    "I32": np.int32,
+}
 
 
 def load(name: str) -> dict:
@@ -59,10 +66,21 @@ def test_every_double_round_trips_with_its_shortest_digits(value: float) -> None
 
 def expected_for(case: dict) -> dict:
     tensors = tuple(
-        TensorRecord(t["name"], t["dtype"], tuple(t["shape"]), "model.safetensors", (0, 0), ckptpub.tensor_digest(bytes.fromhex(t["data_hex"])))
+        TensorRecord(
+            t["name"],
+            t["dtype"],
+            tuple(t["shape"]),
+            "model.safetensors",
+            (0, 0),
+            ckptpub.tensor_digest(bytes.fromhex(t["data_hex"])),
+        )
         for t in case["tensors"]
     )
-    config = {"config.json": config_digest(json.loads(case["config_json"]))} if case["config_json"] is not None else {}
+    config = (
+        {"config.json": config_digest(json.loads(case["config_json"]))}
+        if case["config_json"] is not None
+        else {}
+    )
     return {
         "tensor_digests": {t.name: t.digest for t in tensors},
         "config_digest": config.get("config.json"),
@@ -86,7 +104,9 @@ def test_identity_vectors_from_real_files(tmp_path: Path, shards: int) -> None:
         folder = tmp_path / f"case{index}"
         folder.mkdir()
         arrays = {
-            t["name"]: np.frombuffer(bytes.fromhex(t["data_hex"]), dtype=NUMPY_DTYPES[t["dtype"]]).reshape(t["shape"])
+            t["name"]: np.frombuffer(bytes.fromhex(t["data_hex"]), dtype=NUMPY_DTYPES[t["dtype"]]).reshape(
+                t["shape"]
+            )
             for t in case["tensors"]
         }
         names = sorted(arrays)

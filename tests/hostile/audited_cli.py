@@ -28,11 +28,20 @@ import ckptpub.read  # noqa: F401  (imported before auditing starts)
 
 touched: list[str] = []
 # Imports the standard library does lazily (locale, encodings) open files under these; they are not the command's reads.
-_INTERPRETER = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(ckptpub.__file__)))})
+_INTERPRETER = tuple(
+    {
+        os.path.realpath(p) + os.sep
+        for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(ckptpub.__file__)))
+    }
+)
 
 
 def hook(event: str, args: tuple) -> None:
-    if event in ("open", "os.scandir", "os.listdir") and args and isinstance(args[0], (str, bytes, os.PathLike)):
+    if (
+        event in ("open", "os.scandir", "os.listdir")
+        and args
+        and isinstance(args[0], (str, bytes, os.PathLike))
+    ):
         path = os.fsdecode(args[0])
         if not os.path.realpath(path).startswith(_INTERPRETER):
             flags = args[2] if event == "open" and len(args) > 2 and isinstance(args[2], int) else 0
@@ -51,7 +60,11 @@ def run_api(verb: str, args: list[str]) -> int:
             print(ckptpub.read_manifest(args[0]).identity)
             return 0
         if verb == "diff":
-            return 0 if ckptpub.diff_manifests(ckptpub.read_manifest(args[0]), ckptpub.read_manifest(args[1])).same else 1
+            return (
+                0
+                if ckptpub.diff_manifests(ckptpub.read_manifest(args[0]), ckptpub.read_manifest(args[1])).same
+                else 1
+            )
         raise SystemExit(f"no API for {verb}")
     except ckptpub.CkptpubError as error:
         print(f"ckptpub: error: {error}", file=sys.stderr)

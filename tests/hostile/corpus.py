@@ -15,11 +15,13 @@ import stat
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+
+from checkpoints import flip_byte, locate
 
 import ckptpub
-from checkpoints import flip_byte, locate
 from ckptpub.manifest import FileRecord, TensorRecord, compute_identity
 from ckptpub.safetensors import read_layout
 
@@ -29,7 +31,7 @@ class Case(NamedTuple):
     damage: Callable[[Path], None]
     published: bool
     expect: dict[str, int]  # verb -> exit code
-    message: str = ""       # fragment of the error line for exit code 2
+    message: str = ""  # fragment of the error line for exit code 2
 
 
 class RunCase(NamedTuple):
@@ -38,7 +40,7 @@ class RunCase(NamedTuple):
     name: str
     damage: Callable[[Path], None]
     exit_code: int
-    listed: tuple[str, ...]    # rows that must be there
+    listed: tuple[str, ...]  # rows that must be there
     unusable: tuple[str, ...]  # rows that must say UNUSABLE
 
 
@@ -48,7 +50,14 @@ BAD_MANIFEST = {"publish": 0, "verify": 2, "show": 2, "diff": 2}
 MISMATCH = {"publish": 0, "verify": 1, "show": 0, "diff": 0}
 
 
-def shard(folder: Path, header: object | None = None, data: bytes = b"", *, raw: bytes | None = None, name: str = "model.safetensors") -> None:
+def shard(
+    folder: Path,
+    header: object | None = None,
+    data: bytes = b"",
+    *,
+    raw: bytes | None = None,
+    name: str = "model.safetensors",
+) -> None:
     encoded = raw if raw is not None else json.dumps(header).encode()
     (folder / name).write_bytes(struct.pack("<Q", len(encoded)) + encoded + data)
 
@@ -85,13 +94,25 @@ def forge_config_file(data: bytes) -> Callable[[Path], None]:
 
 def reidentify(document: dict) -> None:
     """Recompute a manifest document's identity from its (edited) entries."""
-    tensors = tuple(TensorRecord(t["name"], t["dtype"], tuple(t["shape"]), t["file"], tuple(t["data_offsets"]), t["digest"]) for t in document["tensors"])
-    files = tuple(FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in document["files"])
+    tensors = tuple(
+        TensorRecord(
+            t["name"], t["dtype"], tuple(t["shape"]), t["file"], tuple(t["data_offsets"]), t["digest"]
+        )
+        for t in document["tensors"]
+    )
+    files = tuple(
+        FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in document["files"]
+    )
     document["identity"] = compute_identity(tensors, files, tuple(document["weights"]), document["config"])
 
 
-def forge_listing(*, plain: tuple[str, ...] = (), shards: tuple[str, ...] = (), weights: tuple[str, ...] | None = None,
-                  before: Callable[[Path], None] = lambda f: None) -> Callable[[Path], None]:
+def forge_listing(
+    *,
+    plain: tuple[str, ...] = (),
+    shards: tuple[str, ...] = (),
+    weights: tuple[str, ...] | None = None,
+    before: Callable[[Path], None] = lambda f: None,
+) -> Callable[[Path], None]:
     """After ``before`` changes the folder, write a manifest of its true bytes but with the forger's claims.
 
     Every file is listed with its real size and digests, so no byte check can
@@ -112,19 +133,39 @@ def forge_listing(*, plain: tuple[str, ...] = (), shards: tuple[str, ...] = (), 
             if rel in shards or (rel.endswith(".safetensors") and rel not in plain):
                 layout = read_layout(str(path), rel)
                 base = layout.header_size
-                files.append({"path": rel, "size": len(data), "digest": ckptpub.tensor_digest(data[:base]), "header_size": base})
-                tensors += [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "file": rel, "data_offsets": [t.begin, t.end],
-                             "digest": ckptpub.tensor_digest(data[base + t.begin : base + t.end])} for t in layout.tensors]
+                files.append(
+                    {
+                        "path": rel,
+                        "size": len(data),
+                        "digest": ckptpub.tensor_digest(data[:base]),
+                        "header_size": base,
+                    }
+                )
+                tensors += [
+                    {
+                        "name": t.name,
+                        "dtype": t.dtype,
+                        "shape": list(t.shape),
+                        "file": rel,
+                        "data_offsets": [t.begin, t.end],
+                        "digest": ckptpub.tensor_digest(data[base + t.begin : base + t.end]),
+                    }
+                    for t in layout.tensors
+                ]
             else:
                 files.append({"path": rel, "size": len(data), "digest": ckptpub.tensor_digest(data)})
-        document.update(files=files, tensors=tensors, weights=sorted(document["weights"] if weights is None else weights))
+        document.update(
+            files=files, tensors=tensors, weights=sorted(document["weights"] if weights is None else weights)
+        )
         reidentify(document)
         (folder / "ckptpub.json").write_text(json.dumps(document))
 
     return damage
 
 
-def rename_tensor(source: str, target: str, old: str = "model.norm.weight", new: str = "lm_head.weight") -> Callable[[Path], None]:
+def rename_tensor(
+    source: str, target: str, old: str = "model.norm.weight", new: str = "lm_head.weight"
+) -> Callable[[Path], None]:
     """Copy a shard to ``target`` with one tensor renamed (same length name keeps offsets), as an attacker adds weights."""
 
     def damage(folder: Path) -> None:
@@ -195,7 +236,9 @@ def stray_shard_in_index(folder: Path) -> None:
     rename_tensor("model.safetensors", "stray.safetensors")(folder)
     names = [n for n in json.loads(header_bytes(folder / "model.safetensors")) if n != "__metadata__"]
     weight_map = {n: "model.safetensors" for n in names} | {"lm_head.weight": "stray.safetensors"}
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
 
 
 def header_bytes(path: Path) -> bytes:
@@ -230,7 +273,9 @@ def deep_provenance(depth: int) -> Callable[[Path], None]:
     def damage(folder: Path) -> None:
         text = (folder / "ckptpub.json").read_text()
         at = text.rindex('"provenance":{') + len('"provenance":{')
-        (folder / "ckptpub.json").write_text(text[:at] + '"deep": ' + nested(depth).decode() + ", " + text[at:])
+        (folder / "ckptpub.json").write_text(
+            text[:at] + '"deep": ' + nested(depth).decode() + ", " + text[at:]
+        )
 
     return damage
 
@@ -260,7 +305,9 @@ def parser_limit() -> int:
     Probed in a subprocess: the limit depends on the stack depth at the call, and a
     command's stack is shallow like the probe's, not deep like pytest's.
     """
-    probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True, timeout=60)
+    probe = subprocess.run(
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True, timeout=60
+    )
     return int(probe.stdout)
 
 
@@ -275,137 +322,742 @@ def config_nested(depth: int, objects: bool) -> bytes:
 
 CASES = [
     # Malformed shards, never published.
-    Case("truncated shard", lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:-7]), False, UNPUBLISHED_BAD, "past the end of the file"),
-    Case("shard shorter than its length prefix", lambda f: (f / "model.safetensors").write_bytes(b"\x05\x00"), False, UNPUBLISHED_BAD, "no header length"),
-    Case("empty shard", lambda f: (f / "model.safetensors").write_bytes(b""), False, UNPUBLISHED_BAD, "no header length"),
-    Case("header length 2^63", lambda f: (f / "model.safetensors").write_bytes(struct.pack("<Q", 2**63) + b"{}"), False, UNPUBLISHED_BAD, "exceeds the 100000000-byte limit"),
-    Case("header length 2^64-1", lambda f: (f / "model.safetensors").write_bytes(b"\xff" * 8 + b"{}"), False, UNPUBLISHED_BAD, "exceeds the 100000000-byte limit"),
-    Case("header length past end of file", lambda f: (f / "model.safetensors").write_bytes(struct.pack("<Q", 1000) + b"{}"), False, UNPUBLISHED_BAD, "runs past the end"),
+    Case(
+        "truncated shard",
+        lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:-7]),
+        False,
+        UNPUBLISHED_BAD,
+        "past the end of the file",
+    ),
+    Case(
+        "shard shorter than its length prefix",
+        lambda f: (f / "model.safetensors").write_bytes(b"\x05\x00"),
+        False,
+        UNPUBLISHED_BAD,
+        "no header length",
+    ),
+    Case(
+        "empty shard",
+        lambda f: (f / "model.safetensors").write_bytes(b""),
+        False,
+        UNPUBLISHED_BAD,
+        "no header length",
+    ),
+    Case(
+        "header length 2^63",
+        lambda f: (f / "model.safetensors").write_bytes(struct.pack("<Q", 2**63) + b"{}"),
+        False,
+        UNPUBLISHED_BAD,
+        "exceeds the 100000000-byte limit",
+    ),
+    Case(
+        "header length 2^64-1",
+        lambda f: (f / "model.safetensors").write_bytes(b"\xff" * 8 + b"{}"),
+        False,
+        UNPUBLISHED_BAD,
+        "exceeds the 100000000-byte limit",
+    ),
+    Case(
+        "header length past end of file",
+        lambda f: (f / "model.safetensors").write_bytes(struct.pack("<Q", 1000) + b"{}"),
+        False,
+        UNPUBLISHED_BAD,
+        "runs past the end",
+    ),
     Case("header not JSON", lambda f: shard(f, raw=b"{not json"), False, UNPUBLISHED_BAD, "not valid JSON"),
     Case("header is an array", lambda f: shard(f, [1, 2]), False, UNPUBLISHED_BAD, "not a JSON object"),
     Case("header is a string", lambda f: shard(f, "tensor"), False, UNPUBLISHED_BAD, "not a JSON object"),
-    Case("header not UTF-8", lambda f: shard(f, raw=b'{"w\xff\xfe": 1}'), False, UNPUBLISHED_BAD, "not valid UTF-8"),
-    Case("header nested 100000 deep", lambda f: shard(f, raw=nested(100_000)), False, UNPUBLISHED_BAD, "not valid JSON"),
-    Case("header with NaN", lambda f: shard(f, raw=b'{"__metadata__": {"a": NaN}}'), False, UNPUBLISHED_BAD, "not valid JSON"),
-    Case("duplicate tensor names", lambda f: shard(f, raw=b'{"w": ' + json.dumps(F32).encode() + b', "w": ' + json.dumps(F32).encode() + b"}", data=bytes(16)), False, UNPUBLISHED_BAD, "duplicate key 'w'"),
-    Case("unknown dtype", lambda f: shard(f, {"w": dict(F32, dtype="F128")}, bytes(16)), False, UNPUBLISHED_BAD, "unknown dtype 'F128'"),
-    Case("shape and size disagree", lambda f: shard(f, {"w": dict(F32, shape=[5])}, bytes(16)), False, UNPUBLISHED_BAD, "needs 20 bytes"),
-    Case("negative dimension", lambda f: shard(f, {"w": dict(F32, shape=[-4])}, bytes(16)), False, UNPUBLISHED_BAD, "invalid shape"),
-    Case("float dimension", lambda f: shard(f, {"w": dict(F32, shape=[4.0])}, bytes(16)), False, UNPUBLISHED_BAD, "invalid shape"),
-    Case("offsets reversed", lambda f: shard(f, {"w": dict(F32, data_offsets=[16, 0])}, bytes(16)), False, UNPUBLISHED_BAD, "end before they begin"),
-    Case("overlapping offsets", lambda f: shard(f, {"a": F32, "b": dict(F32, data_offsets=[8, 24])}, bytes(24)), False, UNPUBLISHED_BAD, "overlaps"),
-    Case("hole between tensors", lambda f: shard(f, {"a": F32, "b": dict(F32, data_offsets=[20, 36])}, bytes(36)), False, UNPUBLISHED_BAD, "hole"),
-    Case("offsets past end of file", lambda f: shard(f, {"a": F32, "b": dict(F32, data_offsets=[16, 32])}, bytes(20)), False, UNPUBLISHED_BAD, "past the end of the file"),
-    Case("trailing bytes", lambda f: shard(f, {"w": F32}, bytes(17)), False, UNPUBLISHED_BAD, "1 bytes after the last tensor"),
-    Case("metadata not a string map", lambda f: shard(f, {"__metadata__": {"a": 1}, "w": F32}, bytes(16)), False, UNPUBLISHED_BAD, "__metadata__"),
-    Case("tensor entry with an extra key", lambda f: shard(f, {"w": dict(F32, extra=1)}, bytes(16)), False, UNPUBLISHED_BAD, "exactly dtype, shape and data_offsets"),
+    Case(
+        "header not UTF-8",
+        lambda f: shard(f, raw=b'{"w\xff\xfe": 1}'),
+        False,
+        UNPUBLISHED_BAD,
+        "not valid UTF-8",
+    ),
+    Case(
+        "header nested 100000 deep",
+        lambda f: shard(f, raw=nested(100_000)),
+        False,
+        UNPUBLISHED_BAD,
+        "not valid JSON",
+    ),
+    Case(
+        "header with NaN",
+        lambda f: shard(f, raw=b'{"__metadata__": {"a": NaN}}'),
+        False,
+        UNPUBLISHED_BAD,
+        "not valid JSON",
+    ),
+    Case(
+        "duplicate tensor names",
+        lambda f: shard(
+            f,
+            raw=b'{"w": ' + json.dumps(F32).encode() + b', "w": ' + json.dumps(F32).encode() + b"}",
+            data=bytes(16),
+        ),
+        False,
+        UNPUBLISHED_BAD,
+        "duplicate key 'w'",
+    ),
+    Case(
+        "unknown dtype",
+        lambda f: shard(f, {"w": dict(F32, dtype="F128")}, bytes(16)),
+        False,
+        UNPUBLISHED_BAD,
+        "unknown dtype 'F128'",
+    ),
+    Case(
+        "shape and size disagree",
+        lambda f: shard(f, {"w": dict(F32, shape=[5])}, bytes(16)),
+        False,
+        UNPUBLISHED_BAD,
+        "needs 20 bytes",
+    ),
+    Case(
+        "negative dimension",
+        lambda f: shard(f, {"w": dict(F32, shape=[-4])}, bytes(16)),
+        False,
+        UNPUBLISHED_BAD,
+        "invalid shape",
+    ),
+    Case(
+        "float dimension",
+        lambda f: shard(f, {"w": dict(F32, shape=[4.0])}, bytes(16)),
+        False,
+        UNPUBLISHED_BAD,
+        "invalid shape",
+    ),
+    Case(
+        "offsets reversed",
+        lambda f: shard(f, {"w": dict(F32, data_offsets=[16, 0])}, bytes(16)),
+        False,
+        UNPUBLISHED_BAD,
+        "end before they begin",
+    ),
+    Case(
+        "overlapping offsets",
+        lambda f: shard(f, {"a": F32, "b": dict(F32, data_offsets=[8, 24])}, bytes(24)),
+        False,
+        UNPUBLISHED_BAD,
+        "overlaps",
+    ),
+    Case(
+        "hole between tensors",
+        lambda f: shard(f, {"a": F32, "b": dict(F32, data_offsets=[20, 36])}, bytes(36)),
+        False,
+        UNPUBLISHED_BAD,
+        "hole",
+    ),
+    Case(
+        "offsets past end of file",
+        lambda f: shard(f, {"a": F32, "b": dict(F32, data_offsets=[16, 32])}, bytes(20)),
+        False,
+        UNPUBLISHED_BAD,
+        "past the end of the file",
+    ),
+    Case(
+        "trailing bytes",
+        lambda f: shard(f, {"w": F32}, bytes(17)),
+        False,
+        UNPUBLISHED_BAD,
+        "1 bytes after the last tensor",
+    ),
+    Case(
+        "metadata not a string map",
+        lambda f: shard(f, {"__metadata__": {"a": 1}, "w": F32}, bytes(16)),
+        False,
+        UNPUBLISHED_BAD,
+        "__metadata__",
+    ),
+    Case(
+        "tensor entry with an extra key",
+        lambda f: shard(f, {"w": dict(F32, extra=1)}, bytes(16)),
+        False,
+        UNPUBLISHED_BAD,
+        "exactly dtype, shape and data_offsets",
+    ),
     Case("empty tensor name", lambda f: shard(f, {"": F32}, bytes(16)), False, UNPUBLISHED_BAD, "empty name"),
-    Case("index names a missing shard", lambda f: (f / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "model-00009.safetensors"}})), False, UNPUBLISHED_BAD, "which is missing"),
-    Case("index maps a tensor to the wrong shard", lambda f: (f / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"nope": "model.safetensors"}})), False, UNPUBLISHED_BAD, "does not hold it"),
-    Case("index not JSON", lambda f: (f / "model.safetensors.index.json").write_text("{"), False, UNPUBLISHED_BAD, "index is not valid JSON"),
-    Case("index weight_map not an object", lambda f: (f / "model.safetensors.index.json").write_text('{"weight_map": []}'), False, UNPUBLISHED_BAD, "weight_map must map"),
-    Case("same tensor in two weight shards", lambda f: shutil.copy(f / "model.safetensors", f / "copy.safetensors"), False, UNPUBLISHED_BAD, "is also in"),
-    Case("config not JSON", lambda f: (f / "config.json").write_text("{"), False, UNPUBLISHED_BAD, "config is not valid JSON"),
-    Case("config is an array", lambda f: (f / "config.json").write_text("[]"), False, UNPUBLISHED_BAD, "config is not a JSON object"),
-    Case("config number too large for a double", lambda f: (f / "config.json").write_text('{"eps": 1e400}'), False, UNPUBLISHED_BAD,
-         "config is not valid JSON: number 1e400 is out of range"),
-    Case("config of 17 MiB", lambda f: sparse(f / "config.json", 17 << 20), False, UNPUBLISHED_BAD, "over the 16777216-byte limit"),
+    Case(
+        "index names a missing shard",
+        lambda f: (f / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": {"x": "model-00009.safetensors"}})
+        ),
+        False,
+        UNPUBLISHED_BAD,
+        "which is missing",
+    ),
+    Case(
+        "index maps a tensor to the wrong shard",
+        lambda f: (f / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": {"nope": "model.safetensors"}})
+        ),
+        False,
+        UNPUBLISHED_BAD,
+        "does not hold it",
+    ),
+    Case(
+        "index not JSON",
+        lambda f: (f / "model.safetensors.index.json").write_text("{"),
+        False,
+        UNPUBLISHED_BAD,
+        "index is not valid JSON",
+    ),
+    Case(
+        "index weight_map not an object",
+        lambda f: (f / "model.safetensors.index.json").write_text('{"weight_map": []}'),
+        False,
+        UNPUBLISHED_BAD,
+        "weight_map must map",
+    ),
+    Case(
+        "same tensor in two weight shards",
+        lambda f: shutil.copy(f / "model.safetensors", f / "copy.safetensors"),
+        False,
+        UNPUBLISHED_BAD,
+        "is also in",
+    ),
+    Case(
+        "config not JSON",
+        lambda f: (f / "config.json").write_text("{"),
+        False,
+        UNPUBLISHED_BAD,
+        "config is not valid JSON",
+    ),
+    Case(
+        "config is an array",
+        lambda f: (f / "config.json").write_text("[]"),
+        False,
+        UNPUBLISHED_BAD,
+        "config is not a JSON object",
+    ),
+    Case(
+        "config number too large for a double",
+        lambda f: (f / "config.json").write_text('{"eps": 1e400}'),
+        False,
+        UNPUBLISHED_BAD,
+        "config is not valid JSON: number 1e400 is out of range",
+    ),
+    Case(
+        "config of 17 MiB",
+        lambda f: sparse(f / "config.json", 17 << 20),
+        False,
+        UNPUBLISHED_BAD,
+        "over the 16777216-byte limit",
+    ),
     # The folder itself.
-    Case("symlink out of the folder", lambda f: os.symlink("/etc/passwd", f / "passwd"), False, UNPUBLISHED_BAD, "symlink points outside"),
-    Case("symlink escaping through ..", lambda f: os.symlink("../../outside.txt", f / "logs" / "escape.txt"), False, UNPUBLISHED_BAD, "symlink points outside"),
+    Case(
+        "symlink out of the folder",
+        lambda f: os.symlink("/etc/passwd", f / "passwd"),
+        False,
+        UNPUBLISHED_BAD,
+        "symlink points outside",
+    ),
+    Case(
+        "symlink escaping through ..",
+        lambda f: os.symlink("../../outside.txt", f / "logs" / "escape.txt"),
+        False,
+        UNPUBLISHED_BAD,
+        "symlink points outside",
+    ),
     Case("symlink loop", lambda f: os.symlink("loop", f / "loop"), False, UNPUBLISHED_BAD, "symlink loop"),
-    Case("symlink to a folder inside", lambda f: os.symlink("logs", f / "logs2"), False, UNPUBLISHED_BAD, "folder behind a symlink"),
-    Case("named pipe in the folder", lambda f: os.mkfifo(f / "pipe"), False, UNPUBLISHED_BAD, "not a regular file"),
-    Case("file name not UTF-8", lambda f: open(os.path.join(os.fsencode(f), b"bad\xffname"), "wb").close(), False, UNPUBLISHED_BAD, "not valid UTF-8"),
-    Case("file name with a newline", lambda f: (f / "two\nlines").write_text("x"), False, UNPUBLISHED_BAD, "newlines are not supported"),
+    Case(
+        "symlink to a folder inside",
+        lambda f: os.symlink("logs", f / "logs2"),
+        False,
+        UNPUBLISHED_BAD,
+        "folder behind a symlink",
+    ),
+    Case(
+        "named pipe in the folder",
+        lambda f: os.mkfifo(f / "pipe"),
+        False,
+        UNPUBLISHED_BAD,
+        "not a regular file",
+    ),
+    Case(
+        "file name not UTF-8",
+        lambda f: open(os.path.join(os.fsencode(f), b"bad\xffname"), "wb").close(),
+        False,
+        UNPUBLISHED_BAD,
+        "not valid UTF-8",
+    ),
+    Case(
+        "file name with a newline",
+        lambda f: (f / "two\nlines").write_text("x"),
+        False,
+        UNPUBLISHED_BAD,
+        "newlines are not supported",
+    ),
     # Valid but unusual: must work.
-    Case("zero-length tensors", lambda f: shard(f, {"a": dict(F32, shape=[0], data_offsets=[0, 0]), "b": F32, "c": dict(F32, shape=[2, 0], data_offsets=[16, 16])}, bytes(16)), False, {"publish": 0}),
-    Case("symlink to a file inside", lambda f: os.symlink("tokenizer.json", f / "tokenizer-link.json"), False, {"publish": 0}),
+    Case(
+        "zero-length tensors",
+        lambda f: shard(
+            f,
+            {
+                "a": dict(F32, shape=[0], data_offsets=[0, 0]),
+                "b": F32,
+                "c": dict(F32, shape=[2, 0], data_offsets=[16, 16]),
+            },
+            bytes(16),
+        ),
+        False,
+        {"publish": 0},
+    ),
+    Case(
+        "symlink to a file inside",
+        lambda f: os.symlink("tokenizer.json", f / "tokenizer-link.json"),
+        False,
+        {"publish": 0},
+    ),
     # Probably the wrong folder: refused unless the user opts in (--allow-no-weights, --allow-nested).
     Case("empty folder", empty, False, UNPUBLISHED_BAD, "is empty"),
-    Case("folder without weights", lambda f: (f / "model.safetensors").unlink(), False, UNPUBLISHED_BAD, "has no weight files"),
-    Case("folder holding only a subfolder's weights", lambda f: (f / "sub").mkdir() or os.replace(f / "model.safetensors", f / "sub" / "model.safetensors"), False, UNPUBLISHED_BAD, "has no weight files"),
-    Case("run folder with checkpoint subfolders", run_folder, False, UNPUBLISHED_BAD, "holds other checkpoints"),
-    Case("run folder with a run index", lambda f: (f / "ckptpub-index.jsonl").write_text(""), False, UNPUBLISHED_BAD, "holds other checkpoints"),
-    Case("folder holding a published folder", lambda f: (f / "nested").mkdir() or (f / "nested" / "ckptpub.json").write_text("{}"), False, UNPUBLISHED_BAD, "holds other checkpoints"),
+    Case(
+        "folder without weights",
+        lambda f: (f / "model.safetensors").unlink(),
+        False,
+        UNPUBLISHED_BAD,
+        "has no weight files",
+    ),
+    Case(
+        "folder holding only a subfolder's weights",
+        lambda f: (f / "sub").mkdir() or os.replace(f / "model.safetensors", f / "sub" / "model.safetensors"),
+        False,
+        UNPUBLISHED_BAD,
+        "has no weight files",
+    ),
+    Case(
+        "run folder with checkpoint subfolders", run_folder, False, UNPUBLISHED_BAD, "holds other checkpoints"
+    ),
+    Case(
+        "run folder with a run index",
+        lambda f: (f / "ckptpub-index.jsonl").write_text(""),
+        False,
+        UNPUBLISHED_BAD,
+        "holds other checkpoints",
+    ),
+    Case(
+        "folder holding a published folder",
+        lambda f: (f / "nested").mkdir() or (f / "nested" / "ckptpub.json").write_text("{}"),
+        False,
+        UNPUBLISHED_BAD,
+        "holds other checkpoints",
+    ),
     # Manifests: missing, malformed, hostile.
     Case("no manifest", lambda f: None, False, {"verify": 2, "show": 2, "diff": 2}, "no ckptpub.json"),
-    Case("manifest of garbage bytes", lambda f: (f / "ckptpub.json").write_bytes(os.urandom(64) + b"\xff"), True, BAD_MANIFEST, "not valid"),
-    Case("empty manifest", lambda f: (f / "ckptpub.json").write_bytes(b""), True, BAD_MANIFEST, "manifest is not valid JSON"),
-    Case("manifest is an array", lambda f: (f / "ckptpub.json").write_text("[]"), True, BAD_MANIFEST, "manifest is not a JSON object"),
-    Case("unknown format version", rewrite_manifest(lambda d: d.update(format="ckptpub/2")), True, BAD_MANIFEST, "unsupported manifest format 'ckptpub/2'"),
-    Case("manifest path with ..", rewrite_manifest(lambda d: d["files"][0].update(path="../outside.txt")), True, BAD_MANIFEST, "not a safe relative path"),
-    Case("manifest absolute path", rewrite_manifest(lambda d: d["files"][0].update(path="/etc/passwd")), True, BAD_MANIFEST, "not a safe relative path"),
-    Case("manifest identity not its entries'", rewrite_manifest(lambda d: d.update(identity="blake3:" + "e" * 64)), True, BAD_MANIFEST, "does not match the manifest's own entries"),
-    Case("manifest with an extra field", rewrite_manifest(lambda d: d.update(signature="trust me")), True, BAD_MANIFEST, "unexpected"),
-    Case("manifest without tensors", rewrite_manifest(lambda d: d.pop("tensors")), True, BAD_MANIFEST, "missing"),
-    Case("manifest with duplicate keys", lambda f: (f / "ckptpub.json").write_text((f / "ckptpub.json").read_text()[:-2] + ', "format": "ckptpub/1"}'), True, BAD_MANIFEST, "duplicate key 'format'"),
-    Case("manifest tensors do not tile the file", rewrite_manifest(lambda d: d["tensors"].pop(0)), True, BAD_MANIFEST, "do not tile"),
-    Case("manifest digest malformed", rewrite_manifest(lambda d: d["files"][0].update(digest="md5:1234")), True, BAD_MANIFEST, "is not a blake3 digest"),
-    Case("manifest weights name an unlisted file", rewrite_manifest(lambda d: d["weights"].append("ghost.safetensors")), True, BAD_MANIFEST, "is not a listed safetensors file"),
-    Case("manifest of 65 MiB", lambda f: sparse(f / "ckptpub.json", 65 << 20), True, BAD_MANIFEST, "over the 67108864-byte manifest limit"),
-    Case("manifest is a symlink", lambda f: (os.replace(f / "ckptpub.json", f / "logs" / "m.json"), os.symlink("logs/m.json", f / "ckptpub.json")), True, BAD_MANIFEST, "is a symlink"),
-    Case("manifest is a folder", lambda f: ((f / "ckptpub.json").unlink(), (f / "ckptpub.json").mkdir()), True, {"publish": 2, "verify": 2, "show": 2, "diff": 2}, "ckptpub.json"),
-    Case("manifest entry is a symlink out of the folder", lambda f: ((f / "tokenizer.json").unlink(), os.symlink("/etc/hostname", f / "tokenizer.json")), True, {"publish": 2, "verify": 2, "show": 0, "diff": 0}, "symlink points outside"),
+    Case(
+        "manifest of garbage bytes",
+        lambda f: (f / "ckptpub.json").write_bytes(os.urandom(64) + b"\xff"),
+        True,
+        BAD_MANIFEST,
+        "not valid",
+    ),
+    Case(
+        "empty manifest",
+        lambda f: (f / "ckptpub.json").write_bytes(b""),
+        True,
+        BAD_MANIFEST,
+        "manifest is not valid JSON",
+    ),
+    Case(
+        "manifest is an array",
+        lambda f: (f / "ckptpub.json").write_text("[]"),
+        True,
+        BAD_MANIFEST,
+        "manifest is not a JSON object",
+    ),
+    Case(
+        "unknown format version",
+        rewrite_manifest(lambda d: d.update(format="ckptpub/2")),
+        True,
+        BAD_MANIFEST,
+        "unsupported manifest format 'ckptpub/2'",
+    ),
+    Case(
+        "manifest path with ..",
+        rewrite_manifest(lambda d: d["files"][0].update(path="../outside.txt")),
+        True,
+        BAD_MANIFEST,
+        "not a safe relative path",
+    ),
+    Case(
+        "manifest absolute path",
+        rewrite_manifest(lambda d: d["files"][0].update(path="/etc/passwd")),
+        True,
+        BAD_MANIFEST,
+        "not a safe relative path",
+    ),
+    Case(
+        "manifest identity not its entries'",
+        rewrite_manifest(lambda d: d.update(identity="blake3:" + "e" * 64)),
+        True,
+        BAD_MANIFEST,
+        "does not match the manifest's own entries",
+    ),
+    Case(
+        "manifest with an extra field",
+        rewrite_manifest(lambda d: d.update(signature="trust me")),
+        True,
+        BAD_MANIFEST,
+        "unexpected",
+    ),
+    Case(
+        "manifest without tensors",
+        rewrite_manifest(lambda d: d.pop("tensors")),
+        True,
+        BAD_MANIFEST,
+        "missing",
+    ),
+    Case(
+        "manifest with duplicate keys",
+        lambda f: (f / "ckptpub.json").write_text(
+            (f / "ckptpub.json").read_text()[:-2] + ', "format": "ckptpub/1"}'
+        ),
+        True,
+        BAD_MANIFEST,
+        "duplicate key 'format'",
+    ),
+    Case(
+        "manifest tensors do not tile the file",
+        rewrite_manifest(lambda d: d["tensors"].pop(0)),
+        True,
+        BAD_MANIFEST,
+        "do not tile",
+    ),
+    Case(
+        "manifest digest malformed",
+        rewrite_manifest(lambda d: d["files"][0].update(digest="md5:1234")),
+        True,
+        BAD_MANIFEST,
+        "is not a blake3 digest",
+    ),
+    Case(
+        "manifest weights name an unlisted file",
+        rewrite_manifest(lambda d: d["weights"].append("ghost.safetensors")),
+        True,
+        BAD_MANIFEST,
+        "is not a listed safetensors file",
+    ),
+    Case(
+        "manifest of 65 MiB",
+        lambda f: sparse(f / "ckptpub.json", 65 << 20),
+        True,
+        BAD_MANIFEST,
+        "over the 67108864-byte manifest limit",
+    ),
+    Case(
+        "manifest is a symlink",
+        lambda f: (
+            os.replace(f / "ckptpub.json", f / "logs" / "m.json"),
+            os.symlink("logs/m.json", f / "ckptpub.json"),
+        ),
+        True,
+        BAD_MANIFEST,
+        "is a symlink",
+    ),
+    Case(
+        "manifest is a folder",
+        lambda f: ((f / "ckptpub.json").unlink(), (f / "ckptpub.json").mkdir()),
+        True,
+        {"publish": 2, "verify": 2, "show": 2, "diff": 2},
+        "ckptpub.json",
+    ),
+    Case(
+        "manifest entry is a symlink out of the folder",
+        lambda f: ((f / "tokenizer.json").unlink(), os.symlink("/etc/hostname", f / "tokenizer.json")),
+        True,
+        {"publish": 2, "verify": 2, "show": 0, "diff": 0},
+        "symlink points outside",
+    ),
     # Manifests that parse but do not describe the folder: a mismatch.
-    Case("manifest of another checkpoint", lambda f: (f / "config.json").write_text('{"model_type": "other"}'), True, MISMATCH),
-    Case("manifest with a forged config digest", rewrite_manifest(forge_config), True, {"verify": 1, "show": 0}),
-    Case("manifest forged for a config holding NaN", forge_config_file(b'{"model_type": "x", "eps": NaN}'), True, {"verify": 1, "show": 0}),
-    Case("manifest reordered and indented by hand", lambda f: (f / "ckptpub.json").write_text(json.dumps(dict(reversed(list(json.loads((f / "ckptpub.json").read_text()).items()))), indent=3)), True, {"verify": 0, "show": 0, "diff": 0}),
+    Case(
+        "manifest of another checkpoint",
+        lambda f: (f / "config.json").write_text('{"model_type": "other"}'),
+        True,
+        MISMATCH,
+    ),
+    Case(
+        "manifest with a forged config digest", rewrite_manifest(forge_config), True, {"verify": 1, "show": 0}
+    ),
+    Case(
+        "manifest forged for a config holding NaN",
+        forge_config_file(b'{"model_type": "x", "eps": NaN}'),
+        True,
+        {"verify": 1, "show": 0},
+    ),
+    Case(
+        "manifest reordered and indented by hand",
+        lambda f: (f / "ckptpub.json").write_text(
+            json.dumps(dict(reversed(list(json.loads((f / "ckptpub.json").read_text()).items()))), indent=3)
+        ),
+        True,
+        {"verify": 0, "show": 0, "diff": 0},
+    ),
     # Bytes changed after publishing.
     Case("tensor byte flipped", flip_tensor, True, MISMATCH),
-    Case("header metadata byte flipped", lambda f: flip_byte(f / "model.safetensors", 9), True, {"verify": 1, "show": 0, "diff": 0}),
+    Case(
+        "header metadata byte flipped",
+        lambda f: flip_byte(f / "model.safetensors", 9),
+        True,
+        {"verify": 1, "show": 0, "diff": 0},
+    ),
     Case("file truncated", lambda f: os.truncate(f / "optimizer.pt", 10), True, MISMATCH),
     Case("file added", lambda f: (f / "new.bin").write_bytes(b"x"), True, MISMATCH),
     Case("file missing", lambda f: (f / "tokenizer.json").unlink(), True, MISMATCH),
     Case("file added in a subfolder", lambda f: (f / "logs" / "more.txt").write_text("y"), True, MISMATCH),
     # Special files where a file is opened: never a hang, never read.
-    *[Case(f"manifest is a {kind}", special(kind, "ckptpub.json"), True, {"publish": 0, "verify": 2, "show": 2, "diff": 2}, "not a regular file")
-      for kind in ("FIFO", "socket")],
-    *[Case(f"{name} replaced by a {kind} after publishing", special(kind, name), True, {"publish": 2, "verify": 2, "show": 0, "diff": 0}, "not a regular file")
-      for kind in ("FIFO", "socket") for name in ("tokenizer.json", "model.safetensors", "config.json")],
-    *[Case(f"{name} is a {kind}", special(kind, name), False, UNPUBLISHED_BAD, "not a regular file")
-      for kind in ("FIFO", "socket") for name in ("config.json", "model.safetensors", "model.safetensors.index.json")],
-    *[Case(f"manifest is a symlink {what}", replace_with_symlink("ckptpub.json", target), True, BAD_MANIFEST, "is a symlink")
-      for what, target in (("that dangles", "gone.json"), ("to a folder", "logs"), ("to a device outside", "/dev/zero"), ("to itself", "ckptpub.json"))],
-    Case("symlink to the manifest inside the folder", lambda f: os.symlink("ckptpub.json", f / "manifest-copy.json"), True, {"publish": 2, "verify": 2, "show": 0, "diff": 0}, "points at ckptpub.json"),
-    Case("symlink to the manifest, before publishing", lambda f: os.symlink("ckptpub.json", f / "manifest-copy.json"), False, UNPUBLISHED_BAD, "points at ckptpub.json"),
+    *[
+        Case(
+            f"manifest is a {kind}",
+            special(kind, "ckptpub.json"),
+            True,
+            {"publish": 0, "verify": 2, "show": 2, "diff": 2},
+            "not a regular file",
+        )
+        for kind in ("FIFO", "socket")
+    ],
+    *[
+        Case(
+            f"{name} replaced by a {kind} after publishing",
+            special(kind, name),
+            True,
+            {"publish": 2, "verify": 2, "show": 0, "diff": 0},
+            "not a regular file",
+        )
+        for kind in ("FIFO", "socket")
+        for name in ("tokenizer.json", "model.safetensors", "config.json")
+    ],
+    *[
+        Case(f"{name} is a {kind}", special(kind, name), False, UNPUBLISHED_BAD, "not a regular file")
+        for kind in ("FIFO", "socket")
+        for name in ("config.json", "model.safetensors", "model.safetensors.index.json")
+    ],
+    *[
+        Case(
+            f"manifest is a symlink {what}",
+            replace_with_symlink("ckptpub.json", target),
+            True,
+            BAD_MANIFEST,
+            "is a symlink",
+        )
+        for what, target in (
+            ("that dangles", "gone.json"),
+            ("to a folder", "logs"),
+            ("to a device outside", "/dev/zero"),
+            ("to itself", "ckptpub.json"),
+        )
+    ],
+    Case(
+        "symlink to the manifest inside the folder",
+        lambda f: os.symlink("ckptpub.json", f / "manifest-copy.json"),
+        True,
+        {"publish": 2, "verify": 2, "show": 0, "diff": 0},
+        "points at ckptpub.json",
+    ),
+    Case(
+        "symlink to the manifest, before publishing",
+        lambda f: os.symlink("ckptpub.json", f / "manifest-copy.json"),
+        False,
+        UNPUBLISHED_BAD,
+        "points at ckptpub.json",
+    ),
     # ckptpub's own names: a folder named like a temporary file is content, not skipped.
-    Case("folder named like a temp file, added after publishing", lambda f: ((f / ".ckptpub.json.0123456789abcdef.tmp").mkdir(), (f / ".ckptpub.json.0123456789abcdef.tmp" / "x.bin").write_bytes(b"x")), True, {"publish": 0, "verify": 1, "verify-pinned": 1, "show": 0}),
-    Case("FIFO named like a temp file, added after publishing", special("FIFO", ".ckptpub.json.0123456789abcdef.tmp"), True, {"publish": 2, "verify": 2, "show": 0}, "not a regular file"),
+    Case(
+        "folder named like a temp file, added after publishing",
+        lambda f: (
+            (f / ".ckptpub.json.0123456789abcdef.tmp").mkdir(),
+            (f / ".ckptpub.json.0123456789abcdef.tmp" / "x.bin").write_bytes(b"x"),
+        ),
+        True,
+        {"publish": 0, "verify": 1, "verify-pinned": 1, "show": 0},
+    ),
+    Case(
+        "FIFO named like a temp file, added after publishing",
+        special("FIFO", ".ckptpub.json.0123456789abcdef.tmp"),
+        True,
+        {"publish": 2, "verify": 2, "show": 0},
+        "not a regular file",
+    ),
     # Manifests whose every byte checks out but whose claims about the folder are false: verify must say FAILED.
-    Case("extra safetensors listed as a plain file", forge_listing(plain=("extra.safetensors",), before=rename_tensor("model.safetensors", "extra.safetensors")),
-         True, {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 0}),
-    Case("shard listed as a plain file with weights []", forge_listing(plain=("model.safetensors",), weights=()), True, {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 1}),
-    Case("weight bytes declared as a shard under another name", forge_listing(plain=("model.safetensors",), shards=("weights.bin",), weights=("weights.bin",), before=copy_then_flip("model.safetensors", "weights.bin")),
-         True, {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 0}),
-    Case("weights claimed from a subfolder shard", forge_listing(weights=("sub/model.safetensors",), before=copy_then_flip("model.safetensors", "sub/model.safetensors")),
-         True, {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 0}),
-    Case("index names a shard the manifest leaves out of weights", forge_listing(before=stray_shard_in_index), True, {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 0}),
-    Case("subfolder safetensors listed as a plain file", forge_listing(plain=("logs/extra.safetensors",), before=rename_tensor("model.safetensors", "logs/extra.safetensors")),
-         True, {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 0}),
+    Case(
+        "extra safetensors listed as a plain file",
+        forge_listing(
+            plain=("extra.safetensors",), before=rename_tensor("model.safetensors", "extra.safetensors")
+        ),
+        True,
+        {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 0},
+    ),
+    Case(
+        "shard listed as a plain file with weights []",
+        forge_listing(plain=("model.safetensors",), weights=()),
+        True,
+        {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 1},
+    ),
+    Case(
+        "weight bytes declared as a shard under another name",
+        forge_listing(
+            plain=("model.safetensors",),
+            shards=("weights.bin",),
+            weights=("weights.bin",),
+            before=copy_then_flip("model.safetensors", "weights.bin"),
+        ),
+        True,
+        {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 0},
+    ),
+    Case(
+        "weights claimed from a subfolder shard",
+        forge_listing(
+            weights=("sub/model.safetensors",),
+            before=copy_then_flip("model.safetensors", "sub/model.safetensors"),
+        ),
+        True,
+        {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 0},
+    ),
+    Case(
+        "index names a shard the manifest leaves out of weights",
+        forge_listing(before=stray_shard_in_index),
+        True,
+        {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 0},
+    ),
+    Case(
+        "subfolder safetensors listed as a plain file",
+        forge_listing(
+            plain=("logs/extra.safetensors",),
+            before=rename_tensor("model.safetensors", "logs/extra.safetensors"),
+        ),
+        True,
+        {"verify": 1, "verify-pinned": 1, "show": 0, "diff": 0},
+    ),
     # Names and text: strict UTF-8 whatever the locale; lone surrogates are not text.
-    Case("UTF-8 file names", lambda f: ((f / "café.txt").write_text("x"), (f / "日本").mkdir(), (f / "日本" / "設定.json").write_text("{}"), (f / "emoji-😀.bin").write_bytes(b"y")), False, {"publish": 0}),
-    Case("UTF-8 file names added after publishing", lambda f: (f / "café.txt").write_text("x"), True, MISMATCH),
-    Case("config with an escaped surrogate pair", lambda f: (f / "config.json").write_text('{"model_type": "\\ud83d\\ude00"}'), False, {"publish": 0}),
-    Case("config with a lone surrogate escape", lambda f: (f / "config.json").write_text('{"model_type": "\\ud800"}'), False, UNPUBLISHED_BAD, "lone surrogate"),
-    Case("header with a lone surrogate tensor name", lambda f: shard(f, raw=b'{"w\\udc80": ' + json.dumps(F32).encode() + b"}", data=bytes(16)), False, UNPUBLISHED_BAD, "lone surrogate"),
-    Case("index with a lone surrogate", lambda f: (f / "model.safetensors.index.json").write_text('{"weight_map": {"\\udfff": "model.safetensors"}}'), False, UNPUBLISHED_BAD, "lone surrogate"),
-    Case("manifest with a lone surrogate tensor name", raw_manifest_edit('"name":"model.norm.weight"', '"name":"model.norm.weight\\ud800"'), True, BAD_MANIFEST, "lone surrogate"),
-    Case("manifest with a lone surrogate in provenance", raw_manifest_edit('"provenance":{', '"provenance":{"note":"\\udc00",'), True, BAD_MANIFEST, "lone surrogate"),
+    Case(
+        "UTF-8 file names",
+        lambda f: (
+            (f / "café.txt").write_text("x"),
+            (f / "日本").mkdir(),
+            (f / "日本" / "設定.json").write_text("{}"),
+            (f / "emoji-😀.bin").write_bytes(b"y"),
+        ),
+        False,
+        {"publish": 0},
+    ),
+    Case(
+        "UTF-8 file names added after publishing", lambda f: (f / "café.txt").write_text("x"), True, MISMATCH
+    ),
+    Case(
+        "config with an escaped surrogate pair",
+        lambda f: (f / "config.json").write_text('{"model_type": "\\ud83d\\ude00"}'),
+        False,
+        {"publish": 0},
+    ),
+    Case(
+        "config with a lone surrogate escape",
+        lambda f: (f / "config.json").write_text('{"model_type": "\\ud800"}'),
+        False,
+        UNPUBLISHED_BAD,
+        "lone surrogate",
+    ),
+    Case(
+        "header with a lone surrogate tensor name",
+        lambda f: shard(f, raw=b'{"w\\udc80": ' + json.dumps(F32).encode() + b"}", data=bytes(16)),
+        False,
+        UNPUBLISHED_BAD,
+        "lone surrogate",
+    ),
+    Case(
+        "index with a lone surrogate",
+        lambda f: (f / "model.safetensors.index.json").write_text(
+            '{"weight_map": {"\\udfff": "model.safetensors"}}'
+        ),
+        False,
+        UNPUBLISHED_BAD,
+        "lone surrogate",
+    ),
+    Case(
+        "manifest with a lone surrogate tensor name",
+        raw_manifest_edit('"name":"model.norm.weight"', '"name":"model.norm.weight\\ud800"'),
+        True,
+        BAD_MANIFEST,
+        "lone surrogate",
+    ),
+    Case(
+        "manifest with a lone surrogate in provenance",
+        raw_manifest_edit('"provenance":{', '"provenance":{"note":"\\udc00",'),
+        True,
+        BAD_MANIFEST,
+        "lone surrogate",
+    ),
     # Deep JSON: nested just under the parser's limit parses, and whatever comes next copes.
-    Case("config of objects nested just under the parser's limit", lambda f: (f / "config.json").write_bytes(config_nested(JUST_UNDER, True)), False, {"publish": 0}),
-    Case("config of arrays nested just under the parser's limit", lambda f: (f / "config.json").write_bytes(config_nested(JUST_UNDER, False)), False, {"publish": 0}),
-    Case("provenance nested just under the parser's limit", deep_provenance(JUST_UNDER - 3), True, {"verify": 0, "show": 0, "diff": 0}),
-    Case("config nested past the parser's limit", lambda f: (f / "config.json").write_bytes(config_nested(JUST_UNDER + 100, True)), False, UNPUBLISHED_BAD, "config is not valid JSON"),
-    Case("manifest nested past the parser's limit", lambda f: (f / "ckptpub.json").write_bytes(nested(JUST_UNDER + 100)), True, BAD_MANIFEST, "manifest is not valid JSON"),
+    Case(
+        "config of objects nested just under the parser's limit",
+        lambda f: (f / "config.json").write_bytes(config_nested(JUST_UNDER, True)),
+        False,
+        {"publish": 0},
+    ),
+    Case(
+        "config of arrays nested just under the parser's limit",
+        lambda f: (f / "config.json").write_bytes(config_nested(JUST_UNDER, False)),
+        False,
+        {"publish": 0},
+    ),
+    Case(
+        "provenance nested just under the parser's limit",
+        deep_provenance(JUST_UNDER - 3),
+        True,
+        {"verify": 0, "show": 0, "diff": 0},
+    ),
+    Case(
+        "config nested past the parser's limit",
+        lambda f: (f / "config.json").write_bytes(config_nested(JUST_UNDER + 100, True)),
+        False,
+        UNPUBLISHED_BAD,
+        "config is not valid JSON",
+    ),
+    Case(
+        "manifest nested past the parser's limit",
+        lambda f: (f / "ckptpub.json").write_bytes(nested(JUST_UNDER + 100)),
+        True,
+        BAD_MANIFEST,
+        "manifest is not valid JSON",
+    ),
 ]
 
 RUN_CASES = [
     RunCase("intact run", lambda r: None, 0, ("checkpoint-10", "checkpoint-20"), ()),
-    RunCase("stray manifest in the run folder", lambda r: shutil.copy(r / "checkpoint-10" / "ckptpub.json", r / "ckptpub.json"), 0, (".", "checkpoint-10", "checkpoint-20"), ()),
-    RunCase("unreadable checkpoint folder", lambda r: (r / "checkpoint-20").chmod(0), 2, ("checkpoint-10",), ("checkpoint-20",)),
-    RunCase("manifest of a checkpoint is a FIFO", special("FIFO", "checkpoint-20/ckptpub.json"), 2, ("checkpoint-10",), ("checkpoint-20",)),
-    RunCase("manifest of a checkpoint is a folder", lambda r: ((r / "checkpoint-20" / "ckptpub.json").unlink(), (r / "checkpoint-20" / "ckptpub.json").mkdir()), 2, ("checkpoint-10",), ("checkpoint-20",)),
-    RunCase("manifest of a checkpoint is a symlink out", replace_with_symlink("checkpoint-20/ckptpub.json", "/etc/hostname"), 2, ("checkpoint-10",), ("checkpoint-20",)),
+    RunCase(
+        "stray manifest in the run folder",
+        lambda r: shutil.copy(r / "checkpoint-10" / "ckptpub.json", r / "ckptpub.json"),
+        0,
+        (".", "checkpoint-10", "checkpoint-20"),
+        (),
+    ),
+    RunCase(
+        "unreadable checkpoint folder",
+        lambda r: (r / "checkpoint-20").chmod(0),
+        2,
+        ("checkpoint-10",),
+        ("checkpoint-20",),
+    ),
+    RunCase(
+        "manifest of a checkpoint is a FIFO",
+        special("FIFO", "checkpoint-20/ckptpub.json"),
+        2,
+        ("checkpoint-10",),
+        ("checkpoint-20",),
+    ),
+    RunCase(
+        "manifest of a checkpoint is a folder",
+        lambda r: (
+            (r / "checkpoint-20" / "ckptpub.json").unlink(),
+            (r / "checkpoint-20" / "ckptpub.json").mkdir(),
+        ),
+        2,
+        ("checkpoint-10",),
+        ("checkpoint-20",),
+    ),
+    RunCase(
+        "manifest of a checkpoint is a symlink out",
+        replace_with_symlink("checkpoint-20/ckptpub.json", "/etc/hostname"),
+        2,
+        ("checkpoint-10",),
+        ("checkpoint-20",),
+    ),
 ]

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import ckptpub
 
@@ -29,7 +30,12 @@ ENGINE_FILES = {
 }
 LARGE_TOKENIZER_BYTES = 17 << 20
 #: Files an engine would read if they appeared after publishing.
-ADDED_LATER = ("chat_template.json", "tokenizer.model", "added_tokens.json", "additional_chat_templates/tool.jinja")
+ADDED_LATER = (
+    "chat_template.json",
+    "tokenizer.model",
+    "added_tokens.json",
+    "additional_chat_templates/tool.jinja",
+)
 
 
 class EngineCase(NamedTuple):
@@ -74,8 +80,10 @@ _FILE_DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "edited in place": (_edit_in_place, "bytes differ from the manifest"),
     "removed": (lambda p: p.unlink(), "is missing"),
     "replaced by a FIFO": (lambda p: _replace(p, os.mkfifo), "is not a regular file"),
-    "replaced by a symlink out of the folder": (lambda p: _replace(p, lambda q: q.symlink_to("/etc/hostname")),
-                                                "is a symlink out of the folder"),
+    "replaced by a symlink out of the folder": (
+        lambda p: _replace(p, lambda q: q.symlink_to("/etc/hostname")),
+        "is a symlink out of the folder",
+    ),
 }
 
 _MANIFEST_PATHS: dict[str, Callable[[Path], None]] = {
@@ -102,25 +110,56 @@ def _cases() -> list[EngineCase]:
     cases = []
     for name in ENGINE_FILES:
         for how, (damage, message) in _FILE_DAMAGES.items():
-            cases.append(EngineCase(f"{name} {how}", lambda f, n=name, d=damage: d(f / n), {}, False, message))
+            cases.append(
+                EngineCase(f"{name} {how}", lambda f, n=name, d=damage: d(f / n), {}, False, message)
+            )
     for name in ADDED_LATER:
-        cases.append(EngineCase(f"{name} added after publishing", lambda f, n=name: _add(f, n), {}, False,
-                                "is not in the manifest, and an engine reads it"))
+        cases.append(
+            EngineCase(
+                f"{name} added after publishing",
+                lambda f, n=name: _add(f, n),
+                {},
+                False,
+                "is not in the manifest, and an engine reads it",
+            )
+        )
     for what, make in _MANIFEST_PATHS.items():
         for options_name, options in _OPTION_SETS.items():
-            cases.append(EngineCase(f"manifest path is {what}, {options_name}", _manifest_path_is(make), options,
-                                    False, "ckptpub.json is unusable"))
+            cases.append(
+                EngineCase(
+                    f"manifest path is {what}, {options_name}",
+                    _manifest_path_is(make),
+                    options,
+                    False,
+                    "ckptpub.json is unusable",
+                )
+            )
     no_manifest = lambda f: (f / ckptpub.MANIFEST_NAME).unlink()  # noqa: E731
     cases += [
         EngineCase("no manifest, defaults", no_manifest, {}, False, "or set require_manifest to false"),
         EngineCase("no manifest, require_manifest false", no_manifest, {"require_manifest": False}, True),
-        EngineCase("no manifest, pinned, require_manifest false", no_manifest, _OPTION_SETS["pinned, require_manifest false"],
-                   False, "so the pinned identity"),
+        EngineCase(
+            "no manifest, pinned, require_manifest false",
+            no_manifest,
+            _OPTION_SETS["pinned, require_manifest false"],
+            False,
+            "so the pinned identity",
+        ),
         EngineCase("untouched, pinned", lambda f: None, {"expect_identity": PIN}, True),
-        EngineCase("untouched, pinned to another identity", lambda f: None, {"expect_identity": "blake3:" + "0" * 64},
-                   False, "is not the expected"),
-        EngineCase("weights file added without an index", lambda f: (f / "extra.safetensors").write_bytes(
-            (f / "model.safetensors").read_bytes()), {}, False, "read twice"),
+        EngineCase(
+            "untouched, pinned to another identity",
+            lambda f: None,
+            {"expect_identity": "blake3:" + "0" * 64},
+            False,
+            "is not the expected",
+        ),
+        EngineCase(
+            "weights file added without an index",
+            lambda f: (f / "extra.safetensors").write_bytes((f / "model.safetensors").read_bytes()),
+            {},
+            False,
+            "read twice",
+        ),
     ]
     return cases
 

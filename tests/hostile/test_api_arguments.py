@@ -12,11 +12,18 @@ import os
 from pathlib import Path
 
 import pytest
-
-import ckptpub
 from checkpoints import write_checkpoint
 
-BAD_PATHS = {"None": None, "an int": 3, "an object": object(), "empty": "", "with NUL": "a\x00b", "a list": ["ckpt"]}
+import ckptpub
+
+BAD_PATHS = {
+    "None": None,
+    "an int": 3,
+    "an object": object(),
+    "empty": "",
+    "with NUL": "a\x00b",
+    "a list": ["ckpt"],
+}
 BAD_OPTIONS = {
     "provenance with an object": {"provenance": {"x": object()}},
     "provenance with NaN": {"provenance": {"x": float("nan")}},
@@ -24,7 +31,9 @@ BAD_OPTIONS = {
     "provenance a list": {"provenance": [1, 2]},
     "provenance a string": {"provenance": "step 10"},
     "provenance with a lone surrogate": {"provenance": {"x": "\udc80"}},
-    "provenance nested 100000 deep": {"provenance": {"x": __import__("functools").reduce(lambda v, _: [v], range(100_000), 0)}},
+    "provenance nested 100000 deep": {
+        "provenance": {"x": __import__("functools").reduce(lambda v, _: [v], range(100_000), 0)}
+    },
     "threads 0": {"threads": 0},
     "threads a string": {"threads": "4"},
     "on_progress not callable": {"on_progress": 5},
@@ -63,7 +72,9 @@ def test_bad_publish_option(folder: Path, function: str, bad: str) -> None:
     assert (folder / "ckptpub.json").read_bytes() == before
 
 
-@pytest.mark.parametrize("options", [{"expect_identity": 5}, {"expect_identity": "blake3:xyz"}, {"threads": -1}])
+@pytest.mark.parametrize(
+    "options", [{"expect_identity": 5}, {"expect_identity": "blake3:xyz"}, {"threads": -1}]
+)
 def test_bad_verify_option(folder: Path, options: dict) -> None:
     with pytest.raises(ckptpub.CkptpubError):
         ckptpub.verify(folder, **options)
@@ -88,7 +99,12 @@ def test_no_manifest_is_told_apart_from_an_unusable_one(tmp_path: Path) -> None:
     folder = write_checkpoint(tmp_path / "ckpt")
     with pytest.raises(ckptpub.NoManifestError):
         ckptpub.read_manifest(folder)
-    for make in (lambda p: p.mkdir(), lambda p: os.mkfifo(p), lambda p: os.symlink("gone", p), lambda p: p.write_text("{}")):
+    for make in (
+        lambda p: p.mkdir(),
+        lambda p: os.mkfifo(p),
+        lambda p: os.symlink("gone", p),
+        lambda p: p.write_text("{}"),
+    ):
         target = folder / "ckptpub.json"
         make(target)
         with pytest.raises(ckptpub.CkptpubError) as raised:

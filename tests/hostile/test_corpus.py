@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from checkpoints import run_cli, snapshot, write_checkpoint
 from corpus import CASES, RUN_CASES, Case, RunCase
 from privileges import without_privileges
@@ -44,22 +43,33 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_corpus_size() -> None:
     runs = len(PARAMS) + len(RUN_CASES)
-    print(f"hostile corpus: {len(CASES)} folder cases x verbs x {len(ENTRIES)} entry points = {len(PARAMS)} runs; "
-          f"{len(RUN_CASES)} run-folder cases for ls; {runs} runs in all")
+    print(
+        f"hostile corpus: {len(CASES)} folder cases x verbs x {len(ENTRIES)} entry points = {len(PARAMS)} runs; "
+        f"{len(RUN_CASES)} run-folder cases for ls; {runs} runs in all"
+    )
     assert len(CASES) >= 100
     assert len({c.name for c in CASES}) == len(CASES)
 
 
 def audited(log: Path, entry: str, args: list[str], prefix: list[str] = ()) -> subprocess.CompletedProcess:
     """One audited run; a hang is a failure (TimeoutExpired fails the test), never a wait without end."""
-    return subprocess.run([*prefix, sys.executable, str(AUDITED_CLI), str(log), entry, *args], capture_output=True,
-                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [*prefix, sys.executable, str(AUDITED_CLI), str(log), entry, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def assert_stayed_inside(log: Path, allowed: list[str], what: str) -> None:
     for path, nofollow in json.loads(log.read_text()):
         path = os.path.join(os.getcwd(), path)
-        real = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path)) if nofollow else os.path.realpath(path)
+        real = (
+            os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+            if nofollow
+            else os.path.realpath(path)
+        )
         assert any(real == a or real.startswith(a + os.sep) for a in allowed), f"{what} touched {path}"
 
 
@@ -80,16 +90,25 @@ def test_case(tmp_path: Path, pristine: dict[str, Path], case: Case, verb: str, 
     if verb == "diff":
         args = [verb, reference, str(folder)]
     elif verb == "verify-pinned":
-        args = ["verify", "--expect-identity", json.loads((pristine["reference"] / "ckptpub.json").read_text())["identity"], str(folder)]
+        args = [
+            "verify",
+            "--expect-identity",
+            json.loads((pristine["reference"] / "ckptpub.json").read_text())["identity"],
+            str(folder),
+        ]
     else:
         args = [verb, str(folder)]
     log = tmp_path / "touched.json"
     result = audited(log, entry, args)
     expected = case.expect[verb]
-    assert result.returncode == expected, f"{case.name}/{verb}/{entry}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == expected, (
+        f"{case.name}/{verb}/{entry}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    )
     assert "Traceback" not in result.stderr
     if expected == 2:
-        assert_one_line_error(result, case.message if verb == "publish" or case.published else "no ckptpub.json")
+        assert_one_line_error(
+            result, case.message if verb == "publish" or case.published else "no ckptpub.json"
+        )
     allowed = [os.path.realpath(folder)] + ([os.path.realpath(reference)] if verb == "diff" else [])
     assert_stayed_inside(log, allowed, f"{case.name}/{verb}/{entry}")
     if before is not None:
@@ -99,7 +118,9 @@ def test_case(tmp_path: Path, pristine: dict[str, Path], case: Case, verb: str, 
         assert after == before, f"{case.name}/{verb}/{entry} changed the folder"
     if verb == "publish" and expected == 0:  # publish writes only what verify accepts
         check = audited(log, "cli", ["verify", str(folder)])
-        assert check.returncode == 0, f"{case.name}/{entry}: verify after publish: {check.stdout}{check.stderr}"
+        assert check.returncode == 0, (
+            f"{case.name}/{entry}: verify after publish: {check.stdout}{check.stderr}"
+        )
 
 
 @pytest.mark.parametrize("case", RUN_CASES, ids=[c.name for c in RUN_CASES])
@@ -111,11 +132,15 @@ def test_run_folder_case(tmp_path: Path, pristine: dict[str, Path], case: RunCas
     case.damage(run)
     log = tmp_path / "touched.json"
     result = audited(log, "cli", ["ls", str(run)], without_privileges())  # so a mode-000 folder is unreadable
-    assert result.returncode == case.exit_code, f"{case.name}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == case.exit_code, (
+        f"{case.name}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    )
     assert "Traceback" not in result.stderr
     for name in case.listed:
         assert any(line.endswith(f"  {name}") for line in result.stdout.splitlines()), (name, result.stdout)
     for name in case.unusable:
-        assert any("UNUSABLE" in line and line.endswith(f"  {name}") for line in result.stdout.splitlines()), (name, result.stdout)
+        assert any(
+            "UNUSABLE" in line and line.endswith(f"  {name}") for line in result.stdout.splitlines()
+        ), (name, result.stdout)
     assert result.stderr.count("\n") == 1, result.stderr
     assert_stayed_inside(log, [os.path.realpath(run)], case.name)

@@ -19,17 +19,16 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from corpus import CASES  # noqa: E402
-from engine_cases import ENGINE_CASES, PIN, add_engine_files  # noqa: E402
-
-import ckptpub  # noqa: E402
 from checkpoints import write_checkpoint  # noqa: E402
-
 from ckptpub_vllm.errors import RefusedError  # noqa: E402
 from ckptpub_vllm.key import checkpoint_key  # noqa: E402
 from ckptpub_vllm.options import Options, split_extra_config  # noqa: E402
 from ckptpub_vllm.startup import check_before_start  # noqa: E402
 from ckptpub_vllm.verify_stream import StreamVerifier, check_shards_are_files  # noqa: E402
+from corpus import CASES  # noqa: E402
+from engine_cases import ENGINE_CASES, PIN, add_engine_files  # noqa: E402
+
+import ckptpub  # noqa: E402
 
 #: Cases whose model, as an engine reads it, is still exactly the published one.
 SERVED = {
@@ -43,7 +42,14 @@ SERVED = {
     "UTF-8 file names added after publishing",
 }
 #: Opened by lazy imports and the platform probes of torch/vLLM, not checkpoint reads.
-NOT_CHECKPOINT_READS = ("/proc/", "/sys/", "/dev/", sys.prefix, sys.base_prefix, str(ckptpub.__file__).rsplit("/src/", 1)[0])
+NOT_CHECKPOINT_READS = (
+    "/proc/",
+    "/sys/",
+    "/dev/",
+    sys.prefix,
+    sys.base_prefix,
+    str(ckptpub.__file__).rsplit("/src/", 1)[0],
+)
 LOADER_CASES = [c for c in CASES if c.published or c.name == "no manifest"]
 
 
@@ -89,12 +95,20 @@ def run_audited(folder, options: Options | None = None) -> tuple[str, str | None
     outside: list[str] = []
 
     def audit(event: str, args: tuple) -> None:
-        if event == "open" and args and isinstance(args[0], (str, bytes)) and not str(args[0]).endswith((".py", ".pyc", ".so")):
+        if (
+            event == "open"
+            and args
+            and isinstance(args[0], (str, bytes))
+            and not str(args[0]).endswith((".py", ".pyc", ".so"))
+        ):
             path = os.fsdecode(args[0])
             flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
             # O_NOFOLLOW opens no symlink in the last component: only the folder part resolves.
-            real = (os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
-                    if flags & os.O_NOFOLLOW else os.path.realpath(path))
+            real = (
+                os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+                if flags & os.O_NOFOLLOW
+                else os.path.realpath(path)
+            )
             if not real.startswith(root + os.sep) and not real.startswith(NOT_CHECKPOINT_READS):
                 outside.append(real)
 
@@ -142,7 +156,9 @@ def engine_published(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.parametrize("case", ENGINE_CASES, ids=[c.name for c in ENGINE_CASES])
-def test_engine_start_checks_refuse_every_hostile_engine_file_and_manifest_path(tmp_path, engine_published, case):
+def test_engine_start_checks_refuse_every_hostile_engine_file_and_manifest_path(
+    tmp_path, engine_published, case
+):
     folder = tmp_path / "ckpt"
     shutil.copytree(engine_published, folder, symlinks=True)
     identity = ckptpub.read_manifest(folder).identity

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from checkpoints import write_checkpoint
 from corpus import flip_tensor as flip_tensor_bytes
 
@@ -32,8 +31,11 @@ def latin1_locale() -> dict[str, str] | None:
         if localedef is None:
             return None
         where.mkdir(exist_ok=True)
-        made = subprocess.run([localedef, "-i", "en_US", "-f", "ISO-8859-1", str(where / "en_US.ISO-8859-1")],
-                              capture_output=True, timeout=120)
+        made = subprocess.run(
+            [localedef, "-i", "en_US", "-f", "ISO-8859-1", str(where / "en_US.ISO-8859-1")],
+            capture_output=True,
+            timeout=120,
+        )
         if not (where / "en_US.ISO-8859-1").is_dir():
             return None
     return {"LOCPATH": str(where), "LC_ALL": "en_US.ISO-8859-1"}
@@ -52,12 +54,17 @@ def run(env_name: str, *args: str, **streams) -> subprocess.CompletedProcess:
     extra = ENVIRONMENTS[env_name]
     if extra is None:
         pytest.skip(f"{env_name}: no such locale here and localedef could not build it")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHONIOENCODING", "PYTHONUTF8"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LC_", "LANG", "PYTHONIOENCODING", "PYTHONUTF8"))
+    }
     env.update(extra)
     streams.setdefault("stdout", subprocess.PIPE)
     streams.setdefault("stderr", subprocess.PIPE)
-    return subprocess.run([sys.executable, "-m", "ckptpub", *args], env=env, timeout=60, stdin=subprocess.DEVNULL,
-                          **streams)
+    return subprocess.run(
+        [sys.executable, "-m", "ckptpub", *args], env=env, timeout=60, stdin=subprocess.DEVNULL, **streams
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +83,9 @@ def without_provenance(folder: Path) -> dict:
 
 
 @pytest.mark.parametrize("env_name", ENVIRONMENTS)
-def test_same_manifest_and_clean_output_in_every_environment(tmp_path: Path, named: Path, env_name: str) -> None:
+def test_same_manifest_and_clean_output_in_every_environment(
+    tmp_path: Path, named: Path, env_name: str
+) -> None:
     reference = tmp_path / "reference"
     shutil.copytree(named, reference)
     assert run("C.UTF-8", "publish", str(reference)).returncode == 0
@@ -85,7 +94,12 @@ def test_same_manifest_and_clean_output_in_every_environment(tmp_path: Path, nam
     published = run(env_name, "publish", str(folder))
     assert published.returncode == 0, published.stderr
     assert without_provenance(folder) == without_provenance(reference), env_name
-    for verb in (["verify", str(folder)], ["show", str(folder)], ["ls", str(tmp_path)], ["diff", str(reference), str(folder)]):
+    for verb in (
+        ["verify", str(folder)],
+        ["show", str(folder)],
+        ["ls", str(tmp_path)],
+        ["diff", str(reference), str(folder)],
+    ):
         result = run(env_name, *verb)
         assert result.returncode == 0, (env_name, verb, result.stderr)
         assert b"Traceback" not in result.stderr and b"internal error" not in result.stderr
@@ -129,8 +143,14 @@ def test_closed_or_full_streams(tmp_path: Path, named: Path, stream: str, verb: 
         assert run("C.UTF-8", "publish", str(folder)).returncode == 0
     if verb == "verify-mismatch":
         flip_tensor_bytes(folder)
-    args = {"publish": ["publish", str(folder)], "verify": ["verify", str(folder)], "verify-mismatch": ["verify", str(folder)],
-            "show": ["show", str(folder)], "ls": ["ls", str(tmp_path)], "bad-folder": ["verify", str(tmp_path / "none")]}[verb]
+    args = {
+        "publish": ["publish", str(folder)],
+        "verify": ["verify", str(folder)],
+        "verify-mismatch": ["verify", str(folder)],
+        "show": ["show", str(folder)],
+        "ls": ["ls", str(tmp_path)],
+        "bad-folder": ["verify", str(tmp_path / "none")],
+    }[verb]
     options = dict(STREAMS[stream])
     handles = []
     for name in ("stdout", "stderr"):

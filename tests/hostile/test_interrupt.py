@@ -42,8 +42,13 @@ def test_sigint_during_publish(tmp_path: Path) -> None:
     outcomes = {0: 0, 130: 0}
     for trial in range(TRIALS):
         (folder / "ckptpub.json").unlink(missing_ok=True)
-        process = subprocess.Popen([sys.executable, "-m", "ckptpub", "publish", str(folder)], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ckptpub", "publish", str(folder)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 30
         while not opened_a_file_in(process.pid, folder) and process.poll() is None:
             assert time.monotonic() < deadline, "publish never opened a file of the folder"

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from checkpoints import run_cli, write_checkpoint
+from privileges import without_privileges
 
 import ckptpub
 import ckptpub.publishing
-from checkpoints import run_cli, write_checkpoint
-from privileges import without_privileges
 
 
 def test_folder_whose_mtime_cannot_be_restored(tmp_path: Path) -> None:
@@ -24,10 +24,18 @@ def test_folder_whose_mtime_cannot_be_restored(tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
     os.chown(folder, 65534, 65534)
     folder.chmod(0o777)
-    result = subprocess.run([*prefix, sys.executable, "-m", "ckptpub", "publish", str(folder)], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [*prefix, sys.executable, "-m", "ckptpub", "publish", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2, result.stderr
-    assert result.stderr.count("\n") == 1 and "ckptpub.json was written, but the folder's modification time could not be restored" in result.stderr
+    assert (
+        result.stderr.count("\n") == 1
+        and "ckptpub.json was written, but the folder's modification time could not be restored"
+        in result.stderr
+    )
     assert run_cli("verify", folder).returncode == 0  # what is left is a valid manifest
     assert [p.name for p in folder.iterdir() if p.name.startswith(".ckptpub.json.")] == []
 
@@ -36,12 +44,22 @@ def test_manifest_over_the_read_limit_is_not_written(tmp_path: Path, monkeypatch
     """The limit readers apply, lowered here so a tiny folder exceeds it (a real one needs ~250k tensors)."""
     folder = write_checkpoint(tmp_path / "ckpt")
     monkeypatch.setattr(ckptpub.publishing, "MAX_MANIFEST_BYTES", 1000)
-    with pytest.raises(ckptpub.CkptpubError, match="over the 1000-byte manifest limit readers accept; not written"):
+    with pytest.raises(
+        ckptpub.CkptpubError, match="over the 1000-byte manifest limit readers accept; not written"
+    ):
         ckptpub.publish(folder)
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "logs", "model.safetensors", "optimizer.pt", "tokenizer.json"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json",
+        "logs",
+        "model.safetensors",
+        "optimizer.pt",
+        "tokenizer.json",
+    ]
 
 
-@pytest.mark.parametrize("what", ["dangling symlink", "symlink to a file inside", "symlink out of the folder", "FIFO", "socket"])
+@pytest.mark.parametrize(
+    "what", ["dangling symlink", "symlink to a file inside", "symlink out of the folder", "FIFO", "socket"]
+)
 def test_whatever_is_at_ckptpub_json_publish_leaves_a_plain_manifest(tmp_path: Path, what: str) -> None:
     folder = write_checkpoint(tmp_path / "ckpt")
     outside = tmp_path / "outside.json"
@@ -59,4 +77,6 @@ def test_whatever_is_at_ckptpub_json_publish_leaves_a_plain_manifest(tmp_path: P
     assert result.returncode == 0, result.stderr
     assert manifest.is_file() and not manifest.is_symlink()
     assert run_cli("verify", folder).returncode == 0
-    assert outside.read_text() == "untouched" and (folder / "tokenizer.json").read_text().startswith('{"version"')
+    assert outside.read_text() == "untouched" and (folder / "tokenizer.json").read_text().startswith(
+        '{"version"'
+    )

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from checkpoints import write_checkpoint
 
 SWAPS = {
@@ -85,17 +84,29 @@ sys.exit(code if done else 3)
 def test_swap_while_hashing(tmp_path: Path, swap: str, entry: str) -> None:
     folder = write_checkpoint(tmp_path / "box" / "ckpt")
     if entry == "verify":
-        assert subprocess.run([sys.executable, "-m", "ckptpub", "publish", str(folder)], timeout=60).returncode == 0
+        assert (
+            subprocess.run([sys.executable, "-m", "ckptpub", "publish", str(folder)], timeout=60).returncode
+            == 0
+        )
     outside = tmp_path / "outside.json"
     shutil.copy(folder / "tokenizer.json", outside)
     log = tmp_path / "opened.json"
-    result = subprocess.run([sys.executable, "-c", SCRIPT, str(folder), str(outside), entry, swap, str(log)],
-                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(folder), str(outside), entry, swap, str(log)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert result.returncode == 2, (result.returncode, result.stderr)
-    assert result.stderr.startswith("ckptpub: error: tokenizer.json: ") and SWAPS[swap] in result.stderr, result.stderr
+    assert result.stderr.startswith("ckptpub: error: tokenizer.json: ") and SWAPS[swap] in result.stderr, (
+        result.stderr
+    )
     assert result.stderr.count("\n") == 1, result.stderr
     if entry == "publish":
         assert not (folder / "ckptpub.json").exists()
     root = os.path.realpath(folder)
     for real in json.loads(log.read_text()):
-        assert real.startswith((root + os.sep, sys.prefix, sys.base_prefix)), f"opened outside the folder: {real}"
+        assert real.startswith((root + os.sep, sys.prefix, sys.base_prefix)), (
+            f"opened outside the folder: {real}"
+        )

@@ -17,16 +17,21 @@ import sys
 import time
 from pathlib import Path
 
-import ckptpub
 from checkpoints import CONFIG, model_tensors, write_checkpoint
+
+import ckptpub
 
 HERE = Path(__file__).parent
 STANDIN = HERE / "standin_daemon.py"
-STANDIN_CMD = f"{shlex.quote(sys.executable)} {shlex.quote(str(STANDIN))} --model {{folder}} " \
-              f"--weight-cache-socket-dir {{socket_dir}}"
+STANDIN_CMD = (
+    f"{shlex.quote(sys.executable)} {shlex.quote(str(STANDIN))} --model {{folder}} "
+    f"--weight-cache-socket-dir {{socket_dir}}"
+)
 
 
-def make_checkpoint(folder: Path, seed: int = 0, config: dict | None = None, provenance: dict | None = None) -> str:
+def make_checkpoint(
+    folder: Path, seed: int = 0, config: dict | None = None, provenance: dict | None = None
+) -> str:
     """A tiny checkpoint (real safetensors, numpy) published with ``ckptpub.publish``; returns its identity."""
     write_checkpoint(folder, model_tensors(seed=seed, layers=1), config=config or CONFIG, extra_files=False)
     return ckptpub.publish(folder, provenance=provenance).identity
@@ -40,8 +45,14 @@ class Run:
         root.mkdir(parents=True, exist_ok=True)
 
     def append(self, step: int, rel: str, identity: str) -> None:
-        line = json.dumps({"step": step, "path": rel, "identity": identity, "time": time.time()},
-                          sort_keys=True, separators=(",", ":")) + "\n"
+        line = (
+            json.dumps(
+                {"step": step, "path": rel, "identity": identity, "time": time.time()},
+                sort_keys=True,
+                separators=(",", ":"),
+            )
+            + "\n"
+        )
         with open(self.root / "ckptpub-index.jsonl", "a") as handle:
             handle.write(line)
             handle.flush()
@@ -51,26 +62,52 @@ class Run:
 class SupervisorProc:
     """``ckptpub preload`` as a subprocess, with a state dir and a stand-in record file."""
 
-    def __init__(self, tmp: Path, target_args: list[str], *, extra_opts: list[str] | None = None,
-                 env: dict[str, str] | None = None, state_dir: Path | None = None, record: Path | None = None,
-                 passthrough: list[str] | None = None, daemon_cmd: str | None = STANDIN_CMD) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        target_args: list[str],
+        *,
+        extra_opts: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        state_dir: Path | None = None,
+        record: Path | None = None,
+        passthrough: list[str] | None = None,
+        daemon_cmd: str | None = STANDIN_CMD,
+    ) -> None:
         """``daemon_cmd=None``: ckptpub preload's default daemon command (vLLM's real ``vllm preload``)."""
         self.state_dir = state_dir or tmp / "state"
         self.record = record or tmp / "standin-record.jsonl"
         self.stderr_path = tmp / f"supervisor-{time.monotonic_ns()}.err"
         standin = {"STANDIN_RECORD": str(self.record), "STANDIN_LOAD_S": "0.2"} if daemon_cmd else {}
         self.env = {**os.environ, **standin, **(env or {})}
-        self.argv = [sys.executable, "-m", "ckptpub", "preload", *target_args, "--state-dir", str(self.state_dir),
-                     *(["--daemon-cmd", daemon_cmd] if daemon_cmd else []), "--interval", "0.1", "--stop-timeout",
-                     "10", "--ready-timeout", "30", "--retry-delay", "1", *(extra_opts or [])]
+        self.argv = [
+            sys.executable,
+            "-m",
+            "ckptpub",
+            "preload",
+            *target_args,
+            "--state-dir",
+            str(self.state_dir),
+            *(["--daemon-cmd", daemon_cmd] if daemon_cmd else []),
+            "--interval",
+            "0.1",
+            "--stop-timeout",
+            "10",
+            "--ready-timeout",
+            "30",
+            "--retry-delay",
+            "1",
+            *(extra_opts or []),
+        ]
         if passthrough:
             self.argv += ["--", *passthrough]
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "SupervisorProc":
+    def start(self) -> SupervisorProc:
         self._err = open(self.stderr_path, "ab")
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=self._err, env=self.env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv, stdout=subprocess.DEVNULL, stderr=self._err, env=self.env, start_new_session=True
+        )
         return self
 
     def stderr(self) -> str:
@@ -96,8 +133,11 @@ class SupervisorProc:
 
         recorded = [read_json(str(self.state_dir / name)) for name in ("daemon.json", "loading.json")]
         pids = [rec["pid"] for rec in records(self.record) if rec["event"] == "start"]
-        pids += [rec["pid"] for rec in recorded  # only a live process still running the recorded command
-                 if isinstance(rec, dict) and rec.get("pid") and proc_cmdline(rec["pid"]) == rec.get("argv")]
+        pids += [
+            rec["pid"]
+            for rec in recorded  # only a live process still running the recorded command
+            if isinstance(rec, dict) and rec.get("pid") and proc_cmdline(rec["pid"]) == rec.get("argv")
+        ]
         for pid in pids:
             if pid_alive(pid):
                 try:
@@ -137,8 +177,10 @@ def wait_for(predicate, timeout: float = 30, what: str = "condition", proc: Supe
         if value:
             return value
         if proc is not None and proc.proc is not None and proc.proc.poll() is not None:
-            raise AssertionError(f"supervisor exited ({proc.proc.returncode}) while waiting for {what}:\n"
-                                 f"{proc.stderr()[-3000:]}")
+            raise AssertionError(
+                f"supervisor exited ({proc.proc.returncode}) while waiting for {what}:\n"
+                f"{proc.stderr()[-3000:]}"
+            )
         if time.monotonic() > deadline:
             tail = proc.stderr()[-3000:] if proc is not None else ""
             raise AssertionError(f"timed out waiting for {what}\n{tail}")
@@ -147,10 +189,16 @@ def wait_for(predicate, timeout: float = 30, what: str = "condition", proc: Supe
 
 def ready_with(sup: SupervisorProc, identity: str):
     """Status says ready, holding ``identity`` (and no load in progress)."""
+
     def check():
         s = sup.status()
         held = s.get("held") or {}
-        return s if (s.get("state") == "ready" and held.get("identity") == identity and not s.get("loading")) else None
+        return (
+            s
+            if (s.get("state") == "ready" and held.get("identity") == identity and not s.get("loading"))
+            else None
+        )
+
     return check
 
 

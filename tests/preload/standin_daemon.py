@@ -33,7 +33,9 @@ def record(event: str, **data) -> None:
     path = os.environ.get("STANDIN_RECORD")
     if not path:
         return
-    line = json.dumps({"event": event, "pid": os.getpid(), "time": time.time(), **data}, sort_keys=True) + "\n"
+    line = (
+        json.dumps({"event": event, "pid": os.getpid(), "time": time.time(), **data}, sort_keys=True) + "\n"
+    )
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
@@ -63,11 +65,20 @@ def main() -> int:
         print(f"ERROR weight cache daemon failed: {type(error).__name__}: {error}", flush=True)
         record("fail", folder=args.model, error=str(error))
         return 3
-    record("start", folder=args.model, identity=identity, ppid=os.getppid(), extra=rest,
-           socket_dir=args.weight_cache_socket_dir, key_function=f"{checkpoint_key.__module__}.{checkpoint_key.__name__}",
-           env_identity=os.environ.get("CKPTPUB_PRELOAD_IDENTITY"))
-    print(f"INFO [daemon.py:81] ckptpub: weight-cache daemon for {args.model} is keyed by checkpoint {identity}",
-          flush=True)
+    record(
+        "start",
+        folder=args.model,
+        identity=identity,
+        ppid=os.getppid(),
+        extra=rest,
+        socket_dir=args.weight_cache_socket_dir,
+        key_function=f"{checkpoint_key.__module__}.{checkpoint_key.__name__}",
+        env_identity=os.environ.get("CKPTPUB_PRELOAD_IDENTITY"),
+    )
+    print(
+        f"INFO [daemon.py:81] ckptpub: weight-cache daemon for {args.model} is keyed by checkpoint {identity}",
+        flush=True,
+    )
 
     deadline = time.monotonic() + float(os.environ.get("STANDIN_LOAD_S", "0.2"))
     while time.monotonic() < deadline and not stopping["flag"]:
@@ -83,15 +94,21 @@ def main() -> int:
     lock_fd = None
     if args.weight_cache_socket_dir:
         os.makedirs(args.weight_cache_socket_dir, exist_ok=True)
-        lock_fd = os.open(os.path.join(args.weight_cache_socket_dir, "gpu0.sock.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+        lock_fd = os.open(
+            os.path.join(args.weight_cache_socket_dir, "gpu0.sock.lock"), os.O_CREAT | os.O_RDWR, 0o600
+        )
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            print(f"ERROR Another weight cache daemon already owns {args.weight_cache_socket_dir}", flush=True)
+            print(
+                f"ERROR Another weight cache daemon already owns {args.weight_cache_socket_dir}", flush=True
+            )
             record("fail", folder=args.model, identity=identity, error="lock held")
             return 1
 
-    print("INFO ===== Weight cache daemon READY: node 0/1 serving 1 local rank(s) x 1 role(s) =====", flush=True)
+    print(
+        "INFO ===== Weight cache daemon READY: node 0/1 serving 1 local rank(s) x 1 role(s) =====", flush=True
+    )
     record("ready", folder=args.model, identity=identity)
 
     crash_after = os.environ.get("STANDIN_CRASH_AFTER_S")

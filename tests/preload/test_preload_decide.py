@@ -6,12 +6,21 @@ import json
 import os
 import shutil
 
-import ckptpub
 from checkpoints import flip_byte, locate
 from ckptpub_vllm.preload import daemon_process
-from ckptpub_vllm.preload.decide import (Failure, Held, ManifestCache, Target, decide, explain_change,
-                                         observe_folder, observe_run)
+from ckptpub_vllm.preload.decide import (
+    Failure,
+    Held,
+    ManifestCache,
+    Target,
+    decide,
+    explain_change,
+    observe_folder,
+    observe_run,
+)
 from preload_helpers import Run, make_checkpoint
+
+import ckptpub
 
 I1, I2 = "blake3:" + "1" * 64, "blake3:" + "2" * 64
 
@@ -40,9 +49,15 @@ def test_decide_table():
         ((held(), target(identity=I2), None, Failure(I2, 1, 100.0, "oom"), 150.0), ("replace", "retry")),
         ((None, target(identity=I2), None, Failure(I2, 2, 100.0, "oom"), 150.0), ("start", "retry")),
         # a failure of another identity does not hold back this one
-        ((held(), target(identity=I2), None, Failure(I1, 3, 1e12, "oom"), 0), ("replace", "identity-changed")),
+        (
+            (held(), target(identity=I2), None, Failure(I1, 3, 1e12, "oom"), 0),
+            ("replace", "identity-changed"),
+        ),
         ((held(alive=False), target(), None, Failure(I1, 2, 100.0, "exited"), 50.0), ("wait", "backoff")),
-        ((held(alive=False), target(), None, Failure(I1, 2, 100.0, "exited"), 150.0), ("restart", "daemon-died")),
+        (
+            (held(alive=False), target(), None, Failure(I1, 2, 100.0, "exited"), 150.0),
+            ("restart", "daemon-died"),
+        ),
     ]
     for (h, t, prev, failure, now), expected in cases:
         d = decide(h, t, previous=prev, failure=failure, now=now)
@@ -114,17 +129,42 @@ def test_observe_run_newest_usable_step(tmp_path):
 
 
 def test_build_argv_placeholders_and_passthrough():
-    argv = daemon_process.build_argv("numactl -N 0 vllm preload --model {folder} --weight-cache-socket-dir "
-                                     "'{socket_dir}'", ["--tensor-parallel-size", "2"], folder="/m/a b",
-                                     socket_dir="/s/g1", identity=I1)
-    assert argv == ["numactl", "-N", "0", "vllm", "preload", "--model", "/m/a b", "--weight-cache-socket-dir",
-                    "/s/g1", "--tensor-parallel-size", "2"]
+    argv = daemon_process.build_argv(
+        "numactl -N 0 vllm preload --model {folder} --weight-cache-socket-dir '{socket_dir}'",
+        ["--tensor-parallel-size", "2"],
+        folder="/m/a b",
+        socket_dir="/s/g1",
+        identity=I1,
+    )
+    assert argv == [
+        "numactl",
+        "-N",
+        "0",
+        "vllm",
+        "preload",
+        "--model",
+        "/m/a b",
+        "--weight-cache-socket-dir",
+        "/s/g1",
+        "--tensor-parallel-size",
+        "2",
+    ]
     import sys
 
-    assert daemon_process.build_argv(daemon_process.DEFAULT_COMMAND, ["--dtype", "bfloat16"], folder="/m",
-                                     socket_dir="/s", identity=I1) == [
-        sys.executable, "-m", "ckptpub_vllm.preload.vllm_launcher", "preload", "--model", "/m",
-        "--weight-cache-socket-dir", "/s", "--dtype", "bfloat16"]
+    assert daemon_process.build_argv(
+        daemon_process.DEFAULT_COMMAND, ["--dtype", "bfloat16"], folder="/m", socket_dir="/s", identity=I1
+    ) == [
+        sys.executable,
+        "-m",
+        "ckptpub_vllm.preload.vllm_launcher",
+        "preload",
+        "--model",
+        "/m",
+        "--weight-cache-socket-dir",
+        "/s",
+        "--dtype",
+        "bfloat16",
+    ]
 
 
 def test_identity_pattern_matches_the_plugin_daemon_log_line():
@@ -136,5 +176,8 @@ def test_identity_pattern_matches_the_plugin_daemon_log_line():
 
     source = inspect.getsource(daemon.run_daemon)
     assert "ckptpub: weight-cache daemon for %s is keyed by checkpoint %s" in source
-    line = "INFO 11-29 12:00:00 [daemon.py:91] ckptpub: weight-cache daemon for /m/x is keyed by checkpoint " + I1
+    line = (
+        "INFO 11-29 12:00:00 [daemon.py:91] ckptpub: weight-cache daemon for /m/x is keyed by checkpoint "
+        + I1
+    )
     assert re.search(daemon_process.IDENTITY_PATTERN, line).group("identity") == I1

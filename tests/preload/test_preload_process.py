@@ -13,15 +13,20 @@ import subprocess
 import sys
 import time
 
-import ckptpub
 from checkpoints import flip_byte, locate
 from ckptpub_vllm.preload.status import write_json
 from preload_helpers import SupervisorProc, make_checkpoint, pid_alive, ready_with, wait_for
 
+import ckptpub
+
 
 def _status_cli(state_dir, *extra):
-    return subprocess.run([sys.executable, "-m", "ckptpub", "preload", "--status", "--state-dir", str(state_dir),
-                           *extra], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "ckptpub", "preload", "--status", "--state-dir", str(state_dir), *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _flip_link(link, target):
@@ -44,11 +49,15 @@ def test_key_is_computed_inside_the_spawned_daemon_from_the_manifest(tmp_path):
     shard, start, _ = locate(b, "model.norm.weight")
     flip_byte(shard, start)
     ib = ckptpub.publish(b).identity
-    header = lambda p: open(p / "model.safetensors", "rb").read(8 + int.from_bytes(open(p / "model.safetensors", "rb").read(8), "little"))
+    header = lambda p: open(p / "model.safetensors", "rb").read(
+        8 + int.from_bytes(open(p / "model.safetensors", "rb").read(8), "little")
+    )
     assert header(a) == header(b) and ia != ib
 
     os.symlink("a", tmp_path / "serve")
-    sup = SupervisorProc(tmp_path, [str(tmp_path / "serve")], passthrough=["--tensor-parallel-size", "1"]).start()
+    sup = SupervisorProc(
+        tmp_path, [str(tmp_path / "serve")], passthrough=["--tensor-parallel-size", "1"]
+    ).start()
     try:
         wait_for(ready_with(sup, ia), 30, "daemon on a", sup)
         _flip_link(tmp_path / "serve", "b")
@@ -62,11 +71,17 @@ def test_key_is_computed_inside_the_spawned_daemon_from_the_manifest(tmp_path):
         assert rec["pid"] != sup.proc.pid and rec["ppid"] == sup.proc.pid  # a separate process it spawned
         assert rec["key_function"] == "ckptpub_vllm.key.checkpoint_key"
         assert rec["identity"] == ckptpub.read_manifest(folder).identity == identity
-        assert rec["folder"] == str(folder.resolve())  # the symlink is resolved: the daemon gets a stable folder
+        assert rec["folder"] == str(
+            folder.resolve()
+        )  # the symlink is resolved: the daemon gets a stable folder
         assert rec["env_identity"] == identity
         assert rec["extra"] == ["--tensor-parallel-size", "1"]  # pass-through arguments reach the daemon
     replace = [e for e in sup.decisions() if e.get("action") == "replace"]
-    assert len(replace) == 1 and replace[0]["why"] == "weights-changed" and "model.norm.weight" in replace[0]["reason"]
+    assert (
+        len(replace) == 1
+        and replace[0]["why"] == "weights-changed"
+        and "model.norm.weight" in replace[0]["reason"]
+    )
 
 
 def test_fixed_target_in_place_events(tmp_path):
@@ -78,8 +93,12 @@ def test_fixed_target_in_place_events(tmp_path):
         wait_for(ready_with(sup, i1), 30, "first", sup)
         n = len(sup.decisions())
         ckptpub.publish(m)  # re-publish, same bytes
-        wait_for(lambda: any(e.get("why") == "same-identity-republished" for e in sup.decisions()[n:]), 30,
-                 "republish decision", sup)
+        wait_for(
+            lambda: any(e.get("why") == "same-identity-republished" for e in sup.decisions()[n:]),
+            30,
+            "republish decision",
+            sup,
+        )
         shard, start, _ = locate(m, "model.layers.0.self_attn.q_proj.weight")
         flip_byte(shard, start + 100)  # changed in place, not yet published: the manifest still says i1
         time.sleep(0.5)
@@ -111,8 +130,12 @@ def test_supervisor_killed_and_restarted_adopts_the_running_daemon(tmp_path):
         assert pid_alive(daemon_pid)  # the daemon is in its own session: it survives its supervisor
         second = SupervisorProc(tmp_path, [str(m)]).start()
         wait_for(lambda: _outcomes(second, "adopted"), 30, "adoption", second)
-        status = wait_for(lambda: (s := ready_with(second, identity)()) and s["supervisor_pid"] == second.proc.pid
-                          and s, 30, "ready after adoption", second)
+        status = wait_for(
+            lambda: (s := ready_with(second, identity)()) and s["supervisor_pid"] == second.proc.pid and s,
+            30,
+            "ready after adoption",
+            second,
+        )
         assert status["held"]["pid"] == daemon_pid and status["supervisor_pid"] == second.proc.pid
         time.sleep(0.5)  # a few polls: still the same daemon, nothing reloaded
         starts = [r for r in second.standin() if r["event"] == "start"]
@@ -153,8 +176,14 @@ def test_restart_does_not_adopt_a_reused_pid(tmp_path):
     (tmp_path / "state").mkdir()
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     # a record naming a live process that is not our daemon (as after a reboot and pid reuse)
-    record = {"pid": stranger.pid, "identity": identity, "folder": str(m), "argv": ["vllm", "preload", "--model", str(m)],
-              "generation": 3, "log": str(tmp_path / "state" / "logs" / "daemon-3.log")}
+    record = {
+        "pid": stranger.pid,
+        "identity": identity,
+        "folder": str(m),
+        "argv": ["vllm", "preload", "--model", str(m)],
+        "generation": 3,
+        "log": str(tmp_path / "state" / "logs" / "daemon-3.log"),
+    }
     status = _assert_not_adopted(tmp_path, m, identity, stranger, record, "another command")
     assert status["held"]["generation"] == 4
 
@@ -169,37 +198,65 @@ def test_restart_does_not_adopt_a_daemon_started_for_another_identity(tmp_path):
     identity = make_checkpoint(m, seed=1)
     state = tmp_path / "state"
     (state / "logs").mkdir(parents=True)
-    argv = [a.replace("{folder}", str(m)).replace("{socket_dir}", str(tmp_path / "other-sockets"))
-            for a in shlex.split(STANDIN_CMD)]
+    argv = [
+        a.replace("{folder}", str(m)).replace("{socket_dir}", str(tmp_path / "other-sockets"))
+        for a in shlex.split(STANDIN_CMD)
+    ]
     log = state / "logs" / "daemon-1.log"
     other = "blake3:" + "0" * 64
     with open(log, "wb") as out:
-        daemon = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                  env={**os.environ, "CKPTPUB_PRELOAD_IDENTITY": other,
-                                       "STANDIN_RECORD": str(tmp_path / "manual.jsonl")})
+        daemon = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={
+                **os.environ,
+                "CKPTPUB_PRELOAD_IDENTITY": other,
+                "STANDIN_RECORD": str(tmp_path / "manual.jsonl"),
+            },
+        )
     try:
         wait_for(lambda: "READY" in log.read_text(), 30, "manual daemon ready")
     except BaseException:
         daemon.kill()
         daemon.wait()
         raise
-    record = {"pid": daemon.pid, "identity": identity, "folder": str(m), "argv": argv, "generation": 1, "log": str(log)}
+    record = {
+        "pid": daemon.pid,
+        "identity": identity,
+        "folder": str(m),
+        "argv": argv,
+        "generation": 1,
+        "log": str(log),
+    }
     _assert_not_adopted(tmp_path, m, identity, daemon, record, f"not started for {identity}")
 
 
 def test_daemon_that_dies_is_restarted_for_the_same_identity(tmp_path):
     m = tmp_path / "model"
     identity = make_checkpoint(m, seed=1)
-    sup = SupervisorProc(tmp_path, [str(m)],
-                         env={"STANDIN_CRASH_AFTER_S": "0.3", "STANDIN_CRASH_ONCE": str(tmp_path)}).start()
+    sup = SupervisorProc(
+        tmp_path, [str(m)], env={"STANDIN_CRASH_AFTER_S": "0.3", "STANDIN_CRASH_ONCE": str(tmp_path)}
+    ).start()
     try:
         # the first daemon crashes by itself 0.3 s after READY (exit 9); the second is killed from outside
         wait_for(lambda: _outcomes(sup, "daemon-exited"), 30, "first crash", sup)
-        status = wait_for(lambda: (s := ready_with(sup, identity)()) and
-                          len([r for r in sup.standin() if r["event"] == "ready"]) == 2 and s, 30, "restart", sup)
+        status = wait_for(
+            lambda: (
+                (s := ready_with(sup, identity)())
+                and len([r for r in sup.standin() if r["event"] == "ready"]) == 2
+                and s
+            ),
+            30,
+            "restart",
+            sup,
+        )
         os.killpg(status["held"]["pid"], signal.SIGKILL)
         wait_for(lambda: len(_outcomes(sup, "daemon-exited")) == 2, 30, "second death", sup)
-        wait_for(lambda: len([r for r in sup.standin() if r["event"] == "ready"]) == 3, 30, "second restart", sup)
+        wait_for(
+            lambda: len([r for r in sup.standin() if r["event"] == "ready"]) == 3, 30, "second restart", sup
+        )
         wait_for(ready_with(sup, identity), 30, "ready again", sup)
         assert sup.terminate() == 0
     finally:
@@ -217,8 +274,9 @@ def test_failed_preload_keeps_old_daemon_and_says_so(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     ia, ib = make_checkpoint(a, seed=1), make_checkpoint(b, seed=2)
     os.symlink("a", tmp_path / "serve")
-    sup = SupervisorProc(tmp_path, [str(tmp_path / "serve")], env={"STANDIN_FAIL": ib},
-                         extra_opts=["--retry-delay", "30"]).start()
+    sup = SupervisorProc(
+        tmp_path, [str(tmp_path / "serve")], env={"STANDIN_FAIL": ib}, extra_opts=["--retry-delay", "30"]
+    ).start()
     try:
         status = wait_for(ready_with(sup, ia), 30, "first", sup)
         old_pid = status["held"]["pid"]
@@ -250,7 +308,9 @@ def test_one_at_a_time_with_a_fixed_socket_dir(tmp_path):
     ia, ib = make_checkpoint(a, seed=1), make_checkpoint(b, seed=2)
     os.symlink("a", tmp_path / "serve")
     sockets = tmp_path / "sockets"
-    sup = SupervisorProc(tmp_path, [str(tmp_path / "serve")], extra_opts=["--socket-dir", str(sockets)]).start()
+    sup = SupervisorProc(
+        tmp_path, [str(tmp_path / "serve")], extra_opts=["--socket-dir", str(sockets)]
+    ).start()
     try:
         wait_for(ready_with(sup, ia), 30, "first", sup)
         _flip_link(tmp_path / "serve", "b")
@@ -282,14 +342,26 @@ def test_sigterm_while_loading_and_cli_errors(tmp_path):
     assert sup.standin()[-1]["event"] == "stop" and sup.standin()[-1]["during"] == "load"
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "ckptpub", "preload", *map(str, args)], capture_output=True,
-                              text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "ckptpub", "preload", *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     (tmp_path / "bare").mkdir()
-    for args in ([], [m, "--follow", tmp_path], [tmp_path / "missing"], [tmp_path / "bare"],
-                 ["--status", "--state-dir", tmp_path / "nothing"], [m, "--interval", "0"],
-                 [m, "--daemon-cmd", "echo hi"], [m, "--", "--weight-cache-socket-dir", "/x"],
-                 [m, "--identity-pattern", "keyed"], [m, "--ready-pattern", "("]):
+    for args in (
+        [],
+        [m, "--follow", tmp_path],
+        [tmp_path / "missing"],
+        [tmp_path / "bare"],
+        ["--status", "--state-dir", tmp_path / "nothing"],
+        [m, "--interval", "0"],
+        [m, "--daemon-cmd", "echo hi"],
+        [m, "--", "--weight-cache-socket-dir", "/x"],
+        [m, "--identity-pattern", "keyed"],
+        [m, "--ready-pattern", "("],
+    ):
         result = cli(*args)
         assert result.returncode == 2, (args, result)
         lines = result.stderr.strip().splitlines()
@@ -309,8 +381,14 @@ def test_second_supervisor_on_the_same_state_dir_is_refused(tmp_path):
         assert result.returncode == 2 and "another supervisor" in result.stderr
         human = _status_cli(sup.state_dir)
         assert human.returncode == 0, human
-        for text in (identity, str(m.resolve()), f"pid:      {sup.status()['held']['pid']}", "since:", "first-preload",
-                     "no daemon held"):
+        for text in (
+            identity,
+            str(m.resolve()),
+            f"pid:      {sup.status()['held']['pid']}",
+            "since:",
+            "first-preload",
+            "no daemon held",
+        ):
             assert text in human.stdout, (text, human.stdout)
         data = json.loads(_status_cli(sup.state_dir, "--json").stdout)
         assert data["supervisor_alive"] and data["held"]["identity"] == identity and data["socket_dir"]
@@ -333,7 +411,7 @@ HOSTILE_INDEX_LINES = [
     '{"step": 99, "path": 7, "identity": "IDENTITY"}',
     '{"step": 99, "path": "checkpoint-10", "identity": "md5:00"}',
     '{"step": 99, "path": "checkpoint-10\\udc80", "identity": "IDENTITY"}',
-    '[1, 2, 3]',
+    "[1, 2, 3]",
     "[" * 5000 + "]" * 5000,
 ]
 
@@ -363,6 +441,8 @@ def test_hostile_run_index_lines_are_skipped_and_a_fatal_error_stops_the_daemon(
         assert not pid_alive(pid), "the supervisor exited and left its daemon running"
         lines = sup.stderr().strip().splitlines()
         assert lines[-1].startswith("ckptpub preload: error:") and "Traceback" not in sup.stderr(), lines[-3:]
-        assert "supervisor stopping on an error" in " ".join(e["reason"] for e in _outcomes(sup, "supervisor-stop"))
+        assert "supervisor stopping on an error" in " ".join(
+            e["reason"] for e in _outcomes(sup, "supervisor-stop")
+        )
     finally:
         sup.cleanup()

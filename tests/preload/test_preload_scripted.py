@@ -14,9 +14,10 @@ import json
 import os
 import shutil
 
-import ckptpub
 from checkpoints import CONFIG, model_tensors, write_checkpoint
 from preload_helpers import Run, SupervisorProc, make_checkpoint, ready_with, wait_for
+
+import ckptpub
 
 REPLACE_WHYS = {"weights-changed", "config-changed", "weights-and-config"}
 
@@ -51,7 +52,9 @@ class Script:
     # -- event kinds ------------------------------------------------------
 
     def new_weights(self, seed):
-        config = json.loads((self.root / self.current / "config.json").read_text()) if self.current else CONFIG
+        config = (
+            json.loads((self.root / self.current / "config.json").read_text()) if self.current else CONFIG
+        )
         rel = self._next()
         identity = make_checkpoint(self.root / rel, seed=seed, config=config, provenance={"step": self.step})
         whys = "first-preload" if self.held is None else "weights-changed"
@@ -95,8 +98,14 @@ class Script:
         """Same tensors in two shards with an index and safetensors metadata: same identity as one shard."""
         rel = self._next()
         config = json.loads((self.root / self.current / "config.json").read_text())
-        write_checkpoint(self.root / rel, model_tensors(seed=seed, layers=1), shards=2, config=config,
-                         metadata={"format": "pt", "note": "resharded"}, extra_files=False)
+        write_checkpoint(
+            self.root / rel,
+            model_tensors(seed=seed, layers=1),
+            shards=2,
+            config=config,
+            metadata={"format": "pt", "note": "resharded"},
+            extra_files=False,
+        )
         identity = ckptpub.publish(self.root / rel).identity
         return self._record("reshard-new-path", rel, identity, "same-identity-new-path")
 
@@ -109,6 +118,7 @@ class Script:
 
 def _decision_for(sup, folder, stamp, after):
     """The first decision logged at index >= ``after`` for this exact observation (folder + manifest stamp)."""
+
     def find():
         entries = sup.decisions()
         for index in range(after, len(entries)):
@@ -117,6 +127,7 @@ def _decision_for(sup, folder, stamp, after):
             if e.get("event") == "decision" and t.get("folder") == folder and t.get("stamp") == stamp:
                 return index, e
         return None
+
     return find
 
 
@@ -160,7 +171,9 @@ def test_scripted_run_zero_unnecessary_zero_missed(tmp_path):
             folder = os.path.realpath(run_dir / script.current)
             manifest = os.stat(os.path.join(folder, ckptpub.MANIFEST_NAME))
             stamp = [manifest.st_ino, manifest.st_mtime_ns, manifest.st_size]
-            index, entry = wait_for(_decision_for(sup, folder, stamp, cursor), 30, f"decision for event {number}", sup)
+            index, entry = wait_for(
+                _decision_for(sup, folder, stamp, cursor), 30, f"decision for event {number}", sup
+            )
             cursor = index + 1
             wait_for(ready_with(sup, script.held), 30, f"ready after event {number}", sup)
             outcomes.append((number, kind, entry))
@@ -176,8 +189,12 @@ def test_scripted_run_zero_unnecessary_zero_missed(tmp_path):
         # "config_change" with unchanged values is not an identity change: keep, same identity at a new path
         if kind == "config-only" and not preload:
             expected_why = "same-identity-new-path"
-        if (entry["action"], entry["why"]) != (expected_action, expected_why) or entry["target"]["identity"] != identity:
-            wrong.append((number, kind, expected_action, expected_why, entry["action"], entry["why"], entry["reason"]))
+        if (entry["action"], entry["why"]) != (expected_action, expected_why) or entry["target"][
+            "identity"
+        ] != identity:
+            wrong.append(
+                (number, kind, expected_action, expected_why, entry["action"], entry["why"], entry["reason"])
+            )
         assert entry["reason"], entry
     assert not wrong, "\n".join(map(str, wrong))
 
@@ -196,10 +213,14 @@ def test_scripted_run_zero_unnecessary_zero_missed(tmp_path):
     kinds = {}
     for _, kind, entry in outcomes:
         kinds.setdefault(kind, []).append(entry["action"])
-    print(f"\nscripted run: {len(events)} events, {len(preload_decisions)} preloads "
-          f"({len(starts)} daemons started), {len(keeps)} keeps; by kind: "
-          + ", ".join(f"{k} {len(v)} (" + ", ".join(f"{a} {v.count(a)}" for a in sorted(set(v))) + ")"
-                      for k, v in sorted(kinds.items())))
+    print(
+        f"\nscripted run: {len(events)} events, {len(preload_decisions)} preloads "
+        f"({len(starts)} daemons started), {len(keeps)} keeps; by kind: "
+        + ", ".join(
+            f"{k} {len(v)} (" + ", ".join(f"{a} {v.count(a)}" for a in sorted(set(v))) + ")"
+            for k, v in sorted(kinds.items())
+        )
+    )
     assert (len(preload_decisions), len(keeps)) == (10, 14)  # the script's own arithmetic, pinned
     # every old daemon was stopped once its successor was confirmed, and the last one by SIGTERM
     stops = [r for r in sup.standin() if r["event"] == "stop"]

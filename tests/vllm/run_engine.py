@@ -24,11 +24,22 @@ def run(job):
 
     llm = None
     try:
-        llm = LLM(model=job["model"], load_format=job.get("load_format", "auto"),
-                  model_loader_extra_config=job.get("extra") or {}, dtype="float32", max_model_len=128,
-                  enforce_eager=True, max_num_seqs=2, kv_cache_memory_bytes=64 << 20, seed=0)
+        llm = LLM(
+            model=job["model"],
+            load_format=job.get("load_format", "auto"),
+            model_loader_extra_config=job.get("extra") or {},
+            dtype="float32",
+            max_model_len=128,
+            enforce_eager=True,
+            max_num_seqs=2,
+            kv_cache_memory_bytes=64 << 20,
+            seed=0,
+        )
         outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
-        return {"tokens": [list(o.outputs[0].token_ids) for o in outs], "text": [o.outputs[0].text for o in outs]}
+        return {
+            "tokens": [list(o.outputs[0].token_ids) for o in outs],
+            "text": [o.outputs[0].text for o in outs],
+        }
     except Exception as e:  # report, the test decides
         return {"error": " ".join(f"{type(e).__name__}: {e}".split())}
     finally:

@@ -19,12 +19,12 @@ import socket
 import subprocess
 import sys
 
-import ckptpub
+import ckptpub_vllm
 import pytest
 import torch
-
-import ckptpub_vllm
 from ckptpub_vllm import daemon as plugin_daemon
+
+import ckptpub
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,8 +36,9 @@ def plugin():
 def engine_config(folder):
     from vllm.engine.arg_utils import EngineArgs
 
-    return EngineArgs(model=folder, dtype="float32", max_model_len=128, enforce_eager=True,
-                      kv_cache_memory_bytes=64 << 20).create_engine_config()
+    return EngineArgs(
+        model=folder, dtype="float32", max_model_len=128, enforce_eager=True, kv_cache_memory_bytes=64 << 20
+    ).create_engine_config()
 
 
 def ask(daemon, key):
@@ -63,7 +64,9 @@ def test_daemon_answers_ok_for_the_identity_and_mismatch_for_another(models, mon
     reply = ask(d, same)
     assert reply["status"] == "ok" and set(reply["entries"]) == {"weight", "bias"}
 
-    other = WeightCacheKey.from_model_config(engine_config(models["republished"]).model_config, tp_size=1, tp_rank=0)
+    other = WeightCacheKey.from_model_config(
+        engine_config(models["republished"]).model_config, tp_size=1, tp_rank=0
+    )
     reply = ask(d, other)
     assert reply == {"status": "mismatch", "fields": ["checkpoint"]}
 
@@ -73,7 +76,9 @@ def test_preload_spawns_the_plugin_wrapper(models, tmp_path):
 
     assert vllm_daemon._run_daemon is plugin_daemon.run_daemon
     blob = tmp_path / "target.pkl"
-    blob.write_bytes(pickle.dumps((vllm_daemon._run_daemon, (0, 0, engine_config(models["v1"]), "tcp://x", None, None))))
+    blob.write_bytes(
+        pickle.dumps((vllm_daemon._run_daemon, (0, 0, engine_config(models["v1"]), "tcp://x", None, None)))
+    )
     child = f"""
 import json, pickle, sys
 from vllm.model_executor.model_loader.weight_cache import daemon, protocol
@@ -93,7 +98,10 @@ print("SEEN " + json.dumps(seen))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("SEEN ")]
     assert lines, proc.stdout + proc.stderr
     seen = json.loads(lines[0][5:])
-    assert seen == {"checkpoint": ckptpub.read_manifest(models["v1"]).identity, "load_format": "manifest_cache"}
+    assert seen == {
+        "checkpoint": ckptpub.read_manifest(models["v1"]).identity,
+        "load_format": "manifest_cache",
+    }
 
 
 def test_entry_point_wraps_the_daemon_where_daemons_are_launched():
@@ -114,8 +122,9 @@ print("WRAPPED", sys.modules[name]._run_daemon.__module__ if name in sys.modules
 """
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
     for pre, expected in (("import vllm.entrypoints.cli.preload", "ckptpub_vllm.daemon"),):
-        proc = subprocess.run([sys.executable, "-c", code.format(pre=pre)], capture_output=True, text=True,
-                              env=env, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", code.format(pre=pre)], capture_output=True, text=True, env=env, timeout=300
+        )
         assert f"WRAPPED {expected}" in proc.stdout, proc.stdout + proc.stderr[-3000:]
 
 
@@ -125,32 +134,39 @@ def test_engine_loader_and_daemon_over_a_real_socket(models, tmp_path, monkeypat
     mismatch on ``checkpoint`` for the same-layout republished copy."""
     import threading
 
+    from ckptpub_vllm.loader import ManifestCacheLoader
     from vllm.config.load import LoadConfig
     from vllm.model_executor.model_loader.weight_cache import daemon as vllm_daemon
     from vllm.model_executor.model_loader.weight_cache import ipc_loader
-    from vllm.model_executor.model_loader.weight_cache.protocol import CacheConfigMismatchError, WeightCacheKey
-
-    from ckptpub_vllm.loader import ManifestCacheLoader
+    from vllm.model_executor.model_loader.weight_cache.protocol import (
+        CacheConfigMismatchError,
+        WeightCacheKey,
+    )
 
     for module in (vllm_daemon, ipc_loader):  # device UUIDs need a GPU
         monkeypatch.setattr(module, "get_current_device_uuid", lambda: "cpu-test")
     import tempfile
 
     socket_dir = tempfile.mkdtemp(prefix="ckv-", dir="/tmp")  # AF_UNIX paths are short
-    d = vllm_daemon.WeightCacheDaemon(engine_config(models["v1"]), 0, 0, "tcp://127.0.0.1:1", socket_dir=socket_dir)
+    d = vllm_daemon.WeightCacheDaemon(
+        engine_config(models["v1"]), 0, 0, "tcp://127.0.0.1:1", socket_dir=socket_dir
+    )
     d.model = torch.nn.Linear(4, 2)
     ready = threading.Event()
     threading.Thread(target=d.serve_forever, kwargs={"ready_callback": ready.set}, daemon=True).start()
     assert ready.wait(30)
 
-    loader = ManifestCacheLoader(LoadConfig(load_format="manifest_cache",
-                                            model_loader_extra_config={"socket_dir": socket_dir}))
+    loader = ManifestCacheLoader(
+        LoadConfig(load_format="manifest_cache", model_loader_extra_config={"socket_dir": socket_dir})
+    )
     key_v1 = WeightCacheKey.from_model_config(engine_config(models["v1"]).model_config, tp_size=1, tp_rank=0)
     state = loader._request_state(key_v1)
     assert set(state.entries) == {"weight", "bias"}
     assert torch.equal(state.entries["weight"].rebuild(0), d.model.weight)
 
-    key_re = WeightCacheKey.from_model_config(engine_config(models["republished"]).model_config, tp_size=1, tp_rank=0)
+    key_re = WeightCacheKey.from_model_config(
+        engine_config(models["republished"]).model_config, tp_size=1, tp_rank=0
+    )
     with pytest.raises(CacheConfigMismatchError, match="checkpoint"):
         loader._request_state(key_re)
     shutil.rmtree(socket_dir, ignore_errors=True)

@@ -7,9 +7,9 @@ streams it into the model.
 
 from __future__ import annotations
 
-import ckptpub
-
 from vllm_engine_helpers import TAMPERED_TENSOR, run_engines
+
+import ckptpub
 
 
 def test_served_with_exactly_the_tokens_of_auto(engine_results):
@@ -105,7 +105,9 @@ def test_no_fallback_on_a_platform_without_cuda_ipc_is_refused(engine_results):
 def test_plugin_loads_in_spawned_engine_core(models):
     """The default engine layout: the engine core is a separate (spawned) process,
     which finds the loader through the entry point alone."""
-    results, log = run_engines([{"model": models["v1"], "load_format": "manifest_cache"}],
-                               env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    results, log = run_engines(
+        [{"model": models["v1"], "load_format": "manifest_cache"}],
+        env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+    )
     assert "tokens" in results[0], results[0]
     assert "EngineCore" in log and "ckptpub: loaded and verified" in log

@@ -10,12 +10,12 @@ import os
 import shutil
 import sys
 
-import ckptpub
-import pytest
-
 import ckptpub_vllm
+import pytest
 from ckptpub_vllm.errors import RefusedError
 from ckptpub_vllm.key import original_hash_checkpoint
+
+import ckptpub
 
 _recording: list[str] | None = None
 
@@ -41,7 +41,9 @@ def opened_during(fn, *args):
 def model_config(folder):
     from vllm.engine.arg_utils import EngineArgs
 
-    return EngineArgs(model=folder, dtype="float32", max_model_len=128, enforce_eager=True).create_model_config()
+    return EngineArgs(
+        model=folder, dtype="float32", max_model_len=128, enforce_eager=True
+    ).create_model_config()
 
 
 def key_of(folder):
@@ -93,17 +95,23 @@ def test_fail_closed_on_missing_manifest_when_asked(models, monkeypatch):
 def test_invalid_manifest_is_an_error_not_a_fallback(models, tmp_path):
     folder = shutil.copytree(models["v1"], tmp_path / "broken")
     path = folder / ckptpub.MANIFEST_NAME
-    path.write_bytes(path.read_bytes().replace(b'"identity":"blake3:', b'"identity":"blake3:0', 1)[:-70] + b"\n")
+    path.write_bytes(
+        path.read_bytes().replace(b'"identity":"blake3:', b'"identity":"blake3:0', 1)[:-70] + b"\n"
+    )
     with pytest.raises(RefusedError, match="unusable"):
         key_of(str(folder))
 
 
-@pytest.mark.parametrize("make", [
-    lambda p: p.mkdir(),
-    lambda p: p.symlink_to("no-such-file"),
-    lambda p: p.symlink_to(p.parent),
-    lambda p: p.symlink_to("/etc/hostname"),
-], ids=["folder", "dangling symlink", "symlink to a folder", "symlink out of the folder"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: p.mkdir(),
+        lambda p: p.symlink_to("no-such-file"),
+        lambda p: p.symlink_to(p.parent),
+        lambda p: p.symlink_to("/etc/hostname"),
+    ],
+    ids=["folder", "dangling symlink", "symlink to a folder", "symlink out of the folder"],
+)
 def test_a_manifest_path_that_is_not_a_plain_file_is_refused_not_absent(models, tmp_path, make):
     folder = shutil.copytree(models["nomanifest"], tmp_path / "odd")
     make(folder / ckptpub.MANIFEST_NAME)
@@ -116,8 +124,13 @@ def test_the_loader_hands_the_key_the_manifest_it_checked(models, tmp_path):
 
     folder = str(shutil.copytree(models["v1"], tmp_path / "handed"))
     checked_manifest = ckptpub.read_manifest(folder)
-    shutil.copy(os.path.join(models["republished"], ckptpub.MANIFEST_NAME), os.path.join(folder, ckptpub.MANIFEST_NAME))
-    with checked(folder, checked_manifest):  # another manifest landed after the check: the key keeps the checked one
+    shutil.copy(
+        os.path.join(models["republished"], ckptpub.MANIFEST_NAME),
+        os.path.join(folder, ckptpub.MANIFEST_NAME),
+    )
+    with checked(
+        folder, checked_manifest
+    ):  # another manifest landed after the check: the key keeps the checked one
         key, opened = key_of(folder)
     assert key.checkpoint == checked_manifest.identity
     assert not any(p.endswith(ckptpub.MANIFEST_NAME) for p in opened)

@@ -49,8 +49,11 @@ PLATFORM_LINE = "ckptpub: vllm_launcher pid {pid}: vLLM platform CpuPlatform (de
 def shim_banner(pid: int) -> str:
     """The shim's start line for ``pid`` (read from its source: importing it here would install its hook in pytest)."""
     tree = ast.parse((SHIM / "sitecustomize.py").read_text())
-    banner = next(node.value.value for node in tree.body if isinstance(node, ast.Assign)
-                  and any(getattr(t, "id", None) == "BANNER" for t in node.targets))
+    banner = next(
+        node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BANNER" for t in node.targets)
+    )
     return f"{banner} {pid} "
 
 
@@ -62,15 +65,27 @@ def follow(tmp_path_factory):
     run_dir.mkdir()
     # vLLM's socket path (STATE/sockets/gN/vllm_weight_cache_<32 hex>.sock) must fit AF_UNIX's 107 bytes
     state = Path(tempfile.mkdtemp(prefix="ckrd", dir="/tmp"))
-    sup = SupervisorProc(root, ["--follow", str(run_dir)], env=SHIM_ENV, state_dir=state, daemon_cmd=None,
-                         extra_opts=["--interval", "0.5", "--ready-timeout", "300", "--retry-delay", "600"],
-                         passthrough=DAEMON_ARGS)
+    sup = SupervisorProc(
+        root,
+        ["--follow", str(run_dir)],
+        env=SHIM_ENV,
+        state_dir=state,
+        daemon_cmd=None,
+        extra_opts=["--interval", "0.5", "--ready-timeout", "300", "--retry-delay", "600"],
+        passthrough=DAEMON_ARGS,
+    )
     sup.start()
     try:
-        train = subprocess.run([sys.executable, str(HERE / "follow_train.py"), str(run_dir), str(state)],
-                               capture_output=True, text=True, timeout=1200)
-        assert train.returncode == 0, f"training run failed:\n{train.stdout[-2000:]}\n{train.stderr[-3000:]}\n" \
-                                      f"supervisor:\n{sup.stderr()[-3000:]}"
+        train = subprocess.run(
+            [sys.executable, str(HERE / "follow_train.py"), str(run_dir), str(state)],
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+        assert train.returncode == 0, (
+            f"training run failed:\n{train.stdout[-2000:]}\n{train.stderr[-3000:]}\n"
+            f"supervisor:\n{sup.stderr()[-3000:]}"
+        )
         yield {"sup": sup, "run": run_dir, "root": root, "status": sup.status()}
         assert sup.terminate(timeout=120) == 0
     finally:
@@ -90,13 +105,18 @@ def test_follow_re_preloads_exactly_once_per_identity_change(follow):
     decisions = [e for e in sup.decisions() if e.get("event") == "decision"]
     assert [(e["action"], e["why"], e["target"].get("step")) for e in decisions] == [
         ("wait", "target-unusable", None),  # started before the run's first save
-        ("start", "first-preload", 5), ("replace", "weights-changed", 10), ("keep", "same-identity-new-path", 15)]
+        ("start", "first-preload", 5),
+        ("replace", "weights-changed", 10),
+        ("keep", "same-identity-new-path", 15),
+    ]
     launched = [e for e in sup.decisions() if e.get("why") == "launched"]
     assert len(launched) == 2  # the first preload and exactly one re-preload
 
     status = follow["status"]
     assert status["state"] == "ready" and status["held"]["identity"] == b and status["target"]["step"] == 15
-    assert status["held"]["folder"] == str((run / "checkpoint-10").resolve())  # kept, not reloaded from step 15
+    assert status["held"]["folder"] == str(
+        (run / "checkpoint-10").resolve()
+    )  # kept, not reloaded from step 15
     logs = sorted((sup.state_dir / "logs").glob("daemon-*.log"))
     assert [p.name for p in logs] == ["daemon-1.log", "daemon-2.log"]
     for log, identity in zip(logs, (a, b)):
@@ -127,7 +147,9 @@ def engines(follow):
     from ckptpub_vllm.testing import copy_with_zeroed_tensor
 
     # same layout (safetensors headers byte for byte), different bytes
-    tampered = copy_with_zeroed_tensor(str(served), str(root / "tampered"), TAMPERED_TENSOR)  # keeps the manifest
+    tampered = copy_with_zeroed_tensor(
+        str(served), str(root / "tampered"), TAMPERED_TENSOR
+    )  # keeps the manifest
     edit = shutil.copytree(tampered, str(root / "edit"))
     ckptpub.publish(edit)  # a re-published edit
     finetune = copy_with_zeroed_tensor(str(held), str(root / "finetune"), "lm_head.weight")
@@ -141,12 +163,16 @@ def engines(follow):
     for name, folder in (("earlier", earlier), ("finetune", finetune), ("edit", edit)):
         jobs[f"{name}_refused"] = (folder, "manifest_cache", {**socket, "fallback": False})
         jobs[f"{name}_fallback"] = (folder, "manifest_cache", {**socket, "fallback": True})
-    specs = [{"model": str(folder), "load_format": fmt, "extra": extra} for folder, fmt, extra in jobs.values()]
+    specs = [
+        {"model": str(folder), "load_format": fmt, "extra": extra} for folder, fmt, extra in jobs.values()
+    ]
     results, log = run_engines(specs, env=SHIM_ENV, timeout=900)
     per_job = log.split("CKPTPUB_RESULT ")  # the runner prints each result after the job's own log lines
     folders = {name: str(folder) for name, (folder, _, _) in jobs.items()}
-    return {name: {**result, "log": per_job[i], "folder": folders[name]}
-            for i, (name, result) in enumerate(zip(jobs, results))}
+    return {
+        name: {**result, "log": per_job[i], "folder": folders[name]}
+        for i, (name, result) in enumerate(zip(jobs, results))
+    }
 
 
 def _same_headers(*folders) -> bool:
@@ -154,8 +180,9 @@ def _same_headers(*folders) -> bool:
         out = []
         for shard in sorted(Path(folder).glob("*.safetensors")):
             data = shard.read_bytes()
-            out.append((shard.name, data[:8 + int.from_bytes(data[:8], "little")]))
+            out.append((shard.name, data[: 8 + int.from_bytes(data[:8], "little")]))
         return out
+
     return all(headers(f) == headers(folders[0]) for f in folders[1:])
 
 
@@ -171,10 +198,16 @@ def test_engine_maps_the_daemons_weights(engines, follow):
     edit_tokens = engines["edit_fallback"]["tokens"]  # the tampered folder's bytes, loaded from disk
     assert edit_tokens != reference
     mapped_line = next(l for l in engines["tampered_mapped"]["log"].splitlines() if "Mapped " in l)
-    print(f"\nreal daemon: {mapped_line.strip()}\n  daemon's tokens (mapped, also checkpoint-10 from disk): "
-          f"{reference}\n  the tampered bytes from disk: {edit_tokens}")
-    assert _same_headers(engines["held_auto"]["folder"], engines["tampered_mapped"]["folder"],
-                         engines["edit_fallback"]["folder"], engines["finetune_fallback"]["folder"])
+    print(
+        f"\nreal daemon: {mapped_line.strip()}\n  daemon's tokens (mapped, also checkpoint-10 from disk): "
+        f"{reference}\n  the tampered bytes from disk: {edit_tokens}"
+    )
+    assert _same_headers(
+        engines["held_auto"]["folder"],
+        engines["tampered_mapped"]["folder"],
+        engines["edit_fallback"]["folder"],
+        engines["finetune_fallback"]["folder"],
+    )
 
 
 @pytest.mark.parametrize("name", ["earlier", "finetune", "edit"])
@@ -184,7 +217,11 @@ def test_other_identity_is_never_mapped(engines, name):
     refused, fallback = engines[f"{name}_refused"], engines[f"{name}_fallback"]
     assert "tokens" not in refused and "mismatch on fields: ['checkpoint']" in refused["error"], refused
     assert "Mapped " not in refused["log"] and "Mapped " not in fallback["log"]
-    assert fallback.get("tokens") and fallback["tokens"] != engines["held_auto"]["tokens"], fallback.get("error")
+    assert fallback.get("tokens") and fallback["tokens"] != engines["held_auto"]["tokens"], fallback.get(
+        "error"
+    )
     verified = f"of {fallback['folder']} from disk in"
-    line = next((l for l in fallback["log"].splitlines() if "ckptpub: loaded and verified" in l and verified in l), "")
+    line = next(
+        (l for l in fallback["log"].splitlines() if "ckptpub: loaded and verified" in l and verified in l), ""
+    )
     assert line.endswith(f"identity {_identity(fallback['folder'])}"), fallback["log"][-3000:]

@@ -18,11 +18,11 @@ from __future__ import annotations
 import os
 import shutil
 
-import ckptpub
 import pytest
-
 from slowfs import FuseUnavailable, SlowFS
 from vllm_engine_helpers import run_engines
+
+import ckptpub
 
 FEW_SHARDS = "400KB"  # max_shard_size giving 5 shards of the tiny Qwen3
 MANY_SHARDS = "1KB"  # one tensor (or a few norms) a shard: 22 shards
@@ -120,8 +120,10 @@ def test_daemon_path_start_requests_do_not_grow_with_shards(slow_mount):
 def test_verified_disk_load_opens_each_shard_no_more_than_auto(slow_mount):
     fs, mnt = slow_mount
     fs.reset()
-    jobs = [{"model": os.path.join(mnt, "for_auto"), "load_format": "auto"},
-            {"model": os.path.join(mnt, "for_manifest"), "load_format": "manifest_cache"}]
+    jobs = [
+        {"model": os.path.join(mnt, "for_auto"), "load_format": "auto"},
+        {"model": os.path.join(mnt, "for_manifest"), "load_format": "manifest_cache"},
+    ]
     (auto, ours), log = run_engines(jobs)
     requests = fs.requests()
 

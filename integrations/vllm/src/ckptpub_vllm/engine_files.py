@@ -27,7 +27,15 @@ from .folder_reads import Unreadable, read_prefix
 
 #: Names read by vLLM's config code and by transformers' tokenizer and processor loaders.
 _EXACT_NAMES = frozenset({"merges.txt", "vocab.txt", "params.json", "tekken.json"})
-_PREFIXES = ("tokenizer", "chat_template", "vocab", "special_tokens", "added_tokens", "spiece", "sentencepiece")
+_PREFIXES = (
+    "tokenizer",
+    "chat_template",
+    "vocab",
+    "special_tokens",
+    "added_tokens",
+    "spiece",
+    "sentencepiece",
+)
 _SUFFIXES = (".json", ".jinja", ".model", ".tiktoken")
 #: Not read by an engine: the manifest (read and validated on its own), the shard index (read only
 #: on the disk path, whose shards stream verified anyway) and training state, ``ckptpub verify``'s business.
@@ -46,11 +54,14 @@ def engine_reads(path: str) -> bool:
     return name in _EXACT_NAMES or name.startswith(_PREFIXES) or name.endswith(_SUFFIXES)
 
 
-def engine_file_problems(folder: str, manifest: "ckptpub.Manifest") -> list[str]:
+def engine_file_problems(folder: str, manifest: ckptpub.Manifest) -> list[str]:
     """Human-readable differences between the folder's engine files and the manifest."""
     listed = {record.path: record for record in manifest.files if engine_reads(record.path)}
-    problems = [f"{path} is not in the manifest, and an engine reads it"
-                for path in _present_engine_files(folder) if path not in listed]
+    problems = [
+        f"{path} is not in the manifest, and an engine reads it"
+        for path in _present_engine_files(folder)
+        if path not in listed
+    ]
     for path, record in sorted(listed.items()):
         try:
             data, _ = read_prefix(folder, path, record.size + 1)
@@ -66,7 +77,7 @@ def engine_file_problems(folder: str, manifest: "ckptpub.Manifest") -> list[str]
     return problems
 
 
-def check_engine_files(folder: str, manifest: "ckptpub.Manifest") -> None:
+def check_engine_files(folder: str, manifest: ckptpub.Manifest) -> None:
     """Refuse unless every file an engine reads is exactly as published."""
     problems = engine_file_problems(folder, manifest)
     if problems:

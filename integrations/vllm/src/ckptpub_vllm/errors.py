@@ -27,6 +27,6 @@ class RefusedError(RuntimeError):
         super().__init__(text.replace("\r", "\\r").replace("\n", "\\n"))
 
     @classmethod
-    def for_problems(cls, folder: str, problems: Sequence[str], hint: str = "") -> "RefusedError":
+    def for_problems(cls, folder: str, problems: Sequence[str], hint: str = "") -> RefusedError:
         """The refusal for the first of ``problems`` (not empty), counting the rest."""
         return cls(folder, problems[0], more=len(problems) - 1, hint=hint)

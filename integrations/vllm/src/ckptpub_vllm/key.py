@@ -32,11 +32,11 @@ from .options import REQUIRE_MANIFEST_ENV, require_manifest_from_env
 _PATCH_MARK = "_ckptpub_original"
 _logged: set[tuple[str, str]] = set()
 #: Manifests the loader has just checked, by folder, for the key vLLM computes next (see ``checked``).
-_checked: dict[str, "ckptpub.Manifest"] = {}
+_checked: dict[str, ckptpub.Manifest] = {}
 
 
 @contextlib.contextmanager
-def checked(folder: str, manifest: "ckptpub.Manifest") -> Iterator[None]:
+def checked(folder: str, manifest: ckptpub.Manifest) -> Iterator[None]:
     """While the loader asks the daemon, key ``folder`` by the manifest it already checked.
 
     The key then names exactly the manifest whose engine files were checked (no
@@ -55,7 +55,7 @@ def has_manifest(folder: str) -> bool:
     return os.path.lexists(os.path.join(folder, ckptpub.MANIFEST_NAME))
 
 
-def read_folder_manifest(folder: str) -> "ckptpub.Manifest | None":
+def read_folder_manifest(folder: str) -> ckptpub.Manifest | None:
     """The folder's validated manifest; None only when nothing is at its manifest path.
 
     The manifest file is read directly (no separate look at the folder first); only
@@ -78,11 +78,16 @@ def checkpoint_key(model: str) -> str | None:
     if manifest is not None:
         if (model, manifest.identity) not in _logged:
             _logged.add((model, manifest.identity))
-            logger.info("ckptpub: weight-cache key for %s is its manifest identity %s", model, manifest.identity)
+            logger.info(
+                "ckptpub: weight-cache key for %s is its manifest identity %s", model, manifest.identity
+            )
         return manifest.identity
     if require_manifest_from_env():
-        raise RefusedError(model, f"no {ckptpub.MANIFEST_NAME} and {REQUIRE_MANIFEST_ENV}=1",
-                           hint=f"publish it with `ckptpub publish {model}`")
+        raise RefusedError(
+            model,
+            f"no {ckptpub.MANIFEST_NAME} and {REQUIRE_MANIFEST_ENV}=1",
+            hint=f"publish it with `ckptpub publish {model}`",
+        )
     return original_hash_checkpoint()(model)
 
 

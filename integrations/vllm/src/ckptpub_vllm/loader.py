@@ -62,7 +62,9 @@ class VerifyingDiskLoader(DefaultModelLoader):
     weight-cache daemon's) waits for its hashes before returning.
     """
 
-    def __init__(self, load_config: LoadConfig, manifest: "ckptpub.Manifest | None", options: Options) -> None:
+    def __init__(
+        self, load_config: LoadConfig, manifest: ckptpub.Manifest | None, options: Options
+    ) -> None:
         super().__init__(load_config)
         self.manifest = manifest
         self.options = options
@@ -88,14 +90,20 @@ class VerifyingDiskLoader(DefaultModelLoader):
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         if self.manifest is None or not self.options.verify:
             if self.manifest is not None:
-                logger.warning("ckptpub: loading %s from disk WITHOUT verification (verify=false)", model_config.model)
+                logger.warning(
+                    "ckptpub: loading %s from disk WITHOUT verification (verify=false)", model_config.model
+                )
             super().load_weights(model, model_config)
             return
         self._folder = model_config.model
         self._started = time.perf_counter()
         check_shards_are_files(model_config.model)
-        self.verifier = StreamVerifier(model_config.model, self.manifest, threads=self.options.hash_threads,
-                                       max_pending_mib=self.options.max_pending_mib)
+        self.verifier = StreamVerifier(
+            model_config.model,
+            self.manifest,
+            threads=self.options.hash_threads,
+            max_pending_mib=self.options.max_pending_mib,
+        )
         try:
             super().load_weights(model, model_config)
         except BaseException:
@@ -113,8 +121,11 @@ class VerifyingDiskLoader(DefaultModelLoader):
         verifier.finish()
         logger.info(
             "ckptpub: loaded and verified %d tensors (%.2f GiB) of %s from disk in %.2f s; identity %s",
-            verifier.verified_tensors, verifier.verified_bytes / 2**30, model_config.model,
-            time.perf_counter() - self._started, self.manifest.identity,
+            verifier.verified_tensors,
+            verifier.verified_bytes / 2**30,
+            model_config.model,
+            time.perf_counter() - self._started,
+            self.manifest.identity,
         )
 
     def _get_weights_iterator(self, source):
@@ -122,8 +133,11 @@ class VerifyingDiskLoader(DefaultModelLoader):
         if self.verifier is None:
             return weights
         if source.model_or_path != self._folder or source.prefix or source.subfolder:
-            logger.warning("ckptpub: weights from %s (prefix %r) are not covered by the manifest",
-                           source.model_or_path, source.prefix)
+            logger.warning(
+                "ckptpub: weights from %s (prefix %r) are not covered by the manifest",
+                source.model_or_path,
+                source.prefix,
+            )
             return weights
         if source.is_unused_weight is not None or self._encoder_only_lm_prefixes is not None:
             self.verifier.mark_partial("vLLM skips shards this model does not use")
@@ -152,11 +166,11 @@ class ManifestCacheLoader(IpcModelLoader):
         super().__init__(dataclasses.replace(load_config, model_loader_extra_config=rest))
         self._manifest: ckptpub.Manifest | None = None
 
-    def _prepare(self, model_config: ModelConfig) -> "ckptpub.Manifest | None":
+    def _prepare(self, model_config: ModelConfig) -> ckptpub.Manifest | None:
         self._manifest = check_before_start(model_config.model, self.options)
         return self._manifest
 
-    def _disk_loader(self, manifest: "ckptpub.Manifest | None") -> VerifyingDiskLoader:
+    def _disk_loader(self, manifest: ckptpub.Manifest | None) -> VerifyingDiskLoader:
         return VerifyingDiskLoader(self._fallback_load_config(), manifest, self.options)
 
     # -- vLLM's entry points ---------------------------------------------------------------
@@ -180,11 +194,18 @@ class ManifestCacheLoader(IpcModelLoader):
         no_ipc = ipc_unsupported_reason()
         if no_ipc is not None:
             if not self.fallback:
-                raise RefusedError(model_config.model, f"fallback is false but there is no daemon to map from: {no_ipc}")
-            logger.info("ckptpub: no daemon to map from (%s); loading %s from disk%s", no_ipc, model_config.model,
-                        " with verification" if manifest is not None and self.options.verify else "")
-            return self._disk_loader(manifest).load_model(vllm_config=vllm_config, model_config=model_config,
-                                                          prefix=prefix)
+                raise RefusedError(
+                    model_config.model, f"fallback is false but there is no daemon to map from: {no_ipc}"
+                )
+            logger.info(
+                "ckptpub: no daemon to map from (%s); loading %s from disk%s",
+                no_ipc,
+                model_config.model,
+                " with verification" if manifest is not None and self.options.verify else "",
+            )
+            return self._disk_loader(manifest).load_model(
+                vllm_config=vllm_config, model_config=model_config, prefix=prefix
+            )
         if manifest is None:
             return super().load_model(vllm_config, model_config, prefix)
         with key.checked(model_config.model, manifest):
@@ -203,10 +224,14 @@ class ManifestCacheLoader(IpcModelLoader):
 
     def _fallback_load(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:
         manifest = self._manifest if self._manifest is not None else self._prepare(model_config)
-        logger.info("ckptpub: loading %s from disk%s", model_config.model,
-                    " with verification" if manifest is not None and self.options.verify else "")
-        return self._disk_loader(manifest).load_model(vllm_config=vllm_config, model_config=model_config,
-                                                      prefix=prefix)
+        logger.info(
+            "ckptpub: loading %s from disk%s",
+            model_config.model,
+            " with verification" if manifest is not None and self.options.verify else "",
+        )
+        return self._disk_loader(manifest).load_model(
+            vllm_config=vllm_config, model_config=model_config, prefix=prefix
+        )
 
 
 def install() -> None:

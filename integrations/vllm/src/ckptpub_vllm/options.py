@@ -13,8 +13,9 @@ see this extra config: plain ``ipc_cache`` engines and ``vllm preload`` daemons.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 REQUIRE_MANIFEST_ENV = "CKPTPUB_REQUIRE_MANIFEST"
 
@@ -56,7 +57,9 @@ def split_extra_config(extra: Mapping[str, Any] | None) -> tuple[Options, dict[s
         default = getattr(Options, name)
         if name == "expect_identity":
             if not (isinstance(value, str) and value.startswith("blake3:") and len(value) == 71):
-                raise ValueError(f"manifest_cache option 'expect_identity' must be blake3:<64 hex>, got {value!r}")
+                raise ValueError(
+                    f"manifest_cache option 'expect_identity' must be blake3:<64 hex>, got {value!r}"
+                )
         elif isinstance(default, bool):
             if not isinstance(value, bool):
                 raise ValueError(f"manifest_cache option {name!r} must be true or false, got {value!r}")

@@ -25,7 +25,7 @@ from .log import logger
 from .options import Options
 
 
-def check_before_start(folder: str, options: Options) -> "ckptpub.Manifest | None":
+def check_before_start(folder: str, options: Options) -> ckptpub.Manifest | None:
     """The folder's manifest once it passed every start-time check; refuses otherwise.
 
     Returns None only for a folder without a manifest when ``require_manifest`` is
@@ -35,12 +35,22 @@ def check_before_start(folder: str, options: Options) -> "ckptpub.Manifest | Non
     expected = options.expect_identity
     if manifest is None:
         if expected is not None:
-            raise RefusedError(folder, f"no {ckptpub.MANIFEST_NAME}, so the pinned identity {expected} cannot be checked")
+            raise RefusedError(
+                folder, f"no {ckptpub.MANIFEST_NAME}, so the pinned identity {expected} cannot be checked"
+            )
         if options.require_manifest:
-            raise RefusedError(folder, f"no {ckptpub.MANIFEST_NAME}", hint=f"publish it with `ckptpub publish {folder}`, "
-                               "or set require_manifest to false to serve it unverified")
-        logger.warning("ckptpub: %s has no %s and require_manifest is false: vLLM's own key and an unverified "
-                       "load apply", folder, ckptpub.MANIFEST_NAME)
+            raise RefusedError(
+                folder,
+                f"no {ckptpub.MANIFEST_NAME}",
+                hint=f"publish it with `ckptpub publish {folder}`, "
+                "or set require_manifest to false to serve it unverified",
+            )
+        logger.warning(
+            "ckptpub: %s has no %s and require_manifest is false: vLLM's own key and an unverified "
+            "load apply",
+            folder,
+            ckptpub.MANIFEST_NAME,
+        )
         return None
     if expected is not None and manifest.identity != expected:
         raise RefusedError(folder, f"its identity {manifest.identity} is not the expected {expected}")

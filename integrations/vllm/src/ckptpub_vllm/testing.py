@@ -28,27 +28,50 @@ def build_tokenizer(folder: str, vocab_size: int = 512) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_CORPUS, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     fast.save_pretrained(folder)
 
 
-def build_tiny_qwen3(folder: str, *, seed: int = 0, hidden: int = 128, layers: int = 2, heads: int = 2,
-                     kv_heads: int | None = None, head_dim: int = 64, intermediate: int = 256,
-                     vocab: int = 512, max_shard_size: str | int | None = None, dtype: str = "float32",
-                     tie_word_embeddings: bool = False) -> str:
+def build_tiny_qwen3(
+    folder: str,
+    *,
+    seed: int = 0,
+    hidden: int = 128,
+    layers: int = 2,
+    heads: int = 2,
+    kv_heads: int | None = None,
+    head_dim: int = 64,
+    intermediate: int = 256,
+    vocab: int = 512,
+    max_shard_size: str | int | None = None,
+    dtype: str = "float32",
+    tie_word_embeddings: bool = False,
+) -> str:
     """Save a random Qwen3 (float32 unless ``dtype`` says otherwise; vLLM's CPU kernels need
     head_dim 64) and its tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
-                         num_hidden_layers=layers, num_attention_heads=heads,
-                         num_key_value_heads=kv_heads or heads, head_dim=head_dim,
-                         max_position_embeddings=512, tie_word_embeddings=tie_word_embeddings, dtype=dtype)
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads or heads,
+        head_dim=head_dim,
+        max_position_embeddings=512,
+        tie_word_embeddings=tie_word_embeddings,
+        dtype=dtype,
+    )
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     with torch.no_grad():  # norms start at 1.0; make every tensor carry information
         for name, param in model.named_parameters():

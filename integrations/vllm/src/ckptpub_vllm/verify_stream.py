@@ -18,24 +18,37 @@ import os
 import stat
 import time
 from collections import deque
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Iterable, Iterator
+
+import torch
 
 import ckptpub
-import torch
 
 from .errors import RefusedError
 from .folder_reads import Unreadable, read_prefix, resolve_inside
 
 # safetensors dtype codes (what the manifest records) of torch dtypes.
 _DTYPE_CODES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
 }
-for _name, _code in (("uint16", "U16"), ("uint32", "U32"), ("uint64", "U64"),
-                     ("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"),
-                     ("float8_e8m0fnu", "F8_E8M0")):
+for _name, _code in (
+    ("uint16", "U16"),
+    ("uint32", "U32"),
+    ("uint64", "U64"),
+    ("float8_e4m3fn", "F8_E4M3"),
+    ("float8_e5m2", "F8_E5M2"),
+    ("float8_e8m0fnu", "F8_E8M0"),
+):
     if hasattr(torch, _name):
         _DTYPE_CODES[getattr(torch, _name)] = _code
 
@@ -57,8 +70,9 @@ def raw_bytes(tensor: torch.Tensor):
 class StreamVerifier:
     """Verifies one folder's tensors; use :meth:`wrap` on the weight iterator, then :meth:`finish`."""
 
-    def __init__(self, folder: str, manifest: "ckptpub.Manifest", *, threads: int = 2,
-                 max_pending_mib: int = 2048) -> None:
+    def __init__(
+        self, folder: str, manifest: ckptpub.Manifest, *, threads: int = 2, max_pending_mib: int = 2048
+    ) -> None:
         self.folder = folder
         self.manifest = manifest
         self.identity = manifest.identity
@@ -109,7 +123,9 @@ class StreamVerifier:
         if got_dtype != record.dtype:
             raise self.refuse(f"tensor {name!r} has dtype {got_dtype}, the manifest says {record.dtype}")
         if tuple(tensor.shape) != tuple(record.shape):
-            raise self.refuse(f"tensor {name!r} has shape {list(tensor.shape)}, the manifest says {list(record.shape)}")
+            raise self.refuse(
+                f"tensor {name!r} has shape {list(tensor.shape)}, the manifest says {list(record.shape)}"
+            )
         data = raw_bytes(tensor)
         size = int(data.nbytes)
         self._pending.append((name, self._pool.submit(self._digest, data), size))
@@ -154,7 +170,9 @@ class StreamVerifier:
             self.close()
         missing = sorted(set(self.expected) - self.seen)
         if missing and self.partial_reason is None:
-            raise self.refuse(f"manifest tensor {missing[0]!r} never arrived from disk", more=len(missing) - 1)
+            raise self.refuse(
+                f"manifest tensor {missing[0]!r} never arrived from disk", more=len(missing) - 1
+            )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -190,7 +208,7 @@ def check_shards_are_files(folder: str) -> None:
         raise RefusedError.for_problems(folder, sorted(problems))
 
 
-def shard_problems(folder: str, manifest: "ckptpub.Manifest") -> list[str]:
+def shard_problems(folder: str, manifest: ckptpub.Manifest) -> list[str]:
     """Weight shards that are missing, of another size, or whose header differs from the manifest.
 
     Run only after reading failed: it opens every shard, which a successful load never needs.

@@ -17,7 +17,7 @@ import fcntl
 import json
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import status as st
 from .daemon_process import DEFAULT_COMMAND, IDENTITY_PATTERN, READY_PATTERN
@@ -38,38 +38,86 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="ckptpub preload",
         description="Keep vLLM's weight-cache daemon holding exactly the checkpoint you serve: "
-                    "re-preload when (and only when) the target's manifest identity changes.",
+        "re-preload when (and only when) the target's manifest identity changes.",
         epilog="Arguments after '--' are passed to the daemon command (default: vllm preload). "
-               "Placeholders in --daemon-cmd: {folder}, {socket_dir}, {identity}, {python}.",
+        "Placeholders in --daemon-cmd: {folder}, {socket_dir}, {identity}, {python}.",
     )
-    p.add_argument("model_dir", nargs="?", metavar="MODEL_DIR",
-                   help="checkpoint folder to serve (a symlink is followed on every poll)")
+    p.add_argument(
+        "model_dir",
+        nargs="?",
+        metavar="MODEL_DIR",
+        help="checkpoint folder to serve (a symlink is followed on every poll)",
+    )
     p.add_argument("--follow", metavar="RUN_DIR", help="serve the newest published step of a training run")
-    p.add_argument("--verified-only", action="store_true",
-                   help="only preload checkpoints that pass 'ckptpub verify' (a full re-hash, once per publish)")
-    p.add_argument("--daemon-cmd", default=DEFAULT_COMMAND, metavar="CMD",
-                   help=f"daemon command template (default: {DEFAULT_COMMAND!r})")
-    p.add_argument("--state-dir", metavar="DIR", help=f"status, decision log, daemon logs (default: "
-                                                      f"${st.STATE_DIR_ENV} or ~/.local/state/ckptpub/preload)")
-    p.add_argument("--interval", type=float, default=5.0, metavar="S", help="seconds between polls (default 5)")
-    p.add_argument("--one-at-a-time", action="store_true",
-                   help="stop the old daemon before loading the new one (when two models do not fit)")
-    p.add_argument("--socket-dir", metavar="DIR",
-                   help="fixed weight-cache socket directory for every daemon (implies --one-at-a-time); "
-                        "default: a fresh directory per daemon under the state directory")
-    p.add_argument("--ready-timeout", type=float, default=1800.0, metavar="S",
-                   help="give up on a daemon not ready after S seconds (default 1800)")
-    p.add_argument("--stop-timeout", type=float, default=60.0, metavar="S",
-                   help="SIGKILL a daemon still running S seconds after SIGTERM (default 60)")
-    p.add_argument("--retry-delay", type=float, default=30.0, metavar="S",
-                   help="first back-off after a failed preload, doubled per failure (default 30)")
-    p.add_argument("--identity-pattern", default=IDENTITY_PATTERN, metavar="REGEX",
-                   help="log line by which a daemon reports its identity (group 'identity')")
-    p.add_argument("--ready-pattern", default=READY_PATTERN, metavar="REGEX",
-                   help="log line by which a daemon reports it is ready")
+    p.add_argument(
+        "--verified-only",
+        action="store_true",
+        help="only preload checkpoints that pass 'ckptpub verify' (a full re-hash, once per publish)",
+    )
+    p.add_argument(
+        "--daemon-cmd",
+        default=DEFAULT_COMMAND,
+        metavar="CMD",
+        help=f"daemon command template (default: {DEFAULT_COMMAND!r})",
+    )
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help=f"status, decision log, daemon logs (default: "
+        f"${st.STATE_DIR_ENV} or ~/.local/state/ckptpub/preload)",
+    )
+    p.add_argument(
+        "--interval", type=float, default=5.0, metavar="S", help="seconds between polls (default 5)"
+    )
+    p.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="stop the old daemon before loading the new one (when two models do not fit)",
+    )
+    p.add_argument(
+        "--socket-dir",
+        metavar="DIR",
+        help="fixed weight-cache socket directory for every daemon (implies --one-at-a-time); "
+        "default: a fresh directory per daemon under the state directory",
+    )
+    p.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="give up on a daemon not ready after S seconds (default 1800)",
+    )
+    p.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="SIGKILL a daemon still running S seconds after SIGTERM (default 60)",
+    )
+    p.add_argument(
+        "--retry-delay",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="first back-off after a failed preload, doubled per failure (default 30)",
+    )
+    p.add_argument(
+        "--identity-pattern",
+        default=IDENTITY_PATTERN,
+        metavar="REGEX",
+        help="log line by which a daemon reports its identity (group 'identity')",
+    )
+    p.add_argument(
+        "--ready-pattern",
+        default=READY_PATTERN,
+        metavar="REGEX",
+        help="log line by which a daemon reports it is ready",
+    )
     p.add_argument("--quiet", action="store_true", help="do not echo decisions on stderr")
     p.add_argument("--status", action="store_true", help="print what the supervisor holds and why, then exit")
-    p.add_argument("--json", action="store_true", help="with --status: print status.json (plus supervisor_alive)")
+    p.add_argument(
+        "--json", action="store_true", help="with --status: print status.json (plus supervisor_alive)"
+    )
     return p
 
 
@@ -78,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1:]
+        argv, extra = argv[:cut], argv[cut + 1 :]
     try:
         args = _parser().parse_args(argv)
         if args.status:
@@ -91,7 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail("interrupted")
         return 130
     except Exception as error:  # noqa: BLE001 - one line, never a traceback
-        known = type(error).__name__ == "CkptpubError" or isinstance(error, (RuntimeError, ValueError, OSError))
+        known = type(error).__name__ == "CkptpubError" or isinstance(
+            error, (RuntimeError, ValueError, OSError)
+        )
         _fail(str(error) if known else f"internal error: {type(error).__name__}: {error}")
         return EXIT_UNUSABLE
 
@@ -118,7 +168,9 @@ def _supervise(args: argparse.Namespace, extra: list[str]) -> int:
         except re.error as error:
             raise _UsageError(f"--{name.replace('_', '-')}: {error}") from None
         if name == "identity_pattern" and not compiled.groups:
-            raise _UsageError("--identity-pattern needs a group that captures the identity: (?P<identity>...)")
+            raise _UsageError(
+                "--identity-pattern needs a group that captures the identity: (?P<identity>...)"
+            )
     if args.follow:
         if not os.path.isdir(args.follow):
             raise _UsageError(f"--follow {args.follow}: not a directory")
@@ -133,11 +185,19 @@ def _supervise(args: argparse.Namespace, extra: list[str]) -> int:
     config = Config(
         model_dir=os.path.abspath(args.model_dir) if args.model_dir else None,
         follow=os.path.abspath(args.follow) if args.follow else None,
-        verified_only=args.verified_only, daemon_cmd=args.daemon_cmd, extra=extra,
-        state_dir=args.state_dir or st.default_state_dir(), interval=args.interval,
-        one_at_a_time=args.one_at_a_time, socket_dir=os.path.abspath(args.socket_dir) if args.socket_dir else None,
-        ready_timeout=args.ready_timeout, stop_timeout=args.stop_timeout, retry_delay=args.retry_delay,
-        identity_pattern=args.identity_pattern, ready_pattern=args.ready_pattern, quiet=args.quiet,
+        verified_only=args.verified_only,
+        daemon_cmd=args.daemon_cmd,
+        extra=extra,
+        state_dir=args.state_dir or st.default_state_dir(),
+        interval=args.interval,
+        one_at_a_time=args.one_at_a_time,
+        socket_dir=os.path.abspath(args.socket_dir) if args.socket_dir else None,
+        ready_timeout=args.ready_timeout,
+        stop_timeout=args.stop_timeout,
+        retry_delay=args.retry_delay,
+        identity_pattern=args.identity_pattern,
+        ready_pattern=args.ready_pattern,
+        quiet=args.quiet,
     )
     return Supervisor(config).run()
 
@@ -174,6 +234,11 @@ def _status(args: argparse.Namespace) -> int:
             print(f"note:       {data['state_note']}")
     held = data.get("held") or {}
     target = data.get("target") or {}
-    good = (data["supervisor_alive"] and data.get("state") == "ready" and held.get("alive", True)
-            and held.get("identity") and held.get("identity") == target.get("identity"))
+    good = (
+        data["supervisor_alive"]
+        and data.get("state") == "ready"
+        and held.get("alive", True)
+        and held.get("identity")
+        and held.get("identity") == target.get("identity")
+    )
     return EXIT_OK if good else EXIT_MISMATCH

@@ -57,7 +57,12 @@ def build_argv(template: str, extra: list[str], *, folder: str, socket_dir: str,
         raise ValueError(f"--daemon-cmd: {error}") from None
     if not tokens:
         raise ValueError("--daemon-cmd is empty")
-    values = {"{folder}": folder, "{socket_dir}": socket_dir, "{identity}": identity, "{python}": sys.executable}
+    values = {
+        "{folder}": folder,
+        "{socket_dir}": socket_dir,
+        "{identity}": identity,
+        "{python}": sys.executable,
+    }
     argv = []
     for token in tokens:
         for placeholder, value in values.items():
@@ -77,7 +82,7 @@ def proc_stat(pid: int) -> tuple[str, int] | None:
             data = handle.read().decode("utf-8", "replace")
     except OSError:
         return None
-    fields = data[data.rfind(")") + 2:].split()
+    fields = data[data.rfind(")") + 2 :].split()
     try:
         return fields[0], int(fields[19])
     except (IndexError, ValueError):
@@ -157,7 +162,9 @@ class LogWatch:
                 self.tail.append(line.strip()[-300:])
             match = self.identity_re.search(line)
             if match:
-                self.identities.append(match.group("identity") if "identity" in match.groupdict() else match.group(1))
+                self.identities.append(
+                    match.group("identity") if "identity" in match.groupdict() else match.group(1)
+                )
             if self.ready_re.search(line):
                 self.ready = True
 
@@ -186,9 +193,20 @@ class Daemon:
     log_offset: int = 0  # where this daemon's output starts in its log file
 
     @classmethod
-    def launch(cls, *, generation: int, identity: str, folder: str, stamp: Any, argv: list[str], log_path: str,
-               socket_dir: str, identity_re: re.Pattern[str], ready_re: re.Pattern[str],
-               env: dict[str, str] | None = None) -> "Daemon":
+    def launch(
+        cls,
+        *,
+        generation: int,
+        identity: str,
+        folder: str,
+        stamp: Any,
+        argv: list[str],
+        log_path: str,
+        socket_dir: str,
+        identity_re: re.Pattern[str],
+        ready_re: re.Pattern[str],
+        env: dict[str, str] | None = None,
+    ) -> Daemon:
         """Start ``argv`` in its own session with output to ``log_path``."""
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         child_env = dict(os.environ if env is None else env)
@@ -197,13 +215,31 @@ class Daemon:
         child_env.setdefault("PYTHONUNBUFFERED", "1")
         with open(log_path, "ab") as log:
             offset = log.tell()
-            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     env=child_env, start_new_session=True, close_fds=True)
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_env,
+                start_new_session=True,
+                close_fds=True,
+            )
         info = proc_stat(popen.pid)
         watch = LogWatch(log_path, identity_re, ready_re, offset=offset)
-        daemon = cls(generation=generation, identity=identity, folder=folder, stamp=list(stamp) if stamp else None,
-                   argv=list(argv), log_path=log_path, socket_dir=socket_dir, pid=popen.pid,
-                   start_ticks=info[1] if info else None, since=time.time(), watch=watch, popen=popen)
+        daemon = cls(
+            generation=generation,
+            identity=identity,
+            folder=folder,
+            stamp=list(stamp) if stamp else None,
+            argv=list(argv),
+            log_path=log_path,
+            socket_dir=socket_dir,
+            pid=popen.pid,
+            start_ticks=info[1] if info else None,
+            since=time.time(),
+            watch=watch,
+            popen=popen,
+        )
         daemon.log_offset = offset
         return daemon
 
@@ -232,8 +268,10 @@ class Daemon:
             return "failed", f"daemon command exited{code} before it was ready: {self.watch.last_line()}"
         if self.watch.ready:
             if not self.watch.identities:
-                return "failed", ("the daemon reported READY but no manifest-keyed identity (is the ckptpub plugin "
-                                  "loaded in the daemon? check VLLM_PLUGINS and --identity-pattern)")
+                return "failed", (
+                    "the daemon reported READY but no manifest-keyed identity (is the ckptpub plugin "
+                    "loaded in the daemon? check VLLM_PLUGINS and --identity-pattern)"
+                )
             if self.ready_at is None:
                 self.ready_at = time.time()
             return "ready", f"daemon pid {self.pid} reported identity {self.identity} and READY"
@@ -287,15 +325,24 @@ class Daemon:
 
     def record(self) -> dict[str, Any]:
         return {
-            "generation": self.generation, "identity": self.identity, "folder": self.folder, "stamp": self.stamp,
-            "argv": self.argv, "log": self.log_path, "socket_dir": self.socket_dir, "pid": self.pid,
-            "start_ticks": self.start_ticks, "since": self.since, "ready_at": self.ready_at,
+            "generation": self.generation,
+            "identity": self.identity,
+            "folder": self.folder,
+            "stamp": self.stamp,
+            "argv": self.argv,
+            "log": self.log_path,
+            "socket_dir": self.socket_dir,
+            "pid": self.pid,
+            "start_ticks": self.start_ticks,
+            "since": self.since,
+            "ready_at": self.ready_at,
             "log_offset": self.log_offset,
         }
 
     @classmethod
-    def adopt(cls, record: dict[str, Any], identity_re: re.Pattern[str],
-              ready_re: re.Pattern[str]) -> tuple["Daemon | None", str]:
+    def adopt(
+        cls, record: dict[str, Any], identity_re: re.Pattern[str], ready_re: re.Pattern[str]
+    ) -> tuple[Daemon | None, str]:
         """Re-attach to the daemon described by ``record`` if the live process proves it is that daemon.
 
         Checked with the live process: the pid is alive and started at the recorded
@@ -319,13 +366,25 @@ class Daemon:
             return None, f"pid {pid} was not started for {identity}"
         offset = int(record.get("log_offset") or 0)
         watch = LogWatch(str(record.get("log")), identity_re, ready_re, offset=offset)
-        daemon = cls(generation=int(record.get("generation", 0)), identity=identity, folder=str(record.get("folder")),
-                     stamp=record.get("stamp"), argv=argv, log_path=str(record.get("log")),
-                     socket_dir=str(record.get("socket_dir")), pid=pid, start_ticks=start_ticks,
-                     since=float(record.get("since") or time.time()), watch=watch,
-                     ready_at=record.get("ready_at"))
+        daemon = cls(
+            generation=int(record.get("generation", 0)),
+            identity=identity,
+            folder=str(record.get("folder")),
+            stamp=record.get("stamp"),
+            argv=argv,
+            log_path=str(record.get("log")),
+            socket_dir=str(record.get("socket_dir")),
+            pid=pid,
+            start_ticks=start_ticks,
+            since=float(record.get("since") or time.time()),
+            watch=watch,
+            ready_at=record.get("ready_at"),
+        )
         daemon.log_offset = offset
         state, detail = daemon.check()
         if state != "ready":
-            return daemon, f"pid {pid} is ours but not confirmed: {detail if state == 'failed' else 'still loading'}"
+            return (
+                daemon,
+                f"pid {pid} is ours but not confirmed: {detail if state == 'failed' else 'still loading'}",
+            )
         return daemon, ""

@@ -37,8 +37,9 @@ why                         action     when
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import ckptpub
 
@@ -156,8 +157,14 @@ def manifest_stamp(folder: str) -> tuple[int, int, int]:
     return (info.st_ino, info.st_mtime_ns, info.st_size)
 
 
-def observe_folder(path: str, cache: ManifestCache, *, verified_only: bool = False, step: int | None = None,
-                   notes: tuple[str, ...] = ()) -> Target:
+def observe_folder(
+    path: str,
+    cache: ManifestCache,
+    *,
+    verified_only: bool = False,
+    step: int | None = None,
+    notes: tuple[str, ...] = (),
+) -> Target:
     """The target ``path`` as it is now (symlinks resolved: the daemon gets a stable folder)."""
     folder = os.path.realpath(path)
     try:
@@ -171,8 +178,14 @@ def observe_folder(path: str, cache: ManifestCache, *, verified_only: bool = Fal
     if verified_only:
         problem = cache.verify_problem(folder, stamp)
         if problem is not None:
-            return Target(folder=folder, identity=manifest.identity, stamp=stamp, step=step,
-                          error=f"{path}: ckptpub verify failed: {problem}", notes=notes)
+            return Target(
+                folder=folder,
+                identity=manifest.identity,
+                stamp=stamp,
+                step=step,
+                error=f"{path}: ckptpub verify failed: {problem}",
+                notes=notes,
+            )
     return Target(folder=folder, identity=manifest.identity, stamp=stamp, step=step, notes=notes)
 
 
@@ -211,13 +224,24 @@ def observe_run(run_dir: str, cache: ManifestCache, *, verified_only: bool = Fal
         target = observe_folder(path, cache, verified_only=verified_only, step=record["step"])
         if target.error is None:
             if target.identity != record.get("identity"):
-                notes.append(f"step {record['step']}: index says {record.get('identity')}, "
-                             f"the folder's manifest says {target.identity} (the manifest wins)")
-            return Target(folder=target.folder, identity=target.identity, stamp=target.stamp, step=target.step,
-                          notes=tuple(notes[-5:]), skipped=tuple(skipped))
+                notes.append(
+                    f"step {record['step']}: index says {record.get('identity')}, "
+                    f"the folder's manifest says {target.identity} (the manifest wins)"
+                )
+            return Target(
+                folder=target.folder,
+                identity=target.identity,
+                stamp=target.stamp,
+                step=target.step,
+                notes=tuple(notes[-5:]),
+                skipped=tuple(skipped),
+            )
         notes.append(f"skipped step {record['step']}: {target.error}")
-    return Target(error=f"{run_dir}: no usable published step ({notes[0] if notes else 'none'})",
-                  notes=tuple(notes[-5:]), skipped=tuple(skipped))
+    return Target(
+        error=f"{run_dir}: no usable published step ({notes[0] if notes else 'none'})",
+        notes=tuple(notes[-5:]),
+        skipped=tuple(skipped),
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -250,9 +274,15 @@ def explain_change(held_manifest: Any | None, target_manifest: Any | None) -> tu
     return why, "; ".join(parts) or "identities differ"
 
 
-def decide(held: Held | None, target: Target, *, previous: Target | None = None,
-           failure: Failure | None = None, now: float = 0.0,
-           manifests: Callable[[str, Any], Any] | None = None) -> Decision:
+def decide(
+    held: Held | None,
+    target: Target,
+    *,
+    previous: Target | None = None,
+    failure: Failure | None = None,
+    now: float = 0.0,
+    manifests: Callable[[str, Any], Any] | None = None,
+) -> Decision:
     """What to do now, given what is held, what the target is, and the last observation.
 
     ``manifests(folder, stamp)`` returns a parsed manifest (or ``None``) and is used
@@ -266,13 +296,20 @@ def decide(held: Held | None, target: Target, *, previous: Target | None = None,
     where = f"{target.folder}" + (f" (step {target.step})" if target.step is not None else "")
     failed = failure is not None and failure.identity == target.identity
     if failed and now < failure.retry_at:
-        return Decision("wait", "backoff",
-                        f"{short} failed {failure.count} time(s) in a row ({failure.error}); "
-                        f"next try in {max(0.0, failure.retry_at - now):.0f}s")
+        return Decision(
+            "wait",
+            "backoff",
+            f"{short} failed {failure.count} time(s) in a row ({failure.error}); "
+            f"next try in {max(0.0, failure.retry_at - now):.0f}s",
+        )
     if failed and (held is None or (held.alive and held.identity != target.identity)):
         action = "replace" if held else "start"
-        return Decision(action, "retry", f"retrying the preload of {short} from {where} "
-                                         f"after {failure.count} failure(s) ({failure.error})")
+        return Decision(
+            action,
+            "retry",
+            f"retrying the preload of {short} from {where} "
+            f"after {failure.count} failure(s) ({failure.error})",
+        )
 
     if held is None:
         return Decision("start", "first-preload", f"no daemon held; preloading {short} from {where}")
@@ -280,11 +317,17 @@ def decide(held: Held | None, target: Target, *, previous: Target | None = None,
     if not held.alive:
         code = f" (exit code {held.exit_code})" if held.exit_code is not None else ""
         if held.identity == target.identity:
-            return Decision("restart", "daemon-died",
-                            f"daemon pid {held.pid} holding {short} exited{code}; restarting the same identity from {where}")
-        return Decision("start", "daemon-died-new-target",
-                        f"daemon pid {held.pid} holding {_short(held.identity)} exited{code}; "
-                        f"the target is now {short} at {where}")
+            return Decision(
+                "restart",
+                "daemon-died",
+                f"daemon pid {held.pid} holding {short} exited{code}; restarting the same identity from {where}",
+            )
+        return Decision(
+            "start",
+            "daemon-died-new-target",
+            f"daemon pid {held.pid} holding {_short(held.identity)} exited{code}; "
+            f"the target is now {short} at {where}",
+        )
 
     if held.identity != target.identity:
         held_manifest = target_manifest = None
@@ -296,14 +339,23 @@ def decide(held: Held | None, target: Target, *, previous: Target | None = None,
 
     # Same identity: never re-preload. Say which kind of "same" this was.
     if previous is not None and previous.folder == target.folder and previous.stamp != target.stamp:
-        return Decision("keep", "same-identity-republished",
-                        f"{where} was published again with the same identity {short}: no re-preload")
+        return Decision(
+            "keep",
+            "same-identity-republished",
+            f"{where} was published again with the same identity {short}: no re-preload",
+        )
     if target.folder != held.folder:
-        return Decision("keep", "same-identity-new-path",
-                        f"{where} has the held identity {short} (daemon loaded it from {held.folder}): no re-preload")
+        return Decision(
+            "keep",
+            "same-identity-new-path",
+            f"{where} has the held identity {short} (daemon loaded it from {held.folder}): no re-preload",
+        )
     if target.stamp != held.stamp:
-        return Decision("keep", "same-identity-republished",
-                        f"{where} was published again since the daemon loaded it, same identity {short}: no re-preload")
+        return Decision(
+            "keep",
+            "same-identity-republished",
+            f"{where} was published again since the daemon loaded it, same identity {short}: no re-preload",
+        )
     return Decision("keep", "same-identity", f"target unchanged: {short} at {where}")
 
 

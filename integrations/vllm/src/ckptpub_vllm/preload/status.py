@@ -172,7 +172,9 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
             f"  sockets:  {held.get('socket_dir')}",
         ]
     if loading:
-        lines.append(f"loading:    {loading.get('identity')} from {loading.get('folder')} (pid {loading.get('pid')})")
+        lines.append(
+            f"loading:    {loading.get('identity')} from {loading.get('folder')} (pid {loading.get('pid')})"
+        )
     if target:
         if target.get("error"):
             lines.append(f"target:     unusable: {target['error']}")

@@ -99,11 +99,17 @@ class Supervisor:
         self.lock.acquire()
         previous_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            self._outcome("supervisor-start", "info", f"supervisor pid {os.getpid()} started: {self._describe()}")
+            self._outcome(
+                "supervisor-start", "info", f"supervisor pid {os.getpid()} started: {self._describe()}"
+            )
             longest = self.cfg.socket_dir or os.path.join(self.state_dir, "sockets", "g99999")
             if len(longest) + 1 + SOCKET_NAME_LEN > AF_UNIX_MAX:
-                self._outcome("warning", "info", f"socket paths under {longest} may exceed the AF_UNIX limit of "
-                                                 f"{AF_UNIX_MAX} bytes; use a shorter --state-dir or --socket-dir")
+                self._outcome(
+                    "warning",
+                    "info",
+                    f"socket paths under {longest} may exceed the AF_UNIX limit of "
+                    f"{AF_UNIX_MAX} bytes; use a shorter --state-dir or --socket-dir",
+                )
             try:
                 self._recover()
                 self._write_status()
@@ -146,8 +152,15 @@ class Supervisor:
         d = self.held
         if d is None:
             return None
-        return Held(identity=d.identity, folder=d.folder, stamp=tuple(d.stamp) if d.stamp else None, pid=d.pid,
-                    since=d.ready_at or d.since, alive=not self.held_dead, exit_code=d.exit_code)
+        return Held(
+            identity=d.identity,
+            folder=d.folder,
+            stamp=tuple(d.stamp) if d.stamp else None,
+            pid=d.pid,
+            since=d.ready_at or d.since,
+            alive=not self.held_dead,
+            exit_code=d.exit_code,
+        )
 
     # ----------------------------------------------------------------- step
 
@@ -161,8 +174,14 @@ class Supervisor:
         for note in target.skipped:
             if note not in seen:
                 self._outcome("warning", "info", f"{self.cfg.follow}: {note}")
-        decision = decide(self.held_view(), target, previous=self.previous, failure=self.failure, now=now,
-                          manifests=self._manifest_for)
+        decision = decide(
+            self.held_view(),
+            target,
+            previous=self.previous,
+            failure=self.failure,
+            now=now,
+            manifests=self._manifest_for,
+        )
         changed = self.previous is None or target.fingerprint() != self.previous.fingerprint()
         key = (decision.action, decision.why)
         if changed or decision.preloads or (decision.action == "wait" and key != self.last_logged):
@@ -181,7 +200,12 @@ class Supervisor:
             self.state = "no-target"
         elif decision.why == "backoff":
             self.state = "degraded" if self.held_dead else "failed"
-        elif self.held is not None and not self.held_dead and self.target and self.held.identity == self.target.identity:
+        elif (
+            self.held is not None
+            and not self.held_dead
+            and self.target
+            and self.held.identity == self.target.identity
+        ):
             self.state = "ready"
 
     def _held_died(self, now: float) -> None:
@@ -216,29 +240,50 @@ class Supervisor:
         old = self.held
         if old is not None and (self.held_dead or not self.cfg.overlap):
             if not self.held_dead:
-                self._outcome("stopping-old", "stopping",
-                              f"one at a time: stopping daemon pid {old.pid} ({old.identity}) before loading "
-                              f"{target.identity}", held=old)
+                self._outcome(
+                    "stopping-old",
+                    "stopping",
+                    f"one at a time: stopping daemon pid {old.pid} ({old.identity}) before loading "
+                    f"{target.identity}",
+                    held=old,
+                )
             how = old.stop(self.cfg.stop_timeout)
             if not self.held_dead:
                 self._outcome("stopped-old", "stopped", f"daemon pid {old.pid} {how}", held=old)
             self._forget(old)
             self.held, self.held_dead, old = None, False, None
-        argv = build_argv(self.cfg.daemon_cmd, self.cfg.extra, folder=target.folder, socket_dir=socket_dir,
-                          identity=target.identity)
+        argv = build_argv(
+            self.cfg.daemon_cmd,
+            self.cfg.extra,
+            folder=target.folder,
+            socket_dir=socket_dir,
+            identity=target.identity,
+        )
         log_path = os.path.join(self.state_dir, "logs", f"daemon-{gen}.log")
         try:
-            new = Daemon.launch(generation=gen, identity=target.identity, folder=target.folder, stamp=target.stamp,
-                                argv=argv, log_path=log_path, socket_dir=socket_dir, identity_re=self.identity_re,
-                                ready_re=self.ready_re)
+            new = Daemon.launch(
+                generation=gen,
+                identity=target.identity,
+                folder=target.folder,
+                stamp=target.stamp,
+                argv=argv,
+                log_path=log_path,
+                socket_dir=socket_dir,
+                identity_re=self.identity_re,
+                ready_re=self.ready_re,
+            )
         except OSError as error:
             self._failed(target, f"cannot start the daemon command {argv[0]!r}: {error.strerror or error}")
             return
         self.loading = new
         self.state = "loading"
         st.write_json(os.path.join(self.state_dir, st.LOADING), new.record())
-        self._outcome("launched", "loading", f"daemon pid {new.pid} loading {target.identity} from {target.folder} "
-                                             f"(log {log_path})", held=new)
+        self._outcome(
+            "launched",
+            "loading",
+            f"daemon pid {new.pid} loading {target.identity} from {target.folder} (log {log_path})",
+            held=new,
+        )
         self._write_status()
         verdict, detail = self._wait_ready(new)
         self.loading = None
@@ -247,8 +292,12 @@ class Supervisor:
             st.remove(os.path.join(self.state_dir, st.LOADING))
             self._cleanup_sockets(new)
             if verdict == "interrupted":
-                self._outcome("interrupted", "stopped", f"stop requested while loading; daemon pid {new.pid} {how}",
-                              held=new)
+                self._outcome(
+                    "interrupted",
+                    "stopped",
+                    f"stop requested while loading; daemon pid {new.pid} {how}",
+                    held=new,
+                )
                 return
             self._failed(target, detail)
             return
@@ -262,8 +311,12 @@ class Supervisor:
         self._outcome("ready", "ready", f"{detail} after {took:.1f}s; folder {new.folder}", held=new)
         if old is not None:
             how = old.stop(self.cfg.stop_timeout)
-            self._outcome("stopped-old", "stopped", f"previous daemon pid {old.pid} ({old.identity}) {how} "
-                                                    f"after the new one was confirmed", held=old)
+            self._outcome(
+                "stopped-old",
+                "stopped",
+                f"previous daemon pid {old.pid} ({old.identity}) {how} after the new one was confirmed",
+                held=old,
+            )
             self._cleanup_sockets(old)
         self.state = "ready"
         self._write_status()
@@ -278,8 +331,10 @@ class Supervisor:
             if self.stop_event.is_set():
                 return "interrupted", "stop requested"
             if time.monotonic() > deadline:
-                return "failed", (f"daemon pid {daemon.pid} was not ready after {self.cfg.ready_timeout:.0f}s: "
-                                  f"{daemon.watch.last_line()}")
+                return "failed", (
+                    f"daemon pid {daemon.pid} was not ready after {self.cfg.ready_timeout:.0f}s: "
+                    f"{daemon.watch.last_line()}"
+                )
             if time.monotonic() > next_status:
                 self._write_status()
                 next_status = time.monotonic() + 5
@@ -293,8 +348,12 @@ class Supervisor:
         kept = ""
         if self.held is not None and not self.held_dead:
             kept = f"; daemon pid {self.held.pid} still holds the previous identity {self.held.identity}"
-        self._outcome("failed", "failed", f"preload of {target.identity} from {target.folder} failed: {error}{kept}; "
-                                          f"retry in {self._backoff(count):.0f}s")
+        self._outcome(
+            "failed",
+            "failed",
+            f"preload of {target.identity} from {target.folder} failed: {error}{kept}; "
+            f"retry in {self._backoff(count):.0f}s",
+        )
         self._write_status()
 
     def _forget(self, daemon: Daemon) -> None:
@@ -319,8 +378,13 @@ class Supervisor:
             daemon, why = Daemon.adopt(loading, self.identity_re, self.ready_re)
             if daemon is not None:
                 how = daemon.stop(self.cfg.stop_timeout)
-                self._outcome("cleanup", "stopped", f"a previous supervisor left daemon pid {daemon.pid} loading "
-                                                    f"{daemon.identity} unconfirmed: {how}", held=daemon)
+                self._outcome(
+                    "cleanup",
+                    "stopped",
+                    f"a previous supervisor left daemon pid {daemon.pid} loading "
+                    f"{daemon.identity} unconfirmed: {how}",
+                    held=daemon,
+                )
                 self._cleanup_sockets(daemon)
             st.remove(os.path.join(self.state_dir, st.LOADING))
         record = st.read_json(os.path.join(self.state_dir, st.DAEMON))
@@ -331,9 +395,13 @@ class Supervisor:
         if daemon is not None and not why:
             self.held, self.held_dead = daemon, False
             self.state = "ready"
-            self._outcome("adopted", "adopted",
-                          f"daemon pid {daemon.pid} still holds {daemon.identity} from {daemon.folder} (checked: pid "
-                          f"start time, command line, environment, log): adopted, not reloaded", held=daemon)
+            self._outcome(
+                "adopted",
+                "adopted",
+                f"daemon pid {daemon.pid} still holds {daemon.identity} from {daemon.folder} (checked: pid "
+                f"start time, command line, environment, log): adopted, not reloaded",
+                held=daemon,
+            )
             return
         if daemon is not None:  # ours, but we cannot confirm what it holds: do not leave it running unknown
             how = daemon.stop(self.cfg.stop_timeout)
@@ -354,11 +422,15 @@ class Supervisor:
             if self.held_dead:
                 parts.append(f"daemon pid {self.held.pid} had already exited")
             else:
-                parts.append(f"daemon pid {self.held.pid} ({self.held.identity}) {self.held.stop(self.cfg.stop_timeout)}")
+                parts.append(
+                    f"daemon pid {self.held.pid} ({self.held.identity}) {self.held.stop(self.cfg.stop_timeout)}"
+                )
             self._forget(self.held)
         self.held = None
         self.state = "stopped"
-        self._outcome("supervisor-stop", "stopped", f"{why}: " + ("; ".join(parts) or "no daemon was running"))
+        self._outcome(
+            "supervisor-stop", "stopped", f"{why}: " + ("; ".join(parts) or "no daemon was running")
+        )
         self._write_status()
 
     # -------------------------------------------------------------- records
@@ -366,13 +438,27 @@ class Supervisor:
     def _held_json(self, d: Daemon | None, alive: bool = True) -> dict[str, Any] | None:
         if d is None:
             return None
-        return {"identity": d.identity, "folder": d.folder, "pid": d.pid, "since": d.ready_at or d.since,
-                "socket_dir": d.socket_dir, "generation": d.generation, "log": d.log_path, "alive": alive}
+        return {
+            "identity": d.identity,
+            "folder": d.folder,
+            "pid": d.pid,
+            "since": d.ready_at or d.since,
+            "socket_dir": d.socket_dir,
+            "generation": d.generation,
+            "log": d.log_path,
+            "alive": alive,
+        }
 
     def _log_decision(self, decision: Decision, target: Target) -> None:
-        entry = {"time": time.time(), "event": "decision", "action": decision.action, "why": decision.why,
-                 "reason": decision.reason, "target": target.to_json(),
-                 "held": self._held_json(self.held, not self.held_dead)}
+        entry = {
+            "time": time.time(),
+            "event": "decision",
+            "action": decision.action,
+            "why": decision.why,
+            "reason": decision.reason,
+            "target": target.to_json(),
+            "held": self._held_json(self.held, not self.held_dead),
+        }
         self.last_decision = entry
         self.last_logged = (decision.action, decision.why)
         st.append_decision(self.state_dir, entry)
@@ -381,8 +467,12 @@ class Supervisor:
     def _outcome(self, why: str, action: str, reason: str, held: Daemon | None = None) -> None:
         entry = {"time": time.time(), "event": "outcome", "action": action, "why": why, "reason": reason}
         if held is not None:
-            entry["daemon"] = {"pid": held.pid, "identity": held.identity, "folder": held.folder,
-                               "generation": held.generation}
+            entry["daemon"] = {
+                "pid": held.pid,
+                "identity": held.identity,
+                "folder": held.folder,
+                "generation": held.generation,
+            }
         st.append_decision(self.state_dir, entry)
         self._say(f"{action} [{why}] {reason}")
 
@@ -390,7 +480,10 @@ class Supervisor:
         if not self.cfg.quiet:
             try:
                 print(f"ckptpub preload: {line}", file=sys.stderr, flush=True)
-            except (OSError, ValueError):  # stderr went away (closed pipe, detached terminal): keep supervising
+            except (
+                OSError,
+                ValueError,
+            ):  # stderr went away (closed pipe, detached terminal): keep supervising
                 self.cfg.quiet = True
 
     def _write_status(self) -> None:

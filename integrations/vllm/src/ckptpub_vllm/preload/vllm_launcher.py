@@ -108,8 +108,12 @@ def log_platform() -> None:
     """
     from vllm.platforms import current_platform
 
-    logging.getLogger(_PLUGIN_LOGGER).info("ckptpub: vllm_launcher pid %d: vLLM platform %s (device %s)", os.getpid(),
-                                           type(current_platform).__name__, current_platform.device_type or "none")
+    logging.getLogger(_PLUGIN_LOGGER).info(
+        "ckptpub: vllm_launcher pid %d: vLLM platform %s (device %s)",
+        os.getpid(),
+        type(current_platform).__name__,
+        current_platform.device_type or "none",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -331,11 +331,14 @@ def test_run_index_skips_a_torn_line(tmp_path):
     assert [r["step"] for r in run_index.read(tmp_path)] == [2]
 
 
-def test_import_is_lazy():
+def test_import_ckptpub_needs_no_transformers():
+    """``import ckptpub`` stays stdlib + blake3; ``ckptpub.PublishCallback`` is the plain class of ckptpub.callback."""
     code = (
-        "import sys, ckptpub, ckptpub.callback;"
+        "import sys, ckptpub;"
         "assert 'transformers' not in sys.modules, 'transformers imported eagerly';"
-        "from ckptpub import PublishCallback; import transformers;"
+        "from ckptpub import PublishCallback; import ckptpub.callback, transformers;"
+        "assert PublishCallback is ckptpub.callback.PublishCallback;"
+        "assert PublishCallback.__module__ == 'ckptpub.callback';"
         "assert issubclass(PublishCallback, transformers.TrainerCallback)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -37,9 +37,11 @@ def test_publish_prints_identity_and_writes_manifest(tmp_path: Path) -> None:
     result = run_cli("publish", folder)
     assert result.returncode == 0
     identity = result.stdout.strip()
-    assert identity.startswith("blake3:") and len(identity) == 7 + 64
+    assert identity.startswith("blake3:")
+    assert len(identity) == 7 + 64
     manifest = json.loads((folder / "ckptpub.json").read_text())
-    assert manifest["format"] == "ckptpub/1" and manifest["identity"] == identity
+    assert manifest["format"] == "ckptpub/1"
+    assert manifest["identity"] == identity
     assert {f["path"] for f in manifest["files"]} == {
         "config.json",
         "model.safetensors",
@@ -55,9 +57,11 @@ def test_verify_ok_lists_every_file(published: Path) -> None:
     result = run_cli("verify", published)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert "config.json: OK" in lines and "model-00002-of-00003.safetensors: OK" in lines
+    assert "config.json: OK" in lines
+    assert "model-00002-of-00003.safetensors: OK" in lines
     assert all(line.endswith(": OK") for line in lines)
-    assert "OK" in result.stderr and "identity blake3:" in result.stderr
+    assert "OK" in result.stderr
+    assert "identity blake3:" in result.stderr
     assert run_cli("verify", "--quiet", published).stdout == ""
 
 
@@ -83,7 +87,7 @@ def test_verify_names_the_changed_tensor(published: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "damage, expected",
+    ("damage", "expected"),
     [
         (lambda f: (f / "tokenizer.json").write_text("{}"), "tokenizer.json: FAILED (size: "),
         (lambda f: flip_byte(f / "optimizer.pt", 100), "optimizer.pt: FAILED (changed: content differs)"),
@@ -114,7 +118,8 @@ def test_verify_expect_identity(published: Path, tmp_path: Path) -> None:
     assert run_cli("verify", "--expect-identity", identity, published).returncode == 0
     other = "blake3:" + "0" * 64
     result = run_cli("verify", "--expect-identity", other, published)
-    assert result.returncode == 1 and "not the expected" in result.stdout
+    assert result.returncode == 1
+    assert "not the expected" in result.stdout
     assert run_cli("verify", "--expect-identity", "nonsense", published).returncode == 2
 
 
@@ -124,7 +129,8 @@ def test_show_and_diff(published: Path, tmp_path: Path) -> None:
     assert shown["tensors"] == 10
     text = run_cli("show", published).stdout
     lines = text.splitlines()
-    assert lines[0].split() == ["identity:", shown["identity"]] and lines[1].split(None, 1) == [
+    assert lines[0].split() == ["identity:", shown["identity"]]
+    assert lines[1].split(None, 1) == [
         "kind:",
         "model (no base recorded)",
     ]
@@ -141,8 +147,10 @@ def test_show_and_diff(published: Path, tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stdout.splitlines() == ["changed  model.layers.0.mlp.up_proj.weight: bytes"]
     as_json = json.loads(run_cli("diff", "--json", published, other / "ckptpub.json").stdout)
-    assert as_json["changed"] == ["model.layers.0.mlp.up_proj.weight"] and as_json["added"] == []
-    assert as_json["tensor_changes"][0]["what"] == "bytes" and as_json["relation"] is None
+    assert as_json["changed"] == ["model.layers.0.mlp.up_proj.weight"]
+    assert as_json["added"] == []
+    assert as_json["tensor_changes"][0]["what"] == "bytes"
+    assert as_json["relation"] is None
     same = run_cli("diff", published, published)
     assert (same.returncode, same.stdout, same.stderr) == (0, f"same identity {shown['identity']}\n", "")
 
@@ -163,9 +171,8 @@ def test_ls_lists_steps_in_order(tmp_path: Path) -> None:
         ("20", "checkpoint-20"),
     ]
     listed = json.loads(run_cli("ls", "--json", run).stdout)
-    assert [r["step"] for r in listed] == [5, 10, 20] and all(
-        r["identity"].startswith("blake3:") for r in listed
-    )
+    assert [r["step"] for r in listed] == [5, 10, 20]
+    assert all(r["identity"].startswith("blake3:") for r in listed)
 
 
 def test_usage_errors_are_one_line(tmp_path: Path) -> None:
@@ -181,10 +188,8 @@ def test_usage_errors_are_one_line(tmp_path: Path) -> None:
     ]:
         result = run_cli(*args)
         assert result.returncode == 2, args
-        assert result.stderr.count("\n") == 1 and result.stderr.startswith("ckptpub: error: "), (
-            args,
-            result.stderr,
-        )
+        assert result.stderr.count("\n") == 1, (args, result.stderr)
+        assert result.stderr.startswith("ckptpub: error: "), (args, result.stderr)
         assert says in result.stderr, (args, result.stderr)
 
 
@@ -195,18 +200,22 @@ def test_options_go_anywhere_and_double_dash_ends_them(published: Path, tmp_path
     copy_checkpoint(published, dash_named)
     assert run_cli("verify", "--quiet", "--", dash_named.name, cwd=tmp_path).returncode == 0
     refused = run_cli("verify", dash_named.name, cwd=tmp_path)  # an option to argparse: no FOLDER left
-    assert refused.returncode == 2 and "required: FOLDER" in refused.stderr
+    assert refused.returncode == 2
+    assert "required: FOLDER" in refused.stderr
 
 
 def test_help_and_version() -> None:
     top = run_cli("--help")
-    assert top.returncode == 0 and top.stderr == ""
+    assert top.returncode == 0
+    assert top.stderr == ""
     assert top.stdout.startswith("usage: ckptpub [-h] [--version] COMMAND ...")
     assert all(f"  {name} " in top.stdout for name in ("publish", "verify", "show", "diff", "ls", "log"))
     verify_help = run_cli("verify", "--threads", "1", "-h")
-    assert verify_help.returncode == 0 and verify_help.stdout.startswith("usage: ckptpub verify ")
+    assert verify_help.returncode == 0
+    assert verify_help.stdout.startswith("usage: ckptpub verify ")
     assert verify_help.stdout.split("\n\n")[0].endswith(" FOLDER"), verify_help.stdout
-    assert "--expect-identity ID" in verify_help.stdout and "--no-mmap" in verify_help.stdout
+    assert "--expect-identity ID" in verify_help.stdout
+    assert "--no-mmap" in verify_help.stdout
     version = run_cli("--version")
     assert (version.returncode, version.stdout) == (0, f"ckptpub {ckptpub.__version__}\n")
 
@@ -231,21 +240,23 @@ def test_debug_variable_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.
     assert result.stderr.splitlines()[-1].startswith("ckptpub.errors.CkptpubError: "), result.stderr
     for value in ("0", ""):  # off: the one line
         quiet = subprocess.run(command, capture_output=True, text=True, env=dict(env, CKPTPUB_DEBUG=value))
-        assert quiet.returncode == 2 and quiet.stderr.count("\n") == 1, quiet.stderr
+        assert quiet.returncode == 2
+        assert quiet.stderr.count("\n") == 1, quiet.stderr
     monkeypatch.setenv("CKPTPUB_DEBUG", "1")
     with pytest.raises(ckptpub.CkptpubError):  # in process, main() re-raises: a debugger stops there
         main(["show", str(tmp_path / "nope")])
 
 
 def test_the_vllm_plugin_command_joins_the_parser() -> None:
-    """``ckptpub preload`` (ckptpub-vllm, installed by ``make setup``) is listed, parsed and failed like the rest."""
+    """``ckptpub preload`` (ckptpub-vllm, from ``make setup``) is listed, parsed and failed like the rest."""
     pytest.importorskip("ckptpub_vllm")
     assert "  preload " in run_cli("--help").stdout
     assert run_cli("preload", "--help").stdout.startswith("usage: ckptpub preload ")
     result = run_cli("preload", "--interval", "soon")
     assert (result.returncode, result.stderr) == (
         2,
-        "ckptpub preload: error: argument --interval: invalid float value: 'soon' (see 'ckptpub preload --help')\n",
+        "ckptpub preload: error: argument --interval: invalid float value: 'soon' "
+        "(see 'ckptpub preload --help')\n",
     )
 
 
@@ -271,8 +282,9 @@ def test_public_names_survive_submodule_imports() -> None:
             importlib.import_module(f"ckptpub.{module.name}")
     for name in ckptpub.__all__:
         if name not in ("PublishCallback", "publish_accelerate_state"):
-            assert not type(getattr(ckptpub, name)).__name__ == "module", name
-    assert callable(ckptpub.publish) and callable(ckptpub.verify)
+            assert type(getattr(ckptpub, name)).__name__ != "module", name
+    assert callable(ckptpub.publish)
+    assert callable(ckptpub.verify)
 
 
 HELLO_COMMAND = """
@@ -300,7 +312,9 @@ def run(args):
     return 7
 
 
-COMMAND = Command("hello", "say hello", HelloArguments, add_arguments, run, program="ckptpub hello", passthrough=True)
+COMMAND = Command(
+    "hello", "say hello", HelloArguments, add_arguments, run, program="ckptpub hello", passthrough=True
+)
 """
 
 
@@ -337,11 +351,12 @@ def test_commands_from_other_distributions(tmp_path: Path) -> None:
         "ckptpub hello: error: say hello to somebody (see 'ckptpub hello --help')\n",
     )
     unknown = ckptpub_("nope")
-    assert (
-        unknown.returncode == 2 and "invalid choice: 'nope'" in unknown.stderr and "'hello'" in unknown.stderr
-    )
+    assert unknown.returncode == 2
+    assert "invalid choice: 'nope'" in unknown.stderr
+    assert "'hello'" in unknown.stderr
     listed = ckptpub_("--help")
-    assert "  hello " in listed.stdout and "say hello" in listed.stdout
+    assert "  hello " in listed.stdout
+    assert "say hello" in listed.stdout
     assert ckptpub_("hello", "--help").stdout.startswith("usage: ckptpub hello ")
 
     (info / "entry_points.txt").write_text("[ckptpub.commands]\nhello = hello_cmd:run\n")
@@ -373,9 +388,8 @@ def test_ls_reads_the_run_index_and_checks_it_against_each_folder(tmp_path: Path
         run, step=20, path="checkpoint-20", identity=ids[10], time=0.0
     )  # not what the folder holds
     result = run_cli("ls", run)
-    assert result.returncode == 2 and result.stderr == (
-        f"ckptpub: 2 published checkpoints under {run}, 1 rotated away, 2 unusable\n"
-    )
+    assert result.returncode == 2
+    assert result.stderr == (f"ckptpub: 2 published checkpoints under {run}, 1 rotated away, 2 unusable\n")
     rows = [line.split() for line in result.stdout.splitlines()[1:] if not line.startswith("#")]
     assert [(r[0], r[1], r[-2], r[-1]) for r in rows] == [
         ("10", ids[10][:19], "-", "checkpoint-10"),
@@ -404,4 +418,5 @@ def test_verify_counts_problems_in_english(published: Path, tmp_path: Path) -> N
     shard, begin, _ = locate(other, "model.layers.0.mlp.up_proj.weight")
     flip_byte(shard, begin + 2000)
     result = run_cli("verify", other)
-    assert result.returncode == 1 and ", 1 problem (1 tensor changed) in " in result.stderr, result.stderr
+    assert result.returncode == 1
+    assert ", 1 problem (1 tensor changed) in " in result.stderr, result.stderr

@@ -80,7 +80,7 @@ def test_bad_verify_option(folder: Path, options: dict) -> None:
         ckptpub.verify(folder, **options)
 
 
-@pytest.mark.parametrize("a, b", [(None, "manifest"), ("manifest", {}), ("manifest", "a string")])
+@pytest.mark.parametrize(("a", "b"), [(None, "manifest"), ("manifest", {}), ("manifest", "a string")])
 def test_diff_needs_manifests(folder: Path, a: object, b: object) -> None:
     manifest = ckptpub.read_manifest(folder)
     with pytest.raises(ckptpub.CkptpubError, match="must be a Manifest"):

@@ -25,7 +25,6 @@ import sys
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any, Generic, NoReturn, TypeVar
 
 from . import __version__
@@ -52,9 +51,8 @@ class ExitCode(enum.IntEnum):
     MISMATCH = 1  # a difference was found (verify, diff; ``preload --status``: the target is not held)
     UNUSABLE = 2  # unusable input, a usage error, or anything else that prevented a verdict
     INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
-    BROKEN_PIPE = (
-        141  # the reader of stdout went away (``ckptpub verify | head``), as a shell reports SIGPIPE
-    )
+    # the reader of stdout went away (``ckptpub verify | head``), as a shell reports SIGPIPE
+    BROKEN_PIPE = 141
 
 
 class UsageError(Exception):
@@ -112,9 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         commands = _commands(argv)
         named = commands.get(argv[0]) if argv else None
-        program = named.program if named else program
+        if named is not None:  # a usage error in its arguments is said in its name
+            program = named.program
         command, arguments = _parse(commands, argv)
-        program = command.program
         try:
             code = command.run(arguments)
         except UsageError as error:
@@ -195,12 +193,15 @@ def build_parser(commands: Iterable[Command[Any]]) -> argparse.ArgumentParser:
 def _commands(argv: Sequence[str]) -> dict[str, Command[Any]]:
     """The built-in commands, and those of installed distributions unless ``argv`` names a built-in one.
 
-    Scanning the installed distributions' entry points takes longer than the rest
-    of a small command's start-up, so ``ckptpub verify`` never pays for it.
+    Importing ``importlib.metadata`` and scanning every installed distribution's
+    entry points is a large share of a small command's start-up, so a built-in
+    command such as ``ckptpub verify`` skips both.
     """
     commands = {command.name: command for command in BUILT_IN}
     if argv and argv[0] in commands:
         return commands
+    from importlib.metadata import entry_points  # imports email, zipfile, csv...: only when needed
+
     for entry in entry_points(group=COMMANDS_GROUP):
         if entry.name in commands:  # a built-in name cannot be taken over
             continue

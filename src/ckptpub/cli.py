@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import enum
 import io
-import json
 import os
 import sys
 import traceback
@@ -28,15 +27,29 @@ from dataclasses import dataclass
 from typing import Any, Generic, NoReturn, TypeVar
 
 from . import __version__
-from .canonical import canonical_json
-from .compare import ManifestDiff, Problem, VerifyReport, diff_manifests, verify
+from .compare import diff_manifests, verify
 from .errors import CkptpubError, one_line
 from .explain import base_of, is_adapter
-from .manifest import MANIFEST_NAME, Manifest
+from .manifest import MANIFEST_NAME
+from .printing import (
+    diff_json,
+    gb,
+    manifest_summary,
+    note,
+    plural,
+    print_diff_lines,
+    print_json,
+    print_run_table,
+    print_tree,
+    print_verify_lines,
+    to_stderr,
+    value_text,
+    verify_json,
+)
 from .progress import ProgressBar
 from .publishing import publish
 from .read import read_manifest
-from .runview import RunEntry, lineage, list_run
+from .runview import lineage, list_run
 
 #: Entry-point group through which other distributions add commands; each entry point is a ``Command``.
 COMMANDS_GROUP = "ckptpub.commands"
@@ -172,7 +185,7 @@ def debugging() -> bool:
 
 def fail(message: str, *, program: str = "ckptpub") -> None:
     """The one line a failed command leaves on stderr: ``PROGRAM: error: MESSAGE``."""
-    _to_stderr(f"{program}: error: {one_line(message)}")
+    to_stderr(f"{program}: error: {one_line(message)}")
 
 
 def build_parser(commands: Iterable[Command[Any]]) -> argparse.ArgumentParser:
@@ -425,7 +438,7 @@ def _cmd_publish(args: PublishArguments) -> int:
         bar.close()
     try:
         if args.json:
-            _print_json(_summary(manifest, args.folder))
+            print_json(manifest_summary(manifest, args.folder))
         else:
             print(manifest.identity)
         _flush_stdout()
@@ -436,9 +449,9 @@ def _cmd_publish(args: PublishArguments) -> int:
             f"published {os.path.join(args.folder, MANIFEST_NAME)} (identity {manifest.identity}), "
             f"but could not write to stdout: {getattr(error, 'strerror', None) or error}"
         ) from None
-    _note(
+    note(
         f"published {os.path.join(args.folder, MANIFEST_NAME)}: {len(manifest.tensors)} tensors, "
-        f"{len(manifest.files)} files, {_gb(sum(f.size for f in manifest.files))}"
+        f"{len(manifest.files)} files, {gb(sum(f.size for f in manifest.files))}"
     )
     return ExitCode.OK
 
@@ -456,29 +469,29 @@ def _cmd_verify(args: VerifyArguments) -> int:
     finally:
         bar.close()
     if args.json:
-        _print_json(_verify_json(report, args.folder))
+        print_json(verify_json(report, args.folder))
     else:
-        _print_verify_lines(report, quiet=args.quiet)
+        print_verify_lines(report, quiet=args.quiet)
     tensors = len(report.manifest.tensors)
     if report.ok:
-        _note(
+        note(
             f"{args.folder}: OK, {len(report.checked)} files, {tensors} tensors, "
             f"identity {report.manifest.identity}"
         )
         return ExitCode.OK
     changed = sum(p.kind == "tensor" for p in report.problems)
-    _note(
-        f"{args.folder}: FAILED, {_plural(len(report.problems), 'problem')} "
-        f"({_plural(changed, 'tensor')} changed) in {_plural(len(report.checked), 'file')}"
+    note(
+        f"{args.folder}: FAILED, {plural(len(report.problems), 'problem')} "
+        f"({plural(changed, 'tensor')} changed) in {plural(len(report.checked), 'file')}"
     )
     return ExitCode.MISMATCH
 
 
 def _cmd_show(args: ShowArguments) -> int:
     manifest = read_manifest(args.folder)
-    summary = _summary(manifest, args.folder)
+    summary = manifest_summary(manifest, args.folder)
     if args.json:
-        _print_json(summary)
+        print_json(summary)
         return ExitCode.OK
     base = base_of(manifest)
     kind = "adapter" if is_adapter(manifest) else "model"
@@ -487,10 +500,10 @@ def _cmd_show(args: ShowArguments) -> int:
         ("kind", f"{kind} on base {base}" if base else f"{kind} (no base recorded)"),
         ("folder", os.path.abspath(args.folder)),
         ("weights", ", ".join(manifest.weights) or "(none: identity covers every file)"),
-        ("tensors", f"{summary['tensors']} ({_gb(summary['tensor_bytes'])})"),
-        ("files", f"{summary['files']} ({_gb(summary['bytes'])})"),
+        ("tensors", f"{summary['tensors']} ({gb(summary['tensor_bytes'])})"),
+        ("files", f"{summary['files']} ({gb(summary['bytes'])})"),
         *(("config", f"{name} {digest}") for name, digest in sorted(manifest.config.items())),
-        *((key, _value(value)) for key, value in sorted(manifest.provenance.items())),
+        *((key, value_text(value)) for key, value in sorted(manifest.provenance.items())),
     ]
     width = max(len(key) for key, _ in rows) + 2
     for key, value in rows:
@@ -503,16 +516,16 @@ def _cmd_diff(args: DiffArguments) -> int:
     folders = [path if os.path.isdir(path) else None for path in (args.a, args.b)]
     difference = diff_manifests(a, b, folder_a=folders[0], folder_b=folders[1])
     if args.json:
-        _print_json(_diff_json(difference, a, b))
+        print_json(diff_json(difference, a, b))
     elif difference.same:
         print(f"same identity {difference.identity_a}")
     else:
-        _print_diff_lines(difference, a, b)
+        print_diff_lines(difference, a, b)
     if difference.same:
         return ExitCode.OK
-    _note(
+    note(
         f"different identities: {len(difference.changed)} tensors changed, {len(difference.added)} added, "
-        f"{len(difference.removed)} removed, {_plural(len(difference.config_changed), 'config')} changed"
+        f"{len(difference.removed)} removed, {plural(len(difference.config_changed), 'config')} changed"
     )
     return ExitCode.MISMATCH
 
@@ -520,16 +533,16 @@ def _cmd_diff(args: DiffArguments) -> int:
 def _cmd_ls(args: RunArguments) -> int:
     entries = list_run(args.run_dir)
     if args.tree:
-        _print_tree(lineage(entries), args.json)
+        print_tree(lineage(entries), args.json)
     elif args.json:
-        _print_json([e.as_dict() for e in entries])
+        print_json([e.as_dict() for e in entries])
     else:
-        _print_run_table(entries)
+        print_run_table(entries)
     unusable = sum(e.status == "unusable" for e in entries)
     published = sum(e.status == "ok" for e in entries)
     gone = sum(e.status == "gone" for e in entries)
-    _note(
-        f"{_plural(published, 'published checkpoint')} under {args.run_dir}"
+    note(
+        f"{plural(published, 'published checkpoint')} under {args.run_dir}"
         + (f", {gone} rotated away" if gone else "")
         + (f", {unusable} unusable" if unusable else "")
     )
@@ -538,7 +551,7 @@ def _cmd_ls(args: RunArguments) -> int:
 
 def _cmd_log(args: RunArguments) -> int:
     entries = list_run(args.run_dir)
-    _print_tree(lineage(entries), args.json)
+    print_tree(lineage(entries), args.json)
     return ExitCode.UNUSABLE if any(e.status == "unusable" for e in entries) else ExitCode.OK
 
 
@@ -586,200 +599,3 @@ BUILT_IN: tuple[Command[Any], ...] = (
         _cmd_log,
     ),
 )
-
-
-# -- output -----------------------------------------------------------------------------------------
-
-
-def _print_run_table(entries: list[RunEntry]) -> None:
-    print(f"{'STEP':>8}  {'IDENTITY':<19}  {'SIZE':>9}  {'BASE':<19}  {'NOTE':<7}  PATH")
-    for e in entries:
-        step = "-" if e.step is None else str(e.step)
-        identity = "UNUSABLE" if e.status == "unusable" else _short(e.identity) if e.identity else "-"
-        size = "-" if e.size is None else _gb(e.size)
-        note = {"gone": "gone", "unusable": "error"}.get(
-            e.status, "=prev" if e.same_as_previous else "adapter" if e.adapter else ""
-        )
-        base = _short(e.base_identity) or "-"
-        print(f"{step:>8}  {identity:<19}  {size:>9}  {base:<19}  {note:<7}  {one_line(e.path)}")
-    for e in entries:
-        if e.status == "unusable":
-            print(f"# {one_line(e.detail or '')}")
-
-
-def _print_diff_lines(difference: ManifestDiff, a: Manifest, b: Manifest) -> None:
-    """Lineage first, then one line per group of tensors, then config keys: the answer in a few lines."""
-    relation = difference.relation
-    skip = None
-    if relation in ("adapter_on_a", "adapter_on_b"):
-        adapter, base, side = (b, a, "b") if relation == "adapter_on_a" else (a, b, "a")
-        skip = "removed" if side == "b" else "added"
-        print(
-            f"lineage  {side} is an adapter on {'a' if side == 'b' else 'b'} ({_short(base.identity)}): "
-            f"its {len(adapter.weight_tensors() or adapter.tensors)} tensors apply on top of that base"
-        )
-    elif relation in ("from_a", "from_b"):
-        child, parent = ("b", "a") if relation == "from_a" else ("a", "b")
-        print(f"lineage  {child} records {parent} as its base")
-    elif relation == "same_base":
-        print(f"lineage  a and b record the same base {_short(base_of(a))}")
-    whats = {c.what for c in difference.tensor_changes}
-    everything = (
-        not difference.added
-        and not difference.removed
-        and len(difference.changed) == len(a.weight_tensors() or a.tensors)
-    )
-    if everything and len(whats) == 1 and len(difference.changed) > 1:  # a cast or a full fine-tune
-        print(f"changed  all {len(difference.changed)} tensors: {whats.pop()}")
-        skip = "changed"
-    for group in difference.groups:
-        if group.kind == skip:
-            continue
-        count = f" ({len(group.names)} tensors)" if len(group.names) > 1 else ""
-        where = f" {group.where}" if group.where else ""
-        print(f"{group.kind:<8} {one_line(group.pattern)}{where}: {group.what}{count}")
-    for change in difference.config_keys:
-        old = _json_value(change.old) if change.in_a else "(absent)"
-        new = _json_value(change.new) if change.in_b else "(absent)"
-        print(f"config   {change.file}: {one_line(change.key)} {one_line(old)} -> {one_line(new)}")
-    adapter_relation = relation in ("adapter_on_a", "adapter_on_b")
-    for note in difference.config_notes:
-        if not (adapter_relation and " only in " in note):  # an adapter has its own config
-            print(f"config   {one_line(note)}")
-
-
-def _print_tree(roots: list[dict[str, Any]], as_json: bool) -> None:
-    """``base X -> steps``: each recorded base, then the checkpoints trained from it."""
-    if as_json:
-        _print_json(roots)
-        return
-    for root in roots:
-        base = root["base_identity"]
-        print(f"base {_short(base)} (not in this run)" if base else "(no base recorded)")
-        _print_children(root["children"], "")
-
-
-def _print_children(nodes: list[dict[str, Any]], indent: str) -> None:
-    for number, node in enumerate(nodes):
-        last = number == len(nodes) - 1
-        e = node["entry"]
-        step = f"step {e['step']}" if e["step"] is not None else "-"
-        marks = [m for m, on in (("adapter", e["adapter"]), ("=prev", e["same_as_previous"])) if on]
-        print(
-            f"{indent}{'`-' if last else '|-'} {step:<10} {_short(e['identity'])}  {one_line(e['path'])}"
-            + (f"  ({', '.join(marks)})" if marks else "")
-        )
-        _print_children(node["children"], indent + ("   " if last else "|  "))
-
-
-def _print_verify_lines(report: VerifyReport, *, quiet: bool) -> None:
-    by_path: dict[str, list[Problem]] = {}
-    for problem in report.problems:
-        by_path.setdefault(problem.path, []).append(problem)
-    for path in sorted(set(report.checked) | set(by_path)):
-        problems = by_path.get(path)
-        if not problems:
-            if not quiet:
-                print(f"{one_line(path)}: OK")
-            continue
-        for p in problems:
-            what = (
-                f"tensor {one_line(repr(p.tensor))} {p.detail}"
-                if p.tensor
-                else f"{p.kind}: {one_line(p.detail)}"
-            )
-            print(f"{one_line(path)}: FAILED ({what})")
-
-
-def _summary(manifest: Manifest, folder: str) -> dict[str, Any]:
-    weight_tensors = manifest.weight_tensors()
-    return {
-        "identity": manifest.identity,
-        "folder": os.path.abspath(folder),
-        "weights": list(manifest.weights),
-        "tensors": len(weight_tensors) if manifest.weights else len(manifest.tensors),
-        "tensor_bytes": sum(t.data_offsets[1] - t.data_offsets[0] for t in weight_tensors.values()),
-        "files": len(manifest.files),
-        "bytes": sum(f.size for f in manifest.files),
-        "config": dict(manifest.config),
-        "provenance": dict(manifest.provenance),
-    }
-
-
-def _verify_json(report: VerifyReport, folder: str) -> dict[str, Any]:
-    return {
-        "folder": os.path.abspath(folder),
-        "ok": report.ok,
-        "identity": report.manifest.identity,
-        "files_checked": len(report.checked),
-        "tensors_checked": len(report.manifest.tensors),
-        "problems": [
-            {"path": p.path, "kind": p.kind, "detail": p.detail} | ({"tensor": p.tensor} if p.tensor else {})
-            for p in report.problems
-        ],
-    }
-
-
-def _diff_json(difference: ManifestDiff, a: Manifest, b: Manifest) -> dict[str, Any]:
-    return {
-        "same": difference.same,
-        "identity_a": difference.identity_a,
-        "identity_b": difference.identity_b,
-        "base_identity_a": base_of(a),
-        "base_identity_b": base_of(b),
-        "relation": difference.relation,
-        "changed": list(difference.changed),
-        "added": list(difference.added),
-        "removed": list(difference.removed),
-        "config_changed": list(difference.config_changed),
-        "tensor_changes": [c._asdict() | {"what": c.what} for c in difference.tensor_changes],
-        "groups": [g._asdict() | {"where": g.where, "count": len(g.names)} for g in difference.groups],
-        "config_keys": [c._asdict() for c in difference.config_keys],
-        "config_notes": list(difference.config_notes),
-    }
-
-
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, sort_keys=True))
-
-
-def _note(message: str) -> None:
-    _to_stderr(f"ckptpub: {one_line(message)}")
-
-
-def _to_stderr(line: str) -> None:
-    """One line to stderr; a closed or full stderr loses the line, never the exit code."""
-    if sys.stderr is None:  # closed at start-up (print would fall back to stdout)
-        return
-    with contextlib.suppress(OSError, ValueError):
-        print(line, file=sys.stderr, flush=True)
-
-
-def _short(identity: str | None) -> str:
-    """``blake3:1a2b3c4d5e6f``: enough to tell a run's checkpoints apart; ``--json`` has the whole digest."""
-    return identity[:19] if identity else ""
-
-
-def _value(value: object) -> str:
-    """A provenance value for people: strings as they are, the rest as JSON (``null``, never ``None``)."""
-    return value if isinstance(value, str) else _json_value(value)
-
-
-def _json_value(value: object) -> str:
-    """A config or provenance value in the manifest's own (canonical) JSON form."""
-    try:
-        return canonical_json(value).decode("utf-8")
-    except (TypeError, ValueError, RecursionError):
-        return "(too deeply nested to print)"
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" + ("" if count == 1 else "s")
-
-
-def _gb(size: int) -> str:
-    if size >= 1e8:
-        return f"{size / 1e9:.2f} GB"
-    if size >= 1e5:
-        return f"{size / 1e6:.1f} MB"
-    return f"{size / 1e3:.1f} kB"

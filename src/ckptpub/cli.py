@@ -133,9 +133,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         _flush_stdout()
         return code
-    except SystemExit as done:  # --help or --version: argparse printed it
+    except SystemExit as done:  # --help or --version (argparse printed it), or a command's sys.exit
         _flush_stdout()
-        return done.code if isinstance(done.code, int) else ExitCode.UNUSABLE
+        if done.code is None or isinstance(done.code, int):
+            return done.code or ExitCode.OK
+        fail(str(done.code), program=program)  # sys.exit("message"), as Python itself would print it
+        return ExitCode.UNUSABLE
     except BrokenPipeError:  # the reader of stdout went away: nothing to say, nobody to say it to
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return ExitCode.BROKEN_PIPE

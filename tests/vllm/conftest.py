@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm")
 ckptpub = pytest.importorskip("ckptpub")
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 from vllm_engine_helpers import TAMPERED_TENSOR, run_engines  # noqa: E402
 

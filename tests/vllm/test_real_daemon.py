@@ -29,17 +29,16 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from preload_helpers import SupervisorProc
+from vllm_engine_helpers import TAMPERED_TENSOR, run_engines
 
 import ckptpub
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
 SHIM = REPO / "tests" / "daemon_sim"
-sys.path.insert(0, str(REPO / "tests" / "preload"))
-
-from preload_helpers import SupervisorProc  # noqa: E402
-from vllm_engine_helpers import TAMPERED_TENSOR, run_engines  # noqa: E402
-
+# the shim goes on PYTHONPATH on purpose: Python's `site` imports a `sitecustomize` found there in every
+# process, including the daemon children `vllm preload` spawns (see the shim's docstring)
 SHIM_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))}
 # the engines' settings (run_engine.py) that enter vLLM's weight-cache key: the daemon must match them
 DAEMON_ARGS = ["--dtype", "float32", "--max-model-len", "128", "--enforce-eager"]

@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 
-# the script's own folder is on sys.path when it runs (``python examples/gpu_e2e_preload.py``)
+# gpu_e2e.py sits beside this script: Python imports from a script's own folder
 from gpu_e2e import ENGINE, cuda_available, negate_tensor, run_engine, script_args
 
 DAEMON_ARGS = [

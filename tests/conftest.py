@@ -16,7 +16,7 @@ import os
 import pytest
 
 #: PYTHONPATH as it was before the session (None: unset), restored at its end.
-_INHERITED = pytest.StashKey["str | None"]()
+_INHERITED = pytest.StashKey[str | None]()
 
 
 def pytest_configure(config: pytest.Config) -> None:

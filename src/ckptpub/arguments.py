@@ -16,7 +16,7 @@ module takes about 0.1 ms. The grammar is small and fixed:
 
 from __future__ import annotations
 
-from .records import NamedTuple
+from typing import NamedTuple
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
 if TYPE_CHECKING:

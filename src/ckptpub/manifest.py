@@ -10,18 +10,14 @@ copied from another checkpoint is refused instead of being trusted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping  # at run time too: typing.get_type_hints(Manifest) must resolve
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from .canonical import canonical_json
 from .errors import CkptpubError
 from .hashing import DIGEST_PREFIX, digest_bytes
-from .records import NamedTuple
 from .safetensors import DTYPE_BITS
 from .strict_json import loads_strict
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
-if TYPE_CHECKING:
-    from typing import Any
 
 FORMAT = "ckptpub/1"
 MANIFEST_NAME = "ckptpub.json"
@@ -141,7 +137,7 @@ def compute_identity(
 
 
 def config_digest(document: Mapping[str, Any]) -> str:
-    """Digest of a config's meaning: canonical JSON without keys that record where or by what it was written."""
+    """Digest of a config's meaning: canonical JSON less the keys that say where or by what it was written."""
     meaningful = {k: v for k, v in document.items() if k not in _VOLATILE_CONFIG_KEYS}
     return digest_bytes(canonical_json(meaningful))
 
@@ -197,7 +193,7 @@ class _Validator:
             )
         return Manifest(identity, tensors, files, weights, config, provenance)
 
-    def array(self, value: Any, what: str) -> list:
+    def array(self, value: Any, what: str) -> list[Any]:
         if not isinstance(value, list):
             raise self.fail(f"{what} is not an array")
         return value
@@ -205,7 +201,7 @@ class _Validator:
     def digest(self, value: Any, where: str) -> str:
         if not is_digest(value):
             raise self.fail(f"{where}: {value!r} is not a blake3 digest")
-        return value
+        return str(value)
 
     def count(self, value: Any, where: str) -> int:
         if type(value) is not int or not 0 <= value < 2**63:
@@ -217,7 +213,7 @@ class _Validator:
             raise self.fail(f"{where}: {value!r} is not a safe relative path inside the folder")
         return value
 
-    def fields(self, entry: Any, required: set[str], optional: set[str], where: str) -> dict:
+    def fields(self, entry: Any, required: set[str], optional: set[str], where: str) -> dict[str, Any]:
         if not isinstance(entry, dict) or not required <= set(entry) <= required | optional:
             raise self.fail(f"{where} must be an object with fields {sorted(required)}")
         return entry
@@ -285,8 +281,8 @@ class _Validator:
             by_path[record.path] = record
         per_file: dict[str, list[TensorRecord]] = {}
         for tensor in tensors:
-            record = by_path.get(tensor.file)
-            if record is None or record.header_size is None:
+            shard = by_path.get(tensor.file)
+            if shard is None or shard.header_size is None:
                 raise self.fail(
                     f"tensor {tensor.name!r}: file {tensor.file!r} is not a listed safetensors file"
                 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from decimal import Decimal
 from typing import Any
 
 _MAX_EXACT_INT = 2**53
@@ -121,13 +122,8 @@ def _format_float(value: float) -> str:
 def _shortest_digits(value: float) -> tuple[str, int]:
     """The shortest digits that round-trip a positive double, and ``n`` with ``value == 0.DIGITS * 10**n``.
 
-    ``repr`` already gives the shortest round-tripping digits, as ECMAScript
-    requires; this only splits ``'1.25e-07'`` or ``'0.02'`` into them.
+    ``repr`` gives the shortest round-tripping digits, as ECMAScript requires;
+    ``Decimal`` splits ``'1.25e-07'`` or ``'0.02'`` into digits and exponent.
     """
-    mantissa, _, exponent = repr(value).partition("e")
-    whole, _, fraction = mantissa.partition(".")
-    digits = whole + fraction
-    n = len(whole) + int(exponent or 0)
-    significant = digits.lstrip("0")
-    n -= len(digits) - len(significant)
-    return significant.rstrip("0"), n
+    _, digits, exponent = Decimal(repr(value)).normalize().as_tuple()
+    return "".join(map(str, digits)), int(exponent) + len(digits)  # int: a finite value

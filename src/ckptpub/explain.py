@@ -7,9 +7,6 @@ model trained from it). This module answers those from the manifests alone, plus
 the two folders' ``config.json`` when they are at hand: a manifest records only
 a config's digest, so keys can be named only from the files, and only when the
 files still have the digest the manifest recorded.
-
-Plain string operations, no ``re``/``json``: ``ckptpub diff`` stays off both
-(docs/performance.md, tests/core/test_cli.py).
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ copied from another checkpoint is refused instead of being trusted.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from .canonical import canonical_json
 from .errors import CkptpubError
@@ -25,19 +26,12 @@ MANIFEST_NAME = "ckptpub.json"
 MAX_MANIFEST_BYTES = 64 << 20
 #: Config files whose meaning (not formatting) is part of the identity.
 CONFIG_FILES = ("config.json", "adapter_config.json")
+_DIGEST = re.compile(re.escape(DIGEST_PREFIX) + "[0-9a-f]{64}")
 
 
-def is_digest(value: object) -> bool:
-    """Whether ``value`` is a ckptpub digest: ``blake3:`` and 64 lowercase hex digits.
-
-    Checked without a regular expression: ``re`` is not imported on the CLI's path.
-    """
-    return (
-        isinstance(value, str)
-        and len(value) == len(DIGEST_PREFIX) + 64
-        and value.startswith(DIGEST_PREFIX)
-        and not value[len(DIGEST_PREFIX) :].strip("0123456789abcdef")
-    )
+def is_digest(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a ckptpub digest: ``blake3:`` and 64 lowercase hex digits."""
+    return isinstance(value, str) and _DIGEST.fullmatch(value) is not None
 
 
 class TensorRecord(NamedTuple):
@@ -201,7 +195,7 @@ class _Validator:
     def digest(self, value: Any, where: str) -> str:
         if not is_digest(value):
             raise self.fail(f"{where}: {value!r} is not a blake3 digest")
-        return str(value)
+        return value
 
     def count(self, value: Any, where: str) -> int:
         if type(value) is not int or not 0 <= value < 2**63:

@@ -453,7 +453,7 @@ def _cmd_publish(args: PublishArguments) -> int:
             f"but could not write to stdout: {getattr(error, 'strerror', None) or error}"
         ) from None
     note(
-        f"published {os.path.join(args.folder, MANIFEST_NAME)}: {len(manifest.tensors)} tensors, "
+        f"published {os.path.join(args.folder, MANIFEST_NAME)}: {manifest.tensor_count} tensors, "
         f"{len(manifest.files)} files, {gb(sum(f.size for f in manifest.files))}"
     )
     return ExitCode.OK
@@ -475,7 +475,7 @@ def _cmd_verify(args: VerifyArguments) -> int:
         print_json(verify_json(report, args.folder))
     else:
         print_verify_lines(report, quiet=args.quiet)
-    tensors = len(report.manifest.tensors)
+    tensors = report.manifest.tensor_count
     if report.ok:
         note(
             f"{args.folder}: OK, {len(report.checked)} files, {tensors} tensors, "
@@ -520,8 +520,10 @@ def _cmd_diff(args: DiffArguments) -> int:
     difference = diff_manifests(a, b, folder_a=folders[0], folder_b=folders[1])
     if args.json:
         print_json(diff_json(difference, a, b))
-    elif difference.same:
+    elif difference.identity_a == difference.identity_b:
         print(f"same identity {difference.identity_a}")
+    elif difference.same:
+        print(f"same model: {a.version} identity {a.identity}, {b.version} identity {b.identity}")
     else:
         print_diff_lines(difference, a, b)
     if difference.same:

@@ -23,7 +23,7 @@ from .explain import (
     tensor_change,
 )
 from .hashing import ProgressCallback, Span, hash_spans
-from .manifest import MANIFEST_NAME, Manifest, TensorRecord, is_digest
+from .manifest import MANIFEST_NAME, Manifest, ModelEntry, is_digest
 from .model_files import claim_problems, is_shard_path
 from .read import read_manifest
 from .safetensors import ShardLayout, read_layout
@@ -80,10 +80,12 @@ class ManifestDiff(NamedTuple):
     config_keys: tuple[ConfigChange, ...] = ()
     config_notes: tuple[str, ...] = ()
     relation: str | None = None
+    same_model: bool = False
 
     @property
     def same(self) -> bool:
-        return self.identity_a == self.identity_b
+        """One identity, or (``same_model``) one model whose identities differ only by manifest format."""
+        return self.identity_a == self.identity_b or self.same_model
 
 
 def verify(
@@ -162,9 +164,7 @@ def diff_manifests(
                 f"diff_manifests: {name} must be a Manifest (see read_manifest), got {type(value).__name__}"
             )
     tensors_a, tensors_b = _model_tensors(a), _model_tensors(b)
-    changed = sorted(
-        n for n in tensors_a.keys() & tensors_b.keys() if _meaning(tensors_a[n]) != _meaning(tensors_b[n])
-    )
+    changed = sorted(n for n in tensors_a.keys() & tensors_b.keys() if tensors_a[n] != tensors_b[n])
     added = sorted(tensors_b.keys() - tensors_a.keys())
     removed = sorted(tensors_a.keys() - tensors_b.keys())
     configs = sorted(k for k in a.config.keys() | b.config.keys() if a.config.get(k) != b.config.get(k))
@@ -174,8 +174,8 @@ def diff_manifests(
     )
     groups = (
         group_tensors("changed", [(c.name, c.what) for c in changes])
-        + group_tensors("added", [(n, _describe(tensors_b[n])) for n in added])
-        + group_tensors("removed", [(n, _describe(tensors_a[n])) for n in removed])
+        + group_tensors("added", [(n, tensors_b[n].dtype) for n in added])
+        + group_tensors("removed", [(n, tensors_a[n].dtype) for n in removed])
     )
     return ManifestDiff(
         identity_a=a.identity,
@@ -189,6 +189,11 @@ def diff_manifests(
         config_keys=config_keys,
         config_notes=config_notes,
         relation=relation(a, b),
+        # A ckptpub/1 and a ckptpub/2 manifest of one model have different identities (the format is in
+        # the preimage): with every weight tensor and config the same, they name the same model.
+        same_model=a.version != b.version
+        and bool(a.weights and b.weights)
+        and not (changed or added or removed or configs),
     )
 
 
@@ -257,15 +262,8 @@ def _claims(
     return problems
 
 
-def _model_tensors(manifest: Manifest) -> dict[str, TensorRecord]:
+def _model_tensors(manifest: Manifest) -> dict[str, ModelEntry]:
+    """Model tensors by name; for a folder without weight files, every tensor by ``file:name``."""
     if manifest.weights:
-        return manifest.weight_tensors()
-    return {f"{t.file}:{t.name}": t for t in manifest.tensors}
-
-
-def _describe(tensor: TensorRecord) -> str:
-    return tensor.dtype
-
-
-def _meaning(tensor: TensorRecord) -> tuple[str, tuple[int, ...], str]:
-    return tensor.dtype, tensor.shape, tensor.digest
+        return manifest.model()
+    return {f"{t.file}:{t.name}": ModelEntry(t.dtype, t.shape, t.digest) for t in manifest.tensors}

@@ -15,7 +15,7 @@ import os
 from typing import Any, NamedTuple
 
 from .errors import CkptpubError
-from .manifest import _VOLATILE_CONFIG_KEYS, CONFIG_FILES, MANIFEST_NAME, Manifest, TensorRecord
+from .manifest import _VOLATILE_CONFIG_KEYS, CONFIG_FILES, MANIFEST_NAME, Manifest, ModelEntry
 from .model_files import read_config
 
 #: A pattern lists at most this many alternatives at one position (``{a,b,... 40 more}`` beyond).
@@ -79,7 +79,7 @@ class ConfigChange(NamedTuple):
     in_b: bool = True
 
 
-def tensor_change(name: str, a: TensorRecord, b: TensorRecord) -> TensorChange:
+def tensor_change(name: str, a: ModelEntry, b: ModelEntry) -> TensorChange:
     return TensorChange(name, a.dtype, b.dtype, tuple(a.shape), tuple(b.shape))
 
 

@@ -1,26 +1,48 @@
 """The manifest: plain data with explicit parsing, validation, canonical encoding and identity.
 
-A manifest (``ckptpub.json``, format ``ckptpub/1``, specified in ``docs/format.md``)
-lists a digest for every tensor and every file of a checkpoint folder, which files
-hold the model's weights, the canonical digest of the model's config, and an
-``identity`` derived from the weights and config alone. Parsing validates every
-field and recomputes the identity, so a manifest that was edited, truncated or
-copied from another checkpoint is refused instead of being trusted.
+A manifest (``ckptpub.json``, specified in ``docs/format.md``) lists a digest for
+every tensor and every file of a checkpoint folder, which files hold the model's
+weights, the canonical digest of the model's config, and an ``identity`` derived
+from the weights and config alone. Parsing validates every field and recomputes
+the identity, so a manifest that was edited, truncated or copied from another
+checkpoint is refused instead of being trusted.
+
+Writers write ``ckptpub/2``: a one-line JSON header followed by two text tables
+(``tables``), which is read and identity-checked in milliseconds at 100k tensors.
+Its tensor records are decoded, and the tables checked line by line, on first use
+of ``Manifest.tensors``; the identity commits to the tables' bytes, so a reader
+that needs only the identity (an engine's cache key) does no per-tensor work.
+Readers still read ``ckptpub/1`` (one JSON document), fully validated at once.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any, NamedTuple, TypeGuard
+from collections.abc import Mapping, Sequence
+from itertools import pairwise
+from typing import Any, TypeGuard
 
 from .canonical import canonical_json
 from .errors import CkptpubError
 from .hashing import DIGEST_PREFIX, digest_bytes
 from .safetensors import DTYPE_BITS
 from .strict_json import loads_strict
+from .tables import (
+    FileRecord,
+    ModelEntry,
+    Tables,
+    TensorRecord,
+    check_name,
+    decode_model,
+    decode_tables,
+    encode_tables,
+    line,
+    model_table,
+)
 
-FORMAT = "ckptpub/1"
+FORMAT = "ckptpub/2"
+#: The first format, still read (and written by ``Manifest.to_json(FORMAT_V1)``).
+FORMAT_V1 = "ckptpub/1"
 MANIFEST_NAME = "ckptpub.json"
 #: A manifest larger than this is refused unread (about 250k tensors fit).
 MAX_MANIFEST_BYTES = 64 << 20
@@ -28,61 +50,151 @@ MAX_MANIFEST_BYTES = 64 << 20
 CONFIG_FILES = ("config.json", "adapter_config.json")
 _DIGEST = re.compile(re.escape(DIGEST_PREFIX) + "[0-9a-f]{64}")
 
+__all__ = [
+    "FileRecord",
+    "Manifest",
+    "ModelEntry",
+    "TensorRecord",
+    "compute_identity",
+    "config_digest",
+    "parse_manifest",
+]
+
 
 def is_digest(value: object) -> TypeGuard[str]:
     """Whether ``value`` is a ckptpub digest: ``blake3:`` and 64 lowercase hex digits."""
     return isinstance(value, str) and _DIGEST.fullmatch(value) is not None
 
 
-class TensorRecord(NamedTuple):
-    """One tensor: where it lies (``file``, ``data_offsets`` relative to the data region) and its digest."""
+class Manifest:
+    """A parsed, validated manifest. Build one with ``publish``/``build_manifest`` or ``parse_manifest``.
 
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    file: str
-    data_offsets: tuple[int, int]
-    digest: str
-
-
-class FileRecord(NamedTuple):
-    """One file of the folder.
-
-    For a safetensors file ``header_size`` is set and ``digest`` covers bytes
-    ``[0, header_size)`` only: the rest of the file is exactly its tensors, each
-    with a digest of its own, so every byte is hashed once. For any other file
-    ``digest`` covers the whole file.
+    ``tensors`` is decoded from a ``ckptpub/2`` manifest's tables on first use
+    (raising ``CkptpubError`` if a table breaks a rule); ``identity``, ``files``,
+    ``weights``, ``config`` and ``provenance`` are checked when the manifest is parsed.
     """
 
-    path: str
-    size: int
-    digest: str
-    header_size: int | None = None
+    __slots__ = (
+        "identity",
+        "files",
+        "weights",
+        "config",
+        "provenance",
+        "version",
+        "_tensors",
+        "_tables",
+        "_name",
+    )
 
+    def __init__(
+        self,
+        identity: str,
+        tensors: tuple[TensorRecord, ...],
+        files: tuple[FileRecord, ...],
+        weights: tuple[str, ...],
+        config: Mapping[str, str],
+        provenance: Mapping[str, object],
+        version: str = FORMAT,
+    ) -> None:
+        #: The format whose identity ``identity`` is (a manifest read from a ckptpub/1 file keeps its own).
+        self.version = version
+        self.identity = identity
+        self.files = files
+        self.weights = weights
+        self.config = config
+        self.provenance = provenance
+        self._tensors: tuple[TensorRecord, ...] | None = tensors
+        self._tables: Tables | None = None
+        self._name = MANIFEST_NAME
 
-class Manifest(NamedTuple):
-    """A parsed, validated manifest. Build one with ``publish``/``build_manifest`` or ``parse_manifest``."""
+    @classmethod
+    def from_tables(
+        cls,
+        identity: str,
+        tables: Tables,
+        files: tuple[FileRecord, ...],
+        weights: tuple[str, ...],
+        config: Mapping[str, str],
+        provenance: Mapping[str, object],
+        display_name: str = MANIFEST_NAME,
+    ) -> Manifest:
+        """A manifest whose tensor records are decoded from ``tables`` when first asked for."""
+        manifest = cls(identity, (), files, weights, config, provenance)
+        manifest._tensors, manifest._tables, manifest._name = None, tables, display_name
+        return manifest
 
-    identity: str
-    tensors: tuple[TensorRecord, ...]
-    files: tuple[FileRecord, ...]
-    weights: tuple[str, ...]
-    config: Mapping[str, str]
-    provenance: Mapping[str, object]
+    def __repr__(self) -> str:
+        return f"Manifest(identity={self.identity!r}, {self.tensor_count} tensors, {len(self.files)} files)"
+
+    @property
+    def tensors(self) -> tuple[TensorRecord, ...]:
+        """Every tensor, in file then offset order."""
+        if self._tensors is None:
+            assert self._tables is not None
+            self._tensors = decode_tables(self._tables, self.files, self.weights, self._name)
+        return self._tensors
+
+    @property
+    def tables(self) -> Tables:
+        """The ``ckptpub/2`` tables (the model table's bytes are what the identity covers)."""
+        if self._tables is None:
+            self._tables = _tables_of(self.tensors, self.files, self.weights)
+        return self._tables
+
+    @property
+    def tensor_count(self) -> int:
+        """How many tensors the manifest lists (without decoding them)."""
+        if self._tensors is not None:
+            return len(self._tensors)
+        return self.tables.layout.count(b"\n")
+
+    @property
+    def model_tensor_count(self) -> int:
+        """How many tensors the weight files hold (without decoding them)."""
+        if self._tensors is not None:
+            return len(self.weight_tensors())
+        return self.tables.model.count(b"\n")
+
+    def model(self) -> dict[str, ModelEntry]:
+        """The model's tensors by name, as the identity covers them (dtype, shape, digest; no place).
+
+        For a ``ckptpub/2`` manifest this reads the model table alone, far faster
+        than ``weight_tensors`` at 100k tensors.
+        """
+        if self._tensors is None and self._tables is not None:
+            return decode_model(self._tables.model, self._name)
+        return {t.name: ModelEntry(t.dtype, t.shape, t.digest) for t in self.weight_tensors().values()}
 
     def weight_tensors(self) -> dict[str, TensorRecord]:
         """The model's tensors (those in ``weights`` files) by name."""
         weight_files = set(self.weights)
         return {t.name: t for t in self.tensors if t.file in weight_files}
 
-    def to_json(self) -> bytes:
-        """The canonical encoding written to ``ckptpub.json`` (followed by a newline)."""
-        return canonical_json(self.to_dict()) + b"\n"
+    def to_json(self, version: str = FORMAT) -> bytes:
+        """The encoding written to ``ckptpub.json``: ``ckptpub/2``, or ``ckptpub/1`` when asked.
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+        The identity written is the one ``version`` defines (the two formats' differ).
+        """
+        if version == FORMAT_V1:
+            return canonical_json(self._v1_document()) + b"\n"
+        if version != FORMAT:
+            raise ValueError(f"no encoding for manifest format {version!r}")
+        tables = self.tables
+        header = {
             "format": FORMAT,
-            "identity": self.identity,
+            "identity": identity_of_tables(tables, self.files, self.weights, self.config),
+            "config": dict(self.config),
+            "weights": list(self.weights),
+            "files": _files_json(self.files, tables.counts),
+            "tables": {"model": len(tables.model), "layout": len(tables.layout)},
+            "provenance": dict(self.provenance),
+        }
+        return b"".join((canonical_json(header), b"\n", tables.model, tables.layout))
+
+    def _v1_document(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_V1,
+            "identity": compute_identity(self.tensors, self.files, self.weights, self.config, FORMAT_V1),
             "config": dict(self.config),
             "weights": list(self.weights),
             "tensors": [
@@ -105,20 +217,49 @@ class Manifest(NamedTuple):
         }
 
 
+def _tables_of(
+    tensors: Sequence[TensorRecord], files: Sequence[FileRecord], weights: Sequence[str]
+) -> Tables:
+    per_file: dict[str, list[tuple[str, str]]] = {}
+    for t in tensors:
+        check_name(t.name, t.file)
+        per_file.setdefault(t.file, []).append((t.name, line(t.name, t.dtype, t.shape, t.digest)))
+    return encode_tables(files, weights, per_file)
+
+
+def _files_json(files: Sequence[FileRecord], counts: Sequence[int]) -> list[dict[str, Any]]:
+    """``files`` as the ``ckptpub/2`` header lists them: a shard with its ``header_size`` and tensor count."""
+    shard_counts = iter(counts)
+    return [
+        {"path": f.path, "size": f.size, "digest": f.digest}
+        | ({} if f.header_size is None else {"header_size": f.header_size, "tensors": next(shard_counts)})
+        for f in files
+    ]
+
+
 def compute_identity(
     tensors: tuple[TensorRecord, ...],
     files: tuple[FileRecord, ...],
     weights: tuple[str, ...],
     config: Mapping[str, str],
+    version: str = FORMAT,
 ) -> str:
     """The model's identity: a digest of its weights' names, dtypes, shapes and bytes, and its config.
 
     Nothing about where the bytes lie (folder, shard names, shard layout, header
     metadata) enters it. A folder with no weight files (an FSDP or DeepSpeed
     layout) falls back to every file's path and digest, so any byte change still
-    changes the identity.
+    changes the identity. ``version`` picks the format's preimage (they differ).
     """
-    document: dict[str, Any] = {"format": FORMAT, "config": dict(config)}
+    if version == FORMAT and weights:
+        weight_files = set(weights)
+        model = model_table(
+            [(t.name, line(t.name, t.dtype, t.shape, t.digest)) for t in tensors if t.file in weight_files]
+        )
+        return identity_of_tables(Tables(model, b"", ()), files, weights, config)
+    if version == FORMAT:
+        return identity_of_tables(_tables_of(tensors, files, weights), files, weights, config)
+    document: dict[str, Any] = {"format": FORMAT_V1, "config": dict(config)}
     if weights:
         weight_files = set(weights)
         document["tensors"] = sorted(
@@ -127,6 +268,17 @@ def compute_identity(
     else:
         document["files"] = [[f.path, f.size, f.digest] for f in files]
         document["tensors"] = [[t.file, t.name, t.dtype, list(t.shape), t.digest] for t in tensors]
+    return digest_bytes(canonical_json(document))
+
+
+def identity_of_tables(
+    tables: Tables, files: Sequence[FileRecord], weights: Sequence[str], config: Mapping[str, str]
+) -> str:
+    """The ``ckptpub/2`` identity: one BLAKE3 pass over the model table, then a small canonical document."""
+    document: dict[str, Any] = {"format": FORMAT, "config": dict(config), "model": digest_bytes(tables.model)}
+    if not weights:
+        document["files"] = _files_json(files, tables.counts)
+        document["layout"] = digest_bytes(tables.layout)
     return digest_bytes(canonical_json(document))
 
 
@@ -140,13 +292,27 @@ _VOLATILE_CONFIG_KEYS = frozenset({"_name_or_path", "transformers_version", "_co
 
 
 def parse_manifest(data: bytes, display_name: str = MANIFEST_NAME) -> Manifest:
-    """Parse and fully validate manifest bytes; raise ``CkptpubError`` naming the first problem."""
+    """Parse and validate manifest bytes (``ckptpub/2`` or ``/1``); ``CkptpubError`` names the first problem.
+
+    A ``ckptpub/2`` manifest's header, sizes and identity are checked here; its
+    tables line by line when ``Manifest.tensors`` is first used.
+    """
     if len(data) > MAX_MANIFEST_BYTES:
         raise CkptpubError(
             f"{display_name}: {len(data)} bytes is over the {MAX_MANIFEST_BYTES}-byte manifest limit"
         )
-    document = loads_strict(data, display_name, "manifest")
-    return _Validator(display_name).manifest(document)
+    validator = _Validator(display_name)
+    newline = data.find(b"\n")
+    head, rest = (data, b"") if newline < 0 else (data[:newline], data[newline + 1 :])
+    try:
+        document = loads_strict(head, display_name, "manifest")
+    except CkptpubError:  # a ckptpub/1 document over several lines, or no JSON at all
+        return validator.manifest_v1(loads_strict(data, display_name, "manifest"))
+    if isinstance(document, dict) and document.get("format") == FORMAT:
+        return validator.manifest_v2(document, rest)
+    if rest.strip():
+        document = loads_strict(data, display_name, "manifest")
+    return validator.manifest_v1(document)
 
 
 class _Validator:
@@ -158,34 +324,78 @@ class _Validator:
     def fail(self, message: str) -> CkptpubError:
         return CkptpubError(f"{self.name}: {message}")
 
-    def manifest(self, document: Any) -> Manifest:
+    def fields_of(self, document: Any, expected: set[str]) -> dict[str, Any]:
         if not isinstance(document, dict):
             raise self.fail("manifest is not a JSON object")
         version = document.get("format")
-        if version != FORMAT:
-            raise self.fail(f"unsupported manifest format {version!r} (this ckptpub reads {FORMAT!r})")
-        expected = {"format", "identity", "config", "weights", "tensors", "files", "provenance"}
+        if version not in (FORMAT, FORMAT_V1):
+            raise self.fail(
+                f"unsupported manifest format {version!r} (this ckptpub reads {FORMAT!r} and {FORMAT_V1!r})"
+            )
         if set(document) != expected:
             extra, missing = set(document) - expected, expected - set(document)
             raise self.fail(f"manifest fields {sorted(extra)} unexpected, {sorted(missing)} missing")
+        if not isinstance(document["provenance"], dict):
+            raise self.fail("provenance is not an object")
+        if not is_digest(document["identity"]):
+            raise self.fail(f"identity {document['identity']!r} is not a blake3 digest")
+        return document
+
+    def mismatch(self) -> CkptpubError:
+        return self.fail(
+            "recorded identity does not match the manifest's own entries (edited or corrupt manifest)"
+        )
+
+    def manifest_v2(self, document: Any, rest: bytes) -> Manifest:
+        """The header is checked field by field; the tables by size, line counts and the identity."""
+        expected = {"format", "identity", "config", "weights", "tables", "files", "provenance"}
+        document = self.fields_of(document, expected)
+        counts: list[int] = []
+        files = []
+        for index, entry in enumerate(self.array(document["files"], "files")):
+            record = self.file(entry, index, _SHARD_EXTRA if _is_shard_entry(entry) else frozenset())
+            if record.header_size is not None:
+                counts.append(self.count(entry["tensors"], f"{record.path}: tensors"))
+            files.append(record)
+        paths = [f.path for f in files]
+        if any(a >= b for a, b in pairwise(paths)):
+            raise self.fail("files are not sorted by path, or a file is listed twice")
+        weights = tuple(self.path(p, "weights") for p in self.array(document["weights"], "weights"))
+        shard_counts = dict(zip((f.path for f in files if f.header_size is not None), counts, strict=True))
+        if any(a >= b for a, b in pairwise(weights)) or not set(weights) <= shard_counts.keys():
+            raise self.fail("weights: not sorted listed safetensors files, each once")
+        sizes = self.fields(document["tables"], {"model", "layout"}, set(), "tables")
+        model_size = self.count(sizes["model"], "tables: model")
+        layout_size = self.count(sizes["layout"], "tables: layout")
+        if model_size + layout_size != len(rest):
+            raise self.fail(f"tables hold {len(rest)} bytes, the header says {model_size + layout_size}")
+        tables = Tables(rest[:model_size], rest[model_size:], tuple(counts))
+        weight_count = sum(shard_counts[w] for w in weights)
+        if tables.model.count(b"\n") != weight_count or tables.layout.count(b"\n") != sum(counts):
+            raise self.fail("tables: line counts do not match the files' tensor counts")
+        config = self.config(document["config"])
+        if document["identity"] != identity_of_tables(tables, files, weights, config):
+            raise self.mismatch()
+        return Manifest.from_tables(
+            document["identity"], tables, tuple(files), weights, config, document["provenance"], self.name
+        )
+
+    def manifest_v1(self, document: Any) -> Manifest:
+        expected = {"format", "identity", "config", "weights", "tensors", "files", "provenance"}
+        document = self.fields_of(document, expected)
+        if document["format"] != FORMAT_V1:
+            raise self.fail(f"a {FORMAT!r} manifest must have its tables after a one-line header")
         files = tuple(self.file(entry, i) for i, entry in enumerate(self.array(document["files"], "files")))
         tensors = tuple(
             self.tensor(entry, i) for i, entry in enumerate(self.array(document["tensors"], "tensors"))
         )
         weights = tuple(self.path(p, "weights") for p in self.array(document["weights"], "weights"))
         config = self.config(document["config"])
-        provenance = document["provenance"]
-        if not isinstance(provenance, dict):
-            raise self.fail("provenance is not an object")
         self.cross_check(files, tensors, weights)
         identity = document["identity"]
-        if not is_digest(identity):
-            raise self.fail(f"identity {identity!r} is not a blake3 digest")
-        if identity != compute_identity(tensors, files, weights, config):
-            raise self.fail(
-                "recorded identity does not match the manifest's own entries (edited or corrupt manifest)"
-            )
-        return Manifest(identity, tensors, files, weights, config, provenance)
+        if identity != compute_identity(tensors, files, weights, config, FORMAT_V1):
+            raise self.mismatch()
+        return Manifest(identity, tensors, files, weights, config, document["provenance"], FORMAT_V1)
 
     def array(self, value: Any, what: str) -> list[Any]:
         if not isinstance(value, list):
@@ -212,9 +422,9 @@ class _Validator:
             raise self.fail(f"{where} must be an object with fields {sorted(required)}")
         return entry
 
-    def file(self, entry: Any, index: int) -> FileRecord:
+    def file(self, entry: Any, index: int, also: frozenset[str] = frozenset()) -> FileRecord:
         where = f"files[{index}]"
-        entry = self.fields(entry, {"path", "size", "digest"}, {"header_size"}, where)
+        entry = self.fields(entry, {"path", "size", "digest"} | also, {"header_size"}, where)
         path = self.path(entry["path"], where)
         header_size = entry.get("header_size")
         if header_size is not None:
@@ -305,6 +515,14 @@ class _Validator:
                 if tensor.name in weight_names:
                     raise self.fail(f"weights: tensor {tensor.name!r} appears in two weight files")
                 weight_names.add(tensor.name)
+
+
+_SHARD_EXTRA = frozenset({"tensors"})
+
+
+def _is_shard_entry(entry: Any) -> bool:
+    """A ``ckptpub/2`` file entry with ``header_size``, which then must also have ``tensors``."""
+    return isinstance(entry, dict) and "header_size" in entry
 
 
 def is_safe_relative_path(path: str) -> bool:

@@ -45,7 +45,7 @@ def print_diff_lines(difference: ManifestDiff, a: Manifest, b: Manifest) -> None
         skip = "removed" if side == "b" else "added"
         print(
             f"lineage  {side} is an adapter on {'a' if side == 'b' else 'b'} ({short(base.identity)}): "
-            f"its {len(adapter.weight_tensors() or adapter.tensors)} tensors apply on top of that base"
+            f"its {adapter.model_tensor_count or adapter.tensor_count} tensors apply on top of that base"
         )
     elif relation in ("from_a", "from_b"):
         child, parent = ("b", "a") if relation == "from_a" else ("a", "b")
@@ -56,7 +56,7 @@ def print_diff_lines(difference: ManifestDiff, a: Manifest, b: Manifest) -> None
     everything = (
         not difference.added
         and not difference.removed
-        and len(difference.changed) == len(a.weight_tensors() or a.tensors)
+        and len(difference.changed) == (a.model_tensor_count or a.tensor_count)
     )
     if everything and len(whats) == 1 and len(difference.changed) > 1:  # a cast or a full fine-tune
         print(f"changed  all {len(difference.changed)} tensors: {whats.pop()}")
@@ -121,13 +121,14 @@ def print_verify_lines(report: VerifyReport, *, quiet: bool) -> None:
 
 
 def manifest_summary(manifest: Manifest, folder: str) -> dict[str, Any]:
-    weight_tensors = manifest.weight_tensors()
+    weight_files = set(manifest.weights)
     return {
         "identity": manifest.identity,
         "folder": os.path.abspath(folder),
         "weights": list(manifest.weights),
-        "tensors": len(weight_tensors) if manifest.weights else len(manifest.tensors),
-        "tensor_bytes": sum(t.data_offsets[1] - t.data_offsets[0] for t in weight_tensors.values()),
+        "tensors": manifest.model_tensor_count if manifest.weights else manifest.tensor_count,
+        # A weight file's tensors tile its data region, so their bytes are the file less its header.
+        "tensor_bytes": sum(f.size - (f.header_size or 0) for f in manifest.files if f.path in weight_files),
         "files": len(manifest.files),
         "bytes": sum(f.size for f in manifest.files),
         "config": dict(manifest.config),
@@ -141,7 +142,7 @@ def verify_json(report: VerifyReport, folder: str) -> dict[str, Any]:
         "ok": report.ok,
         "identity": report.manifest.identity,
         "files_checked": len(report.checked),
-        "tensors_checked": len(report.manifest.tensors),
+        "tensors_checked": report.manifest.tensor_count,
         "problems": [
             {"path": p.path, "kind": p.kind, "detail": p.detail} | ({"tensor": p.tensor} if p.tensor else {})
             for p in report.problems

@@ -16,10 +16,11 @@ from . import __version__
 from .canonical import canonical_json
 from .errors import CkptpubError
 from .hashing import Span, hash_spans
-from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, FileRecord, Manifest, TensorRecord, compute_identity
+from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, identity_of_tables
 from .model_files import config_digests, is_shard_path, weight_files
 from .safetensors import ShardLayout, read_layout
 from .scan import TEMP_PREFIX, TEMP_SUFFIX, FolderEntry, resolve_folder, restat, scan_folder
+from .tables import FileRecord, check_name, encode_tables, line
 
 #: Provenance nested deeper than this is refused (it is a record of facts, not a data store).
 MAX_PROVENANCE_DEPTH = 64
@@ -101,6 +102,8 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
         e.path: read_layout(e.real_path, e.path, e.signature[:2]) for e in entries if is_shard_path(e.path)
     }
     for path, layout in layouts.items():
+        if any("\t" in t.name or "\n" in t.name for t in layout.tensors):
+            check_name(next(t.name for t in layout.tensors if "\t" in t.name or "\n" in t.name), path)
         if layout.header_size + (layout.tensors[-1].end if layout.tensors else 0) != by_path[path].size:
             raise CkptpubError(f"{path}: changed size while its header was read")
     weights = weight_files(by_path, layouts)
@@ -121,18 +124,20 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
             raise CkptpubError(
                 f"{entry.path}: changed while it was being hashed; publish again once it is complete"
             )
-    files, tensors = [], []
+    files: list[FileRecord] = []
+    per_file: dict[str, list[tuple[str, str]]] = {}
     for entry in entries:
         layout = layouts.get(entry.path)
         files.append(
             FileRecord(entry.path, entry.size, next(digests), layout.header_size if layout else None)
         )
-        for t in layout.tensors if layout else ():
-            tensors.append(
-                TensorRecord(t.name, t.dtype, t.shape, entry.path, (t.begin, t.end), next(digests))
-            )
-    identity = compute_identity(tuple(tensors), tuple(files), weights, config)
-    return Manifest(identity, tuple(tensors), tuple(files), weights, config, provenance), entries
+        if layout is not None:
+            per_file[entry.path] = [
+                (t.name, line(t.name, t.dtype, t.shape, next(digests))) for t in layout.tensors
+            ]
+    tables = encode_tables(files, weights, per_file)
+    identity = identity_of_tables(tables, files, weights, config)
+    return Manifest.from_tables(identity, tables, tuple(files), weights, config, provenance), entries
 
 
 def _refuse_nested_checkpoints(root: str, entries: list[FolderEntry]) -> None:

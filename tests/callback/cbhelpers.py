@@ -14,6 +14,8 @@ from pathlib import Path
 
 import train_tiny  # noqa: F401  (conftest and tests use cbhelpers.train_tiny)
 
+import ckptpub
+
 # for this process and the training scripts the tests start
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -41,7 +43,10 @@ def checkpoints(run_dir: str | os.PathLike) -> list[str]:
 
 
 def manifest_json(folder: str | os.PathLike) -> dict:
-    return json.loads((Path(folder) / "ckptpub.json").read_text())
+    """The manifest's JSON header plus its tensor records as dicts (ckptpub/2 keeps those in tables)."""
+    header = json.loads((Path(folder) / "ckptpub.json").read_bytes().partition(b"\n")[0])
+    header["tensors"] = [t._asdict() for t in ckptpub.read_manifest(folder).tensors]
+    return header
 
 
 def run_group(cmd: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""Language-neutral test vectors (tests/vectors/*.json) that any implementation of ckptpub/1 must reproduce.
+"""Language-neutral test vectors (tests/vectors/*.json) that ckptpub/2 writers and readers must reproduce.
 
 Set CKPTPUB_UPDATE_VECTORS=1 to rewrite the expected values after a deliberate
 format change (and bump the format version: old manifests must keep verifying).
@@ -19,7 +19,7 @@ from safetensors.numpy import save_file
 
 import ckptpub
 from ckptpub.canonical import canonical_json
-from ckptpub.manifest import TensorRecord, compute_identity, config_digest
+from ckptpub.manifest import FORMAT, FORMAT_V1, TensorRecord, compute_identity, config_digest, parse_manifest
 
 VECTORS = Path(__file__).parent.parent / "vectors"
 UPDATE = os.environ.get("CKPTPUB_UPDATE_VECTORS") == "1"
@@ -83,7 +83,8 @@ def expected_for(case: dict) -> dict:
     return {
         "tensor_digests": {t.name: t.digest for t in tensors},
         "config_digest": config.get("config.json"),
-        "identity": compute_identity(tensors, (), ("model.safetensors",), config),
+        "identity": compute_identity(tensors, (), ("model.safetensors",), config, FORMAT_V1),
+        "identity_v2": compute_identity(tensors, (), ("model.safetensors",), config, FORMAT),
     }
 
 
@@ -113,4 +114,7 @@ def test_identity_vectors_from_real_files(tmp_path: Path, shards: int) -> None:
             save_file({n: arrays[n] for n in names[shard::shards]}, str(folder / f"w{shard}.safetensors"))
         if case["config_json"] is not None:
             (folder / "config.json").write_text(case["config_json"])
-        assert ckptpub.build_manifest(folder).identity == case["expected"]["identity"], case["description"]
+        manifest = ckptpub.build_manifest(folder)
+        assert manifest.identity == case["expected"]["identity_v2"], case["description"]
+        as_v1 = parse_manifest(manifest.to_json(FORMAT_V1))
+        assert as_v1.identity == case["expected"]["identity"], case["description"]

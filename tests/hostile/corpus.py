@@ -8,6 +8,7 @@ fragment of the one-line message for exit 2.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from typing import NamedTuple
 from checkpoints import flip_byte, locate
 
 import ckptpub
-from ckptpub.manifest import FileRecord, TensorRecord, compute_identity
+from ckptpub.manifest import FORMAT_V1, FileRecord, TensorRecord, compute_identity, parse_manifest
 from ckptpub.safetensors import read_layout
 
 
@@ -62,13 +63,36 @@ def shard(
     (folder / name).write_bytes(struct.pack("<Q", len(encoded)) + encoded + data)
 
 
+def as_v1(folder: Path) -> str:
+    """Rewrite the folder's (valid) manifest in the ckptpub/1 format and return its text.
+
+    The cases that edit a manifest's JSON are ckptpub/1 cases: the /1 reader is
+    kept, fully validated, and these keep exercising it.
+    """
+    text = ckptpub.read_manifest(folder).to_json(FORMAT_V1).decode()
+    (folder / "ckptpub.json").write_text(text)
+    return text
+
+
 def rewrite_manifest(change: Callable[[dict], object]) -> Callable[[Path], None]:
     def damage(folder: Path) -> None:
-        document = json.loads((folder / "ckptpub.json").read_text())
+        document = json.loads(as_v1(folder))
         change(document)  # mutates in place; what it returns is ignored
-        (folder / "ckptpub.json").write_text(json.dumps(document))
+        write_forged(folder, document)
 
     return damage
+
+
+def write_forged(folder: Path, document: dict) -> None:
+    """Write an edited ckptpub/1 document; one that still parses is written as ckptpub/2, as a forger would.
+
+    So the byte and claim checks run on today's format (and pinned identities and
+    diffs compare like with like), while a document the /1 reader refuses stays /1.
+    """
+    text = json.dumps(document).encode()
+    with contextlib.suppress(ckptpub.CkptpubError):
+        text = parse_manifest(text).to_json()
+    (folder / "ckptpub.json").write_bytes(text)
 
 
 def forge_config(document: dict) -> None:
@@ -103,7 +127,9 @@ def reidentify(document: dict) -> None:
     files = tuple(
         FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in document["files"]
     )
-    document["identity"] = compute_identity(tensors, files, tuple(document["weights"]), document["config"])
+    document["identity"] = compute_identity(
+        tensors, files, tuple(document["weights"]), document["config"], FORMAT_V1
+    )
 
 
 def forge_listing(
@@ -125,7 +151,7 @@ def forge_listing(
 
     def damage(folder: Path) -> None:
         before(folder)
-        document = json.loads((folder / "ckptpub.json").read_text())
+        document = json.loads(as_v1(folder))
         files, tensors = [], []
         for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "ckptpub.json"):
             rel = path.relative_to(folder).as_posix()
@@ -158,7 +184,7 @@ def forge_listing(
             files=files, tensors=tensors, weights=sorted(document["weights"] if weights is None else weights)
         )
         reidentify(document)
-        (folder / "ckptpub.json").write_text(json.dumps(document))
+        write_forged(folder, document)
 
     return damage
 
@@ -263,7 +289,7 @@ def copy_then_flip(source: str, target: str) -> Callable[[Path], None]:
 
 def raw_manifest_edit(old: str, new: str) -> Callable[[Path], None]:
     def damage(folder: Path) -> None:
-        text = (folder / "ckptpub.json").read_text()
+        text = as_v1(folder)
         assert old in text, old
         (folder / "ckptpub.json").write_text(text.replace(old, new, 1))
 
@@ -671,10 +697,10 @@ CASES = [
     ),
     Case(
         "unknown format version",
-        rewrite_manifest(lambda d: d.update(format="ckptpub/2")),
+        rewrite_manifest(lambda d: d.update(format="ckptpub/3")),
         True,
         BAD_MANIFEST,
-        "unsupported manifest format 'ckptpub/2'",
+        "unsupported manifest format 'ckptpub/3'",
     ),
     Case(
         "manifest path with ..",
@@ -713,9 +739,7 @@ CASES = [
     ),
     Case(
         "manifest with duplicate keys",
-        lambda f: (f / "ckptpub.json").write_text(
-            (f / "ckptpub.json").read_text()[:-2] + ', "format": "ckptpub/1"}'
-        ),
+        lambda f: (f / "ckptpub.json").write_text(as_v1(f)[:-2] + ', "format": "ckptpub/1"}'),
         True,
         BAD_MANIFEST,
         "duplicate key 'format'",
@@ -791,7 +815,7 @@ CASES = [
     Case(
         "manifest reordered and indented by hand",
         lambda f: (f / "ckptpub.json").write_text(
-            json.dumps(dict(reversed(list(json.loads((f / "ckptpub.json").read_text()).items()))), indent=3)
+            json.dumps(dict(reversed(list(json.loads(as_v1(f)).items()))), indent=3)
         ),
         True,
         {"verify": 0, "show": 0, "diff": 0},

@@ -25,6 +25,8 @@ from checkpoints import run_cli, snapshot, write_checkpoint
 from corpus import CASES, RUN_CASES, Case, RunCase
 from privileges import without_privileges
 
+import ckptpub
+
 AUDITED_CLI = Path(__file__).with_name("audited_cli.py")
 ENTRIES = ("cli", "api")
 PARAMS = [(case, verb, entry) for case in CASES for verb in case.expect for entry in ENTRIES]
@@ -94,7 +96,7 @@ def test_case(tmp_path: Path, pristine: dict[str, Path], case: Case, verb: str, 
         args = [
             "verify",
             "--expect-identity",
-            json.loads((pristine["reference"] / "ckptpub.json").read_text())["identity"],
+            ckptpub.read_manifest(pristine["reference"]).identity,
             str(folder),
         ]
     else:

@@ -91,6 +91,31 @@ class TrustedKey:
             raise CkptpubError("give either a public key or a certificate chain to verify a signature with")
 
 
+class Signer:
+    """A ``SigningKey`` loaded and checked: made before anything is hashed, so a key that cannot
+    sign fails a publish before anything is written."""
+
+    def __init__(self, key: SigningKey) -> None:
+        from . import signing_backend
+
+        self.key = key
+        self._backend = signing_backend.load_signer(
+            key.private_key, key.signing_certificate, key.certificate_chain
+        )
+
+    @classmethod
+    def load(cls, value: object) -> Signer:
+        """``value`` (a ``Signer``, a ``SigningKey`` or a private key's path) as a loaded ``Signer``."""
+        return value if isinstance(value, Signer) else cls(SigningKey.of(value))
+
+    def sign(self, model_name: str, resources: Sequence[tuple[str, str]], allow_symlinks: bool) -> bytes:
+        """The bundle over ``resources`` (``signed_resources``), leaving out what model_signing leaves out."""
+        from . import signing_backend
+
+        ignored = (SIGNATURE_NAME, *UNSIGNED_PATHS)
+        return signing_backend.sign_statement(model_name, resources, ignored, allow_symlinks, self._backend)
+
+
 def _paths(values: object, what: str) -> None:
     if not isinstance(values, tuple):
         raise CkptpubError(f"{what}: expected a tuple of paths, got {type(values).__name__}")
@@ -122,7 +147,7 @@ def sign_checkpoint(
     root: str,
     manifest: Manifest,
     file_sha256: Mapping[str, str],
-    key: SigningKey,
+    signer: Signer,
     *,
     allow_symlinks: bool = False,
     mode: int = 0o644,
@@ -134,21 +159,11 @@ def sign_checkpoint(
     same pass as their BLAKE3 digests (``hashing.hash_spans(file_sha256=...)``).
     ``allow_symlinks`` is recorded as model_signing records it: a folder with symlinks
     verifies with ``model_signing verify --allow_symlinks``. ``mode``: the signature's
-    permissions (the manifest's). Raises ``CkptpubError`` for a key that cannot sign
-    or a signature that cannot be written; nothing is left half-written.
+    permissions (the manifest's). Raises ``CkptpubError`` when the signature cannot be
+    written; nothing is left half-written.
     """
-    from . import signing_backend
-
     resources = signed_resources(manifest, file_sha256, manifest.to_json())
-    bundle = signing_backend.sign_statement(
-        os.path.basename(root),
-        resources,
-        (SIGNATURE_NAME, *UNSIGNED_PATHS),
-        allow_symlinks,
-        key.private_key,
-        key.signing_certificate,
-        key.certificate_chain,
-    )
+    bundle = signer.sign(os.path.basename(root), resources, allow_symlinks)
     _write_atomically(root, SIGNATURE_NAME, bundle, mode)
 
 

@@ -46,14 +46,30 @@ class SignedStatement:
     resources: dict[str, tuple[str, str]]
 
 
+def load_signer(
+    private_key: str, signing_certificate: str | None, certificate_chain: Sequence[str]
+) -> sign_ec_key.Signer:
+    """model_signing's signer for an ECDSA key, or for a certificate and its chain: the key is read now."""
+    try:
+        if signing_certificate is None:
+            return sign_ec_key.Signer(pathlib.Path(private_key))
+        return sign_certificate.Signer(
+            pathlib.Path(private_key),
+            pathlib.Path(signing_certificate),
+            [pathlib.Path(path) for path in certificate_chain],
+        )
+    except OSError as error:
+        raise CkptpubError(f"{error.filename}: cannot read: {error.strerror or error}") from None
+    except (ValueError, TypeError) as error:  # not a PEM key, a password-protected key, an unsupported curve
+        raise CkptpubError(f"{private_key}: cannot sign with this key: {_one_line(error)}") from None
+
+
 def sign_statement(
     model_name: str,
     resources: Sequence[tuple[str, str]],
     ignore_paths: Iterable[str],
     allow_symlinks: bool,
-    private_key: str,
-    signing_certificate: str | None,
-    certificate_chain: Sequence[str],
+    signer: sign_ec_key.Signer,
 ) -> bytes:
     """The Sigstore bundle (JSON) over a ``files``/SHA-256 statement of ``resources`` (path, hex digest).
 
@@ -71,20 +87,6 @@ def sign_statement(
         for path, digest in resources
     ]
     payload = ms_signing.Payload(ms_manifest.Manifest(model_name, items, serialization))
-    try:
-        signer: sign_ec_key.Signer
-        if signing_certificate is None:
-            signer = sign_ec_key.Signer(pathlib.Path(private_key))
-        else:
-            signer = sign_certificate.Signer(
-                pathlib.Path(private_key),
-                pathlib.Path(signing_certificate),
-                [pathlib.Path(path) for path in certificate_chain],
-            )
-    except OSError as error:
-        raise CkptpubError(f"{error.filename}: cannot read: {error.strerror or error}") from None
-    except (ValueError, TypeError) as error:  # not a PEM key, a password-protected key, an unsupported curve
-        raise CkptpubError(f"{private_key}: cannot sign with this key: {_one_line(error)}") from None
     bundle: str = signer.sign(payload).bundle.to_json()
     return bundle.encode("utf-8")
 

@@ -155,5 +155,5 @@ def publish_signed(folder: Path, private_key: Path) -> ckptpub.Manifest:
     """Publish ``folder`` and sign it with ``private_key``."""
     manifest = ckptpub.publish(folder)
     sha256 = {r.path: hashlib.sha256((folder / r.path).read_bytes()).hexdigest() for r in manifest.files}
-    signing.sign_checkpoint(str(folder), manifest, sha256, signing.SigningKey(str(private_key)))
+    signing.sign_checkpoint(str(folder), manifest, sha256, signing.Signer.load(private_key))
     return manifest

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .hashing import ProgressCallback
+    from .signing import SigningKey
 
 
 def build_manifest(
@@ -73,6 +74,7 @@ class _Options:
         on_progress: Any,
         allow_no_weights: Any,
         allow_nested: Any,
+        sign: Any = None,
     ) -> _Options:
         if provenance is not None and not hasattr(provenance, "items"):
             raise CkptpubError(
@@ -89,10 +91,21 @@ class _Options:
             on_progress=on_progress,
             allow_no_weights=bool(allow_no_weights),
             allow_nested=bool(allow_nested),
+            signer=_signer(sign),
         )
 
 
-def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
+def _signer(sign: Any) -> Any:
+    """The loaded signing key (``signing.Signer``), checked before anything is hashed; None without one."""
+    if sign is None:
+        return None
+    from .signing import Signer  # model_signing only when signing
+
+    return Signer.load(sign)
+
+
+def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], list[str]]:
+    """The manifest, the files it lists, and (when signing) the SHA-256 of each of them, in order."""
     entries = scan_folder(root)
     if not options.allow_nested:
         _refuse_nested_checkpoints(root, entries)
@@ -113,8 +126,15 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
     config = config_digests(by_path)
     provenance = _provenance(options.provenance)
     spans = list(_spans(entries, layouts))
+    file_sha256: list[str] | None = [] if options.signer is not None else None
     digests = iter(
-        hash_spans(spans, threads=options.threads, use_mmap=options.use_mmap, on_progress=options.on_progress)
+        hash_spans(
+            spans,
+            threads=options.threads,
+            use_mmap=options.use_mmap,
+            on_progress=options.on_progress,
+            file_sha256=file_sha256,
+        )
     )
     for entry in entries:
         if restat(entry) != entry.signature:
@@ -132,7 +152,8 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
                 TensorRecord(t.name, t.dtype, t.shape, entry.path, (t.begin, t.end), next(digests))
             )
     identity = compute_identity(tuple(tensors), tuple(files), weights, config)
-    return Manifest(identity, tuple(tensors), tuple(files), weights, config, provenance), entries
+    manifest = Manifest(identity, tuple(tensors), tuple(files), weights, config, provenance)
+    return manifest, entries, file_sha256 or []
 
 
 def _refuse_nested_checkpoints(root: str, entries: list[FolderEntry]) -> None:
@@ -168,8 +189,14 @@ def publish(
     allow_nested: bool = False,
     base: str | os.PathLike[str] | None = None,
     adapter: str | os.PathLike[str] | None = None,
+    sign: str | os.PathLike[str] | SigningKey | None = None,
 ) -> Manifest:
     """Build the manifest of ``folder`` and write it to ``folder/ckptpub.json`` atomically.
+
+    ``sign`` (a private key's path, or a ``ckptpub.signing.SigningKey`` for a
+    certificate) also writes ``folder/model.sig``, a signature over every file and
+    the manifest that ``model_signing verify`` accepts (``pip install ckptpub[sign]``);
+    the key is loaded before anything is hashed or written.
 
     ``base`` and ``adapter`` record lineage for a merged or converted model: each
     is a published checkpoint folder or an identity (``blake3:<64 hex>``), recorded
@@ -186,20 +213,36 @@ def publish(
     'blake3:4f1c...'
     """
     provenance = _with_lineage(provenance, base=base, adapter=adapter)
-    options = _Options.checked(provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested)
+    options = _Options.checked(
+        provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested, sign
+    )
     root = resolve_folder(folder)
     try:
         before = os.stat(root)
     except OSError as error:
         raise CkptpubError(f"{root}: {error.strerror or error}") from None
-    manifest, entries = _build(root, options)
+    manifest, entries, file_sha256 = _build(root, options)
     try:
         write_manifest(root, manifest, _file_mode(entries))
+        if options.signer is not None:
+            _sign(root, manifest, entries, file_sha256, options.signer)
     finally:  # a failed write created and removed a temp file: the folder's mtime is restored then too
         problem = _restore_mtime(root, before)
     if problem is not None:
         raise CkptpubError(f"{root}: {MANIFEST_NAME} was written, but {problem}")
     return manifest
+
+
+def _sign(
+    root: str, manifest: Manifest, entries: list[FolderEntry], file_sha256: list[str], signer: Any
+) -> None:
+    """Write ``model.sig`` over the manifest just written (Ctrl-C held back as for the manifest)."""
+    from .signing import sign_checkpoint
+
+    symlinks = any(e.real_path != os.path.join(root, *e.path.split("/")) for e in entries)
+    sha256 = dict(zip((e.path for e in entries), file_sha256, strict=True))
+    with _interrupts_held():
+        sign_checkpoint(root, manifest, sha256, signer, allow_symlinks=symlinks, mode=_file_mode(entries))
 
 
 def _with_lineage(provenance: Any, **links: Any) -> Any:

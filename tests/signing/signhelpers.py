@@ -7,7 +7,6 @@ written as PEM files, the form ``model_signing`` and ``ckptpub`` take them in.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import os
 import subprocess
 import sys
@@ -21,7 +20,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 import ckptpub
-from ckptpub import signing
 
 
 @dataclass(frozen=True)
@@ -152,8 +150,5 @@ def write_signable_checkpoint(folder: Path) -> Path:
 
 
 def publish_signed(folder: Path, private_key: Path) -> ckptpub.Manifest:
-    """Publish ``folder`` and sign it with ``private_key``."""
-    manifest = ckptpub.publish(folder)
-    sha256 = {r.path: hashlib.sha256((folder / r.path).read_bytes()).hexdigest() for r in manifest.files}
-    signing.sign_checkpoint(str(folder), manifest, sha256, signing.Signer.load(private_key))
-    return manifest
+    """Publish ``folder`` and sign it with ``private_key`` (the Python API)."""
+    return ckptpub.publish(folder, sign=private_key)

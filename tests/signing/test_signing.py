@@ -255,3 +255,22 @@ def test_whole_file_sha256_comes_from_the_blake3_pass(signed: Path) -> None:
     last = max(i for i, span in enumerate(spans) if span.path.endswith("model-00001-of-00002.safetensors"))
     with pytest.raises(ckptpub.CkptpubError, match="spans do not cover the whole file"):
         hash_spans(spans[:last] + spans[last + 1 :], file_sha256=[])
+
+
+@pytest.mark.parametrize("kind", ["missing", "public key", "not PEM", "secp256k1"])
+def test_a_key_that_cannot_sign_fails_before_anything_is_written(
+    tmp_path: Path, keys: dict, kind: str
+) -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    folder = signhelpers.write_signable_checkpoint(tmp_path / "checkpoint")
+    before = sorted(p.name for p in folder.iterdir())
+    key = {
+        "missing": tmp_path / "absent.pem",
+        "public key": keys["trainer"].public,
+        "not PEM": folder / "tokenizer.json",
+        "secp256k1": signhelpers.make_key(tmp_path / "k1", "k1", ec.SECP256K1()).private,
+    }[kind]
+    with pytest.raises(ckptpub.CkptpubError, match=str(key)):
+        ckptpub.publish(folder, sign=key)
+    assert sorted(p.name for p in folder.iterdir()) == before

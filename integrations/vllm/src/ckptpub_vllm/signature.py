@@ -35,20 +35,37 @@ def trusted_from_env() -> tuple[str | None, tuple[str, ...]]:
     return public_key, chain
 
 
+def check_signed(folder: str, public_key: str | None, certificate_chain: tuple[str, ...]) -> ckptpub.Manifest:
+    """The folder's manifest once its signature holds for the trusted key or chain.
+
+    Raises ``CkptpubError`` (one line naming the first problem) otherwise.
+    """
+    from ckptpub import signing
+
+    check = signing.check_signature(folder, signing.TrustedKey(public_key, certificate_chain))
+    if check.manifest is None:
+        more = f" (and {len(check.problems) - 1} more)" if len(check.problems) > 1 else ""
+        raise ckptpub.CkptpubError(f"{folder}: not what the trusted key signed: {check.problems[0]}{more}")
+    return check.manifest
+
+
+def read_trusted_manifest(folder: str) -> ckptpub.Manifest:
+    """``ckptpub.read_manifest``, but only the signed manifest when the environment names a trusted key."""
+    public_key, chain = trusted_from_env()
+    if public_key is None and not chain:
+        return ckptpub.read_manifest(folder)
+    return check_signed(folder, public_key, chain)
+
+
 def signed_manifest(
     folder: str, public_key: str | None, certificate_chain: tuple[str, ...]
 ) -> ckptpub.Manifest:
-    """The folder's manifest once its signature holds for the trusted key or chain; refuses otherwise."""
-    from ckptpub import signing
-
+    """``check_signed`` for an engine or daemon: anything but a signed manifest is a refusal."""
     try:
-        check = signing.check_signature(folder, signing.TrustedKey(public_key, certificate_chain))
+        return check_signed(folder, public_key, certificate_chain)
     except ckptpub.CkptpubError as error:
-        raise RefusedError(folder, f"a signed checkpoint is required: {error}") from None
-    if check.manifest is None:
-        raise RefusedError.for_problems(
+        raise RefusedError(
             folder,
-            check.problems,
-            hint="it is not what the trusted key signed; verify it with `ckptpub verify --public-key`",
-        )
-    return check.manifest
+            f"a signed checkpoint is required: {error}",
+            hint="check it with `ckptpub verify --public-key` (or --certificate-chain)",
+        ) from None

@@ -43,6 +43,8 @@ from typing import Any
 
 import ckptpub
 
+from ..signature import read_trusted_manifest
+
 
 @dataclass(frozen=True)
 class Target:
@@ -126,7 +128,9 @@ class ManifestCache:
         if key not in self.manifests:
             if len(self.manifests) > 64:
                 self.manifests.clear()
-            self.manifests[key] = ckptpub.read_manifest(folder)
+            # With CKPTPUB_PUBLIC_KEY (ckptpub preload --public-key): only what the key signed; a failure
+            # is not cached, so a signature that lands after its manifest is seen at the next poll.
+            self.manifests[key] = read_trusted_manifest(folder)
         return self.manifests[key]
 
     def verify_problem(self, folder: str, stamp: tuple) -> str | None:

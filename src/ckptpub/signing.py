@@ -29,10 +29,16 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .compare import Problem
 from .errors import CkptpubError, NoManifestError
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from .safe_open import READ_FLAGS, kind_of, open_failure
 from .scan import SIGNATURE_NAME, TEMP_PREFIX, TEMP_SUFFIX, as_path
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
+if TYPE_CHECKING:
+    from .compare import VerifyReport
+    from .hashing import ProgressCallback
 
 #: Paths ``model_signing`` leaves out of a signature unless told otherwise (its "git paths"),
 #: each a file or a folder at the top of the checkpoint. ``model_signing verify`` leaves them
@@ -176,7 +182,8 @@ class SignatureCheck:
     """
 
     manifest: Manifest | None
-    problems: tuple[str, ...]
+    #: Each a ``Problem`` of kind ``signature``, as ``verify`` reports problems.
+    problems: tuple[Problem, ...]
 
     @property
     def ok(self) -> bool:
@@ -213,34 +220,62 @@ def check_signature(folder: str | os.PathLike[str], trusted: TrustedKey) -> Sign
         signature, trusted.public_key, trusted.certificate_chain, SIGNATURE_NAME
     )
     if isinstance(statement, str):
-        return SignatureCheck(None, (statement,))
+        return SignatureCheck(None, (Problem(SIGNATURE_NAME, "signature", statement),))
     problems = list(_serialization_problems(statement.serialization))
     signed_manifest = statement.resources.get(MANIFEST_NAME)
     if signed_manifest != (signing_backend.HASH, hashlib.sha256(manifest_bytes).hexdigest()):
         what = "is not among the signed files" if signed_manifest is None else "differs from the one signed"
-        problems.append(f"{MANIFEST_NAME}: {what}")
+        problems.append(Problem(MANIFEST_NAME, "signature", what))
     if problems:  # the manifest is not the signed one: nothing it lists can be trusted
         return SignatureCheck(None, tuple(problems))
     manifest = parse_manifest(manifest_bytes, os.path.join(root, MANIFEST_NAME))
     listed = {r.path for r in manifest.files if not is_unsigned_path(r.path)} | {MANIFEST_NAME}
     for path in sorted(listed - set(statement.resources)):
-        problems.append(f"{path}: listed in {MANIFEST_NAME} but not signed")
+        problems.append(Problem(path, "signature", f"listed in {MANIFEST_NAME} but not signed"))
     for path in sorted(set(statement.resources) - listed):
-        problems.append(f"{path}: signed but not listed in {MANIFEST_NAME}")
+        problems.append(Problem(path, "signature", f"signed but not listed in {MANIFEST_NAME}"))
     for path, (algorithm, _) in sorted(statement.resources.items()):
         if algorithm != signing_backend.HASH:
-            problems.append(f"{path}: signed with {algorithm}, not {signing_backend.HASH}")
+            problems.append(
+                Problem(path, "signature", f"signed with {algorithm}, not {signing_backend.HASH}")
+            )
     return SignatureCheck(None if problems else manifest, tuple(problems))
 
 
-def _serialization_problems(serialization: Mapping[str, object]) -> Sequence[str]:
+def _serialization_problems(serialization: Mapping[str, object]) -> Sequence[Problem]:
     """A signature must describe the files as ckptpub signs them (as ``model_signing verify`` checks them)."""
     method, hash_type = serialization.get("method"), serialization.get("hash_type")
     if method != "files" or hash_type != "sha256":
-        return [
-            f"{SIGNATURE_NAME}: signs a {method!r} serialization with {hash_type!r}, not 'files'/'sha256'"
-        ]
+        detail = f"signs a {method!r} serialization with {hash_type!r}, not 'files' with 'sha256'"
+        return [Problem(SIGNATURE_NAME, "signature", detail)]
     return []
+
+
+def verify_signed(
+    folder: str | os.PathLike[str],
+    trusted: TrustedKey,
+    *,
+    expect_identity: str | None = None,
+    threads: int | None = None,
+    use_mmap: bool = True,
+    on_progress: ProgressCallback | None = None,
+) -> VerifyReport:
+    """``check_signature``, then ``ckptpub.verify``: the signature covers exactly this manifest, and
+    the folder matches it byte for byte.
+
+    Signature problems come first in the report (kind ``signature``); the bytes are
+    checked either way, so a report names every difference. Raises what both raise.
+    """
+    from .compare import verify
+
+    check = check_signature(folder, trusted)
+    report = verify(
+        folder, expect_identity=expect_identity, threads=threads, use_mmap=use_mmap, on_progress=on_progress
+    )
+    problems = list(check.problems)
+    if check.manifest is not None and report.manifest != check.manifest:
+        problems.append(Problem(MANIFEST_NAME, "signature", "replaced while the folder was verified"))
+    return report._replace(problems=(*problems, *report.problems))
 
 
 def _read_small(root: str, name: str, limit: int) -> bytes | None:

@@ -111,7 +111,7 @@ def verify_bundle(
     try:
         signed = verifier.verify(signature)
     except Exception as error:  # noqa: BLE001 - any failure to verify untrusted bytes is a refusal
-        return f"{display_name}: signature does not verify: {_one_line(error) or type(error).__name__}"
+        return f"signature does not verify: {_one_line(error) or type(error).__name__}"
     resources = {
         item.identifier: (item.digest.algorithm, item.digest.digest_hex)
         for item in signed.resource_descriptors()

@@ -25,11 +25,8 @@ from ckptpub.hashing import Span, hash_spans
 
 def ckptpub_check(folder: Path, public_key: Path) -> list[str]:
     """What ckptpub finds wrong: the signature's problems, then (if it holds) verify's; [] if nothing."""
-    check = signing.check_signature(folder, signing.TrustedKey(public_key=str(public_key)))
-    if not check.ok:
-        return list(check.problems)
-    report = ckptpub.verify(folder)
-    return [str(problem) for problem in report.problems]
+    report = signing.verify_signed(folder, signing.TrustedKey(public_key=str(public_key)))
+    return [f"{problem.path}: {problem.detail}" for problem in report.problems]
 
 
 def test_a_signed_checkpoint_verifies_with_both(signed: Path, keys: dict) -> None:
@@ -104,7 +101,8 @@ def test_the_wrong_key_fails_both(signed: Path, keys: dict) -> None:
     check = signing.check_signature(signed, signing.TrustedKey(public_key=str(keys["stranger"].public)))
     assert not check.ok
     assert check.manifest is None
-    assert "model.sig: signature does not verify" in check.problems[0]
+    assert check.problems[0].path == "model.sig"
+    assert "signature does not verify" in check.problems[0].detail
 
 
 def test_a_removed_signature_fails_both(signed: Path, keys: dict) -> None:
@@ -133,7 +131,7 @@ def test_a_signature_that_leaves_the_manifest_out_is_refused(signed: Path, keys:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     check = signing.check_signature(signed, signing.TrustedKey(public_key=str(keys["trainer"].public)))
-    assert check.problems == ("ckptpub.json: is not among the signed files",)
+    assert [(p.path, p.detail) for p in check.problems] == [("ckptpub.json", "is not among the signed files")]
 
 
 def test_model_signing_own_signature_of_a_published_folder_is_accepted(signed: Path, keys: dict) -> None:

@@ -44,8 +44,11 @@ def check_signed(folder: str, public_key: str | None, certificate_chain: tuple[s
 
     check = signing.check_signature(folder, signing.TrustedKey(public_key, certificate_chain))
     if check.manifest is None:
+        first = check.problems[0]
         more = f" (and {len(check.problems) - 1} more)" if len(check.problems) > 1 else ""
-        raise ckptpub.CkptpubError(f"{folder}: not what the trusted key signed: {check.problems[0]}{more}")
+        raise ckptpub.CkptpubError(
+            f"{folder}: not what the trusted key signed: {first.path}: {first.detail}{more}"
+        )
     return check.manifest
 
 

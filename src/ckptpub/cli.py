@@ -134,6 +134,7 @@ def _flush_stdout() -> None:
 def _cmd_publish(args: Arguments) -> int:
     from .publishing import publish
 
+    sign = _signing_key(args)
     bar = ProgressBar("hashing")
     try:
         manifest = publish(
@@ -145,6 +146,7 @@ def _cmd_publish(args: Arguments) -> int:
             allow_nested=args.allow_nested,
             base=args.base,
             adapter=args.adapter,
+            sign=sign,
         )
     finally:
         bar.close()
@@ -171,15 +173,21 @@ def _cmd_publish(args: Arguments) -> int:
 def _cmd_verify(args: Arguments) -> int:
     from .compare import verify
 
+    trusted = _trusted_key(args)
     bar = ProgressBar("verifying")
+    options: dict[str, Any] = {
+        "expect_identity": args.expect_identity,
+        "threads": args.threads,
+        "use_mmap": not args.no_mmap,
+        "on_progress": bar,
+    }
     try:
-        report = verify(
-            args.folder,
-            expect_identity=args.expect_identity,
-            threads=args.threads,
-            use_mmap=not args.no_mmap,
-            on_progress=bar,
-        )
+        if trusted is None:
+            report = verify(args.folder, **options)
+        else:  # the signature first: it must cover exactly the manifest verified
+            from .signing import verify_signed
+
+            report = verify_signed(args.folder, trusted, **options)
     finally:
         bar.close()
     if args.json:
@@ -483,6 +491,9 @@ COMMANDS = (
                 "record the adapter merged into this model (a published folder or an identity)",
                 "DIR|ID",
             ),
+            Option("--sign", "also write model.sig, signed with this ECDSA private key (PEM)", "KEY"),
+            Option("--signing-certificate", "with --sign: sign as this certificate's holder (PEM)", "CERT"),
+            Option("--certificate-chain", "with --signing-certificate: its chain (PEM, one file)", "PEM"),
             _JSON,
         ),
     ),
@@ -494,6 +505,8 @@ COMMANDS = (
         (
             Option("--quiet", "print only failures"),
             Option("--expect-identity", "also fail unless the manifest's identity is ID", "ID"),
+            Option("--public-key", "also fail unless model.sig signs exactly this manifest with PUB", "PUB"),
+            Option("--certificate-chain", "as --public-key, trusting the chain's root (PEM)", "PEM"),
             *_HASHING,
             _JSON,
         ),
@@ -523,6 +536,28 @@ COMMANDS = (
         (_JSON,),
     ),
 )
+
+
+def _signing_key(args: Arguments) -> Any:
+    """``--sign KEY`` (with ``--signing-certificate``/``--certificate-chain``) as ``publish(sign=...)``."""
+    if args.sign is None and args.signing_certificate is None and args.certificate_chain is None:
+        return None
+    if args.sign is None:
+        raise CkptpubError("--signing-certificate and --certificate-chain need --sign KEY")
+    from .signing import SigningKey
+
+    chain = () if args.certificate_chain is None else (args.certificate_chain,)
+    return SigningKey(args.sign, args.signing_certificate, chain)
+
+
+def _trusted_key(args: Arguments) -> Any:
+    """``--public-key PUB`` or ``--certificate-chain PEM`` as a ``signing.TrustedKey`` (None: neither)."""
+    if args.public_key is None and args.certificate_chain is None:
+        return None
+    from .signing import TrustedKey
+
+    chain = () if args.certificate_chain is None else (args.certificate_chain,)
+    return TrustedKey(args.public_key, chain)
 
 
 def _print_json(value: Any) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import signhelpers
-from checkpoints import flip_byte, locate
+from checkpoints import flip_byte, locate, run_cli
 
 import ckptpub
 from ckptpub import signing
@@ -93,6 +93,35 @@ def test_any_change_fails_both(signed: Path, keys: dict, change: str) -> None:
     assert result.returncode != 0, f"model_signing verify accepted: {change}"
     assert "Verification failed" in result.stderr or "Signature mismatch" in result.stderr
     assert ckptpub_check(signed, keys["trainer"].public) != []
+    cli = run_cli("verify", signed, "--public-key", keys["trainer"].public, "--quiet")
+    assert cli.returncode == 1, cli.stdout + cli.stderr
+    assert "FAILED" in cli.stdout
+    assert "Traceback" not in cli.stderr
+
+
+def test_the_cli_signs_and_verifies(tmp_path: Path, keys: dict) -> None:
+    """``ckptpub publish --sign`` then ``ckptpub verify --public-key``: real subprocesses, exit codes."""
+    folder = signhelpers.write_signable_checkpoint(tmp_path / "checkpoint")
+    published = run_cli("publish", folder, "--sign", keys["trainer"].private)
+    assert published.returncode == 0, published.stderr
+    assert signhelpers.model_signing_verify(folder, keys["trainer"].public).returncode == 0
+    ok = run_cli("verify", folder, "--public-key", keys["trainer"].public)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "model.sig" not in ok.stdout  # the signature is not content: never "added"
+    assert run_cli("verify", folder).returncode == 0
+    stranger = run_cli("verify", folder, "--public-key", keys["stranger"].public)
+    assert stranger.returncode == 1
+    assert "model.sig: FAILED (signature: signature does not verify" in stranger.stdout
+    (folder / "model.sig").unlink()
+    unsigned = run_cli("verify", folder, "--public-key", keys["trainer"].public)
+    assert unsigned.returncode == 2
+    assert unsigned.stderr.strip().splitlines() == [
+        f"ckptpub: error: {folder}: no model.sig, so it is not signed; publish it with --sign KEY (sign=...)"
+    ]
+    bad_key = run_cli("publish", folder, "--sign", keys["trainer"].public)
+    assert bad_key.returncode == 2
+    assert "cannot sign with this key" in bad_key.stderr
+    assert not (folder / "model.sig").exists()
 
 
 def test_the_wrong_key_fails_both(signed: Path, keys: dict) -> None:

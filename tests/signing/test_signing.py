@@ -301,3 +301,36 @@ def test_a_key_that_cannot_sign_fails_before_anything_is_written(
     with pytest.raises(ckptpub.CkptpubError, match=str(key)):
         ckptpub.publish(folder, sign=key)
     assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_a_folder_with_a_symlink_inside(tmp_path: Path, keys: dict) -> None:
+    """A symlink to a file inside counts as that file (ckptpub's rule); the signature records
+    allow_symlinks, and model_signing verifies it with --allow_symlinks (its CLI ignores the flag
+    stored in the signature), and only with it."""
+    folder = signhelpers.write_signable_checkpoint(tmp_path / "checkpoint")
+    (folder / "tokenizer_config.json").symlink_to("tokenizer.json")
+    ckptpub.publish(folder, sign=keys["trainer"].private)
+    command = (
+        "verify",
+        "key",
+        folder,
+        "--signature",
+        folder / "model.sig",
+        "--public_key",
+        keys["trainer"].public,
+    )
+    assert signhelpers.model_signing_cli(*command, "--allow_symlinks").returncode == 0
+    assert signhelpers.model_signing_cli(*command).returncode != 0
+    assert ckptpub_check(folder, keys["trainer"].public) == []
+
+
+def test_the_cli_signs_with_a_certificate(tmp_path: Path, certificates: dict) -> None:
+    company, other = certificates["company"], certificates["other"]
+    folder = signhelpers.write_signable_checkpoint(tmp_path / "checkpoint")
+    published = run_cli(
+        "publish", folder, "--sign", company.private,
+        "--signing-certificate", company.certificate, "--certificate-chain", company.root,
+    )  # fmt: skip
+    assert published.returncode == 0, published.stderr
+    assert run_cli("verify", folder, "--certificate-chain", company.root).returncode == 0
+    assert run_cli("verify", folder, "--certificate-chain", other.root).returncode == 1

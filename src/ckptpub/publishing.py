@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .hashing import ProgressCallback
-    from .signing import SigningKey
+    from .signing import Signer, SigningKey
 
 
 def build_manifest(
@@ -189,7 +189,7 @@ def publish(
     allow_nested: bool = False,
     base: str | os.PathLike[str] | None = None,
     adapter: str | os.PathLike[str] | None = None,
-    sign: str | os.PathLike[str] | SigningKey | None = None,
+    sign: str | os.PathLike[str] | SigningKey | Signer | None = None,
 ) -> Manifest:
     """Build the manifest of ``folder`` and write it to ``folder/ckptpub.json`` atomically.
 

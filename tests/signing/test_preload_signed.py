@@ -3,7 +3,7 @@
 Real processes: the supervisor (``python -m ckptpub preload --follow RUN``) and the
 stand-in daemon of ``tests/preload`` (vLLM's daemon needs CUDA IPC), which computes its
 weight-cache key in its own process with the plugin's ``checkpoint_key``, as a real
-``vllm preload`` daemon does. The key reaches both through ``CKPTPUB_PUBLIC_KEY``.
+``vllm preload`` daemon does. ``--public-key`` reaches the daemons through ``CKPTPUB_PUBLIC_KEY``.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ def test_follow_preloads_only_signed_steps(tmp_path: Path, keys: dict) -> None:
     run.append(10, "checkpoint-10", unsigned_10)
     stranger_15 = _checkpoint(run.root / "checkpoint-15", 15, keys["stranger"].private)
     run.append(15, "checkpoint-15", stranger_15)
-    env = {"CKPTPUB_PUBLIC_KEY": str(keys["trainer"].public)}
-    sup = SupervisorProc(tmp_path, ["--follow", str(run.root)], env=env).start()
+    sup = SupervisorProc(
+        tmp_path, ["--follow", str(run.root)], extra_opts=["--public-key", str(keys["trainer"].public)]
+    ).start()
     try:
         wait_for(ready_with(sup, signed_5), 60, "the signed step 5 held", sup)
         signed_20 = _checkpoint(run.root / "checkpoint-20", 20, keys["trainer"].private)
@@ -67,3 +68,16 @@ def test_a_daemon_refuses_an_unsigned_checkpoint_itself(tmp_path: Path, keys: di
     assert result.returncode == 3, result.stdout + result.stderr
     assert "ckptpub: refusing to serve" in result.stdout
     assert "a signed checkpoint is required" in result.stdout
+
+
+def test_an_unsigned_model_dir_is_refused_at_start(tmp_path: Path, keys: dict) -> None:
+    folder = tmp_path / "checkpoint"
+    _checkpoint(folder, 1, None)
+    result = subprocess.run(
+        [sys.executable, "-m", "ckptpub", "preload", str(folder), "--public-key", str(keys["trainer"].public),
+         "--state-dir", str(tmp_path / "state")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    why = f"{folder}: no model.sig, so it is not signed; publish it with --sign KEY (sign=...)"
+    assert result.stderr.strip().splitlines() == [f"ckptpub preload: error: {why}"]

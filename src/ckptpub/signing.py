@@ -70,11 +70,11 @@ class SigningKey:
             return value
         return cls(as_path(value, "sign"))
 
-    def __post_init__(self) -> None:
-        as_path(self.private_key, "private_key")
+    def __post_init__(self) -> None:  # paths as str (PathLike and bytes accepted), or a CkptpubError
+        _set(self, "private_key", as_path(self.private_key, "private_key"))
         if self.signing_certificate is not None:
-            as_path(self.signing_certificate, "signing_certificate")
-        _paths(self.certificate_chain, "certificate_chain")
+            _set(self, "signing_certificate", as_path(self.signing_certificate, "signing_certificate"))
+        _set(self, "certificate_chain", _paths(self.certificate_chain, "certificate_chain"))
         if self.certificate_chain and self.signing_certificate is None:
             raise CkptpubError("certificate_chain: given without the signing_certificate it vouches for")
 
@@ -89,10 +89,10 @@ class TrustedKey:
     public_key: str | None = None
     certificate_chain: tuple[str, ...] = ()
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # paths as str (PathLike and bytes accepted), or a CkptpubError
         if self.public_key is not None:
-            as_path(self.public_key, "public_key")
-        _paths(self.certificate_chain, "certificate_chain")
+            _set(self, "public_key", as_path(self.public_key, "public_key"))
+        _set(self, "certificate_chain", _paths(self.certificate_chain, "certificate_chain"))
         if (self.public_key is None) == (not self.certificate_chain):
             raise CkptpubError("give either a public key or a certificate chain to verify a signature with")
 
@@ -122,11 +122,15 @@ class Signer:
         return signing_backend.sign_statement(model_name, resources, ignored, allow_symlinks, self._backend)
 
 
-def _paths(values: object, what: str) -> None:
-    if not isinstance(values, tuple):
-        raise CkptpubError(f"{what}: expected a tuple of paths, got {type(values).__name__}")
-    for value in values:
-        as_path(value, what)
+def _paths(values: object, what: str) -> tuple[str, ...]:
+    if not isinstance(values, (tuple, list)):
+        raise CkptpubError(f"{what}: expected a list of paths, got {type(values).__name__}")
+    return tuple(as_path(value, what) for value in values)
+
+
+def _set(instance: object, name: str, value: object) -> None:
+    """Normalise a field of a frozen dataclass in ``__post_init__``."""
+    object.__setattr__(instance, name, value)
 
 
 def is_unsigned_path(path: str) -> bool:

@@ -334,3 +334,20 @@ def test_the_cli_signs_with_a_certificate(tmp_path: Path, certificates: dict) ->
     assert published.returncode == 0, published.stderr
     assert run_cli("verify", folder, "--certificate-chain", company.root).returncode == 0
     assert run_cli("verify", folder, "--certificate-chain", other.root).returncode == 1
+
+
+@pytest.mark.parametrize("sign", [123, "", b"a\0b", ["key.pem"], signing.SigningKey("k.pem")])
+def test_bad_sign_arguments_are_one_line_errors(tmp_path: Path, sign: object) -> None:
+    folder = signhelpers.write_signable_checkpoint(tmp_path / "checkpoint")
+    with pytest.raises(ckptpub.CkptpubError) as raised:
+        ckptpub.publish(folder, sign=sign)
+    assert "\n" not in str(raised.value)
+    assert not (folder / "ckptpub.json").exists()
+
+
+def test_trusted_key_takes_exactly_one_of_key_or_chain() -> None:
+    with pytest.raises(ckptpub.CkptpubError, match="either a public key or a certificate chain"):
+        signing.TrustedKey()
+    with pytest.raises(ckptpub.CkptpubError, match="either a public key or a certificate chain"):
+        signing.TrustedKey("key.pub", ("root.pem",))
+    assert signing.TrustedKey(certificate_chain=[Path("root.pem")]).certificate_chain == ("root.pem",)

@@ -1,37 +1,43 @@
 """Build a manifest from a folder's bytes and write it atomically next to them.
 
-Writing goes through a temporary file in the folder, fsync, rename and a directory
-fsync, so a reader (or a crash) sees either no manifest, the old one, or the
-complete new one. The folder's modification time is restored afterwards because
+Writing goes through ``jsonfiles.write_atomically`` (a temporary file in the folder,
+fsync, rename and a directory fsync), so a reader (or a crash) sees either no
+manifest, the old one, or the complete new one. The folder's modification time is restored afterwards because
 the Trainer's ``save_total_limit`` rotation orders checkpoints by it.
 """
 
 from __future__ import annotations
 
-import _signal  # what ``signal`` wraps; ``signal`` itself imports enum, 2 ms of every publish's start-up
 import os
 import time
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .canonical import canonical_json
 from .errors import CkptpubError
-from .hashing import Span, hash_spans
-from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, FileRecord, Manifest, TensorRecord, compute_identity
+from .hashing import DIGEST_PREFIX, Span, hash_spans
+from .jsonfiles import write_atomically
+from .manifest import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    FileRecord,
+    Manifest,
+    TensorRecord,
+    check_identity,
+    compute_identity,
+)
 from .model_files import config_digests, is_shard_path, weight_files
+from .read import read_manifest
+from .run_index import INDEX_NAME
 from .safetensors import ShardLayout, read_layout
-from .scan import TEMP_PREFIX, TEMP_SUFFIX, FolderEntry, resolve_folder, restat, scan_folder
+from .scan import FolderEntry, as_path, resolve_folder, restat, scan_folder
+
+if TYPE_CHECKING:  # hashing defines the alias for type checkers only
+    from .hashing import ProgressCallback
 
 #: Provenance nested deeper than this is refused (it is a record of facts, not a data store).
 MAX_PROVENANCE_DEPTH = 64
-#: Names that mark a training run's folder (or a folder of checkpoints), not one checkpoint.
-_RUN_INDEX_NAME = "ckptpub-index.jsonl"
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from typing import Any
-
-    from .hashing import ProgressCallback
 
 
 def build_manifest(
@@ -141,7 +147,7 @@ def _refuse_nested_checkpoints(root: str, entries: list[FolderEntry]) -> None:
         parts = entry.path.split("/")
         nested = (
             parts[-1] == MANIFEST_NAME
-            or entry.path == _RUN_INDEX_NAME
+            or entry.path == INDEX_NAME
             or (len(parts) > 1 and _is_checkpoint_name(parts[0]))
         )
         if nested:
@@ -216,14 +222,8 @@ def _with_lineage(provenance: Any, **links: Any) -> Any:
 
 
 def _identity_of(value: Any, what: str) -> str:
-    from .manifest import is_digest
-    from .read import read_manifest
-    from .scan import as_path
-
-    if isinstance(value, str) and value.startswith("blake3:"):
-        if not is_digest(value):
-            raise CkptpubError(f"{what}: {value!r} is not of the form blake3:<64 hex>")
-        return value
+    if isinstance(value, str) and value.startswith(DIGEST_PREFIX):
+        return check_identity(value, what)
     path = as_path(value, what)
     try:
         return read_manifest(path).identity
@@ -232,12 +232,10 @@ def _identity_of(value: Any, what: str) -> str:
 
 
 def write_manifest(root: str, manifest: Manifest, mode: int) -> None:
-    """Write ``manifest`` into the real folder ``root``: temp file, fsync, rename, fsync the folder.
+    """Write ``manifest`` into the real folder ``root`` atomically (``jsonfiles.write_atomically``).
 
-    Refuses a manifest over the size readers accept before writing anything. In
-    the main thread, Ctrl-C (SIGINT) is held back while the temporary file exists:
-    it takes effect once the manifest is complete or the temporary file is
-    removed, so an interrupt never leaves one behind.
+    Refuses a manifest over the size readers accept before writing anything.
+    Ctrl-C in the main thread never leaves a temporary file behind.
     """
     data = manifest.to_json()
     if len(data) > MAX_MANIFEST_BYTES:
@@ -245,60 +243,10 @@ def write_manifest(root: str, manifest: Manifest, mode: int) -> None:
             f"{MANIFEST_NAME}: {len(data)} bytes would be over the {MAX_MANIFEST_BYTES}-byte manifest "
             f"limit readers accept; not written"
         )
-    with _interrupts_held():
-        _write_atomically(root, data, mode)
+    write_atomically(os.path.join(root, MANIFEST_NAME), data, mode)
 
 
-def _write_atomically(root: str, data: bytes, mode: int) -> None:
-    target = os.path.join(root, MANIFEST_NAME)
-    temp = os.path.join(root, f"{TEMP_PREFIX}{os.urandom(8).hex()}{TEMP_SUFFIX}")
-    try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    except OSError as error:
-        raise CkptpubError(f"{MANIFEST_NAME}: cannot write in {root}: {error.strerror or error}") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, target)
-        _fsync_folder(root)
-    except OSError as error:
-        _remove_quietly(temp)
-        raise CkptpubError(f"{MANIFEST_NAME}: cannot write in {root}: {error.strerror or error}") from None
-    except BaseException:
-        _remove_quietly(temp)
-        raise
-
-
-class _interrupts_held:
-    """Hold back SIGINT while the block runs, then act on it: its Python handler runs once the block is done.
-
-    Only the main thread can set signal handlers (and Python runs them there);
-    elsewhere (the Trainer callback's publishing thread) this does nothing.
-    """
-
-    def __enter__(self) -> None:
-        self.caught = False
-        try:
-            self.previous = _signal.signal(_signal.SIGINT, self._note)
-        except ValueError:  # not the main thread
-            self.previous = None
-
-    def _note(self, signum: int, frame: object) -> None:
-        self.caught = True
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self.previous is None:
-            return
-        _signal.signal(_signal.SIGINT, self.previous)
-        if self.caught and callable(self.previous):
-            self.previous(_signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt here
-        elif self.caught and self.previous == _signal.SIG_DFL:
-            os.kill(os.getpid(), _signal.SIGINT)  # what the interrupt would have done
-
-
-def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]):
+def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]) -> Iterator[Span]:
     """Per file: the whole file, or for a shard its header then each tensor (the order records are built in)."""
     for entry in entries:
         layout = layouts.get(entry.path)
@@ -358,18 +306,3 @@ def _restore_mtime(root: str, before: os.stat_result) -> str | None:
     except OSError as error:
         return f"the folder's modification time could not be restored: {error.strerror or error}"
     return None
-
-
-def _fsync_folder(root: str) -> None:
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

@@ -8,16 +8,8 @@ import shutil
 
 from checkpoints import flip_byte, locate
 from ckptpub_vllm.preload import daemon_process
-from ckptpub_vllm.preload.decide import (
-    Failure,
-    Held,
-    ManifestCache,
-    Target,
-    decide,
-    explain_change,
-    observe_folder,
-    observe_run,
-)
+from ckptpub_vllm.preload.decide import Failure, Held, Target, decide, explain_change
+from ckptpub_vllm.preload.observe import ManifestCache, manifests_to_compare, observe_folder, observe_run
 from preload_helpers import Run, make_checkpoint
 
 import ckptpub
@@ -84,6 +76,14 @@ def test_explain_change_from_manifests(tmp_path):
     why, text = explain_change(ma, mc)
     assert why == "weights-changed" and "model.norm.weight" in text
     assert explain_change(ma, None)[0] == "identity-changed"
+    # decide takes what observe read: the two manifests explain the replacement, no file is opened
+    cache = ManifestCache()
+    h = held(folder=str(a), identity=ma.identity, stamp=None)
+    t = observe_folder(str(c), cache)
+    decision = decide(h, t, held_manifest=ma, target_manifest=mc)
+    assert (decision.action, decision.why) == ("replace", "weights-changed")
+    assert manifests_to_compare(h, t, cache) == (ma, mc)
+    assert manifests_to_compare(held(folder=str(c), identity=mc.identity), t, cache) == (None, None)
 
 
 def test_observe_folder_follows_symlinks_and_reports_problems(tmp_path):

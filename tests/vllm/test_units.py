@@ -39,6 +39,30 @@ def test_options_are_taken_out_and_the_rest_is_left_for_vllm(monkeypatch):
         split_extra_config({"hash_threads": 0})
 
 
+@pytest.mark.parametrize(
+    "identity",
+    [
+        "blake3:" + "g" * 64,  # 71 characters, not hex: was accepted before the one identity check
+        "blake3:" + "A" * 64,  # upper case: never what ckptpub writes, so it would match nothing
+        "blake3:" + "0" * 63 + " ",
+        "blake3:" + "0" * 63,
+        "sha256:" + "0" * 64,
+        7,
+    ],
+)
+def test_a_malformed_expect_identity_is_refused_with_a_clear_message(identity):
+    with pytest.raises(ValueError) as raised:
+        split_extra_config({"expect_identity": identity})
+    assert str(raised.value) == (
+        f"manifest_cache option 'expect_identity': {identity!r} is not of the form blake3:<64 lowercase hex digits>"
+    )
+
+
+def test_a_wellformed_expect_identity_is_kept():
+    identity = "blake3:" + "0123456789abcdef" * 4
+    assert split_extra_config({"expect_identity": identity})[0].expect_identity == identity
+
+
 def test_clean_stream_verifies(models):
     v = verifier(models["v1"], threads=2, max_pending_mib=1)  # tiny window: exercises back-pressure
     for _ in v.wrap(stream(models["v1"])):

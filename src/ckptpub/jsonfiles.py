@@ -21,6 +21,7 @@ and strict (``strict_json``): what a writer here wrote always reads back.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,7 +48,7 @@ def write_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
     """
     folder, name = os.path.split(path)
     temp = os.path.join(folder, f".{name}.{os.urandom(8).hex()}{TEMP_SUFFIX}")
-    with _interrupts_held():
+    with _InterruptsHeld():
         try:
             fd = os.open(temp, _CREATE_FLAGS, mode)
         except OSError as error:
@@ -73,7 +74,7 @@ def write_json(path: str, value: Any, mode: int = 0o644) -> None:
 
 
 def read_json(path: str, limit: int, display_name: str) -> Any:
-    """The JSON document at ``path``, at most ``limit`` bytes, decoded strictly; ``CkptpubError`` otherwise."""
+    """The JSON document at ``path`` (at most ``limit`` bytes), decoded strictly; else ``CkptpubError``."""
     return loads_strict(read_bounded(path, limit, display_name), display_name, "JSON document")
 
 
@@ -123,7 +124,7 @@ def read_lines(
         yield number, value
 
 
-class _interrupts_held:
+class _InterruptsHeld:
     """Hold back SIGINT while the block runs, then act on it: its Python handler runs once the block is done.
 
     Only the main thread can set signal handlers (and Python runs them there);
@@ -166,7 +167,5 @@ def _fsync_folder(folder: str) -> None:
 
 
 def _remove_quietly(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass

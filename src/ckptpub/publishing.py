@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
@@ -64,11 +65,16 @@ def build_manifest(
     return _build(resolve_folder(folder), options)[0]
 
 
+@dataclass(frozen=True)
 class _Options:
     """The keyword arguments of ``publish``/``build_manifest``, checked once at the API boundary."""
 
-    def __init__(self, **values: Any) -> None:
-        self.__dict__.update(values)
+    provenance: Mapping[str, Any] | None
+    threads: int | None
+    use_mmap: bool
+    on_progress: ProgressCallback | None
+    allow_no_weights: bool
+    allow_nested: bool
 
     @classmethod
     def checked(
@@ -104,7 +110,7 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
         _refuse_nested_checkpoints(root, entries)
     by_path = {e.path: e for e in entries}
     layouts = {
-        e.path: read_layout(e.real_path, e.path, e.signature[:2]) for e in entries if is_shard_path(e.path)
+        e.path: read_layout(e.real_path, e.path, _file_id(e)) for e in entries if is_shard_path(e.path)
     }
     for path, layout in layouts.items():
         if layout.header_size + (layout.tensors[-1].end if layout.tensors else 0) != by_path[path].size:
@@ -113,7 +119,8 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
     if not weights and not options.allow_no_weights:
         what = "is empty" if not entries else "has no weight files (no *.safetensors at its top level)"
         raise CkptpubError(
-            f"{root}: {what}, so it is probably not a model checkpoint; publish the checkpoint folder itself, "
+            f"{root}: {what}, so it is probably not a model checkpoint; "
+            "publish the checkpoint folder itself, "
             f"or pass --allow-no-weights (allow_no_weights=True) for a layout without safetensors weights"
         )
     config = config_digests(by_path)
@@ -129,11 +136,9 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
             )
     files, tensors = [], []
     for entry in entries:
-        layout = layouts.get(entry.path)
-        files.append(
-            FileRecord(entry.path, entry.size, next(digests), layout.header_size if layout else None)
-        )
-        for t in layout.tensors if layout else ():
+        shard = layouts.get(entry.path)
+        files.append(FileRecord(entry.path, entry.size, next(digests), shard.header_size if shard else None))
+        for t in shard.tensors if shard else ():
             tensors.append(
                 TensorRecord(t.name, t.dtype, t.shape, entry.path, (t.begin, t.end), next(digests))
             )
@@ -142,7 +147,7 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
 
 
 def _refuse_nested_checkpoints(root: str, entries: list[FolderEntry]) -> None:
-    """Refuse a folder that holds checkpoints (a run folder): publishing it would hide them in one manifest."""
+    """Refuse a folder that holds checkpoints (a run folder): one manifest would hide them."""
     for entry in entries:
         parts = entry.path.split("/")
         nested = (
@@ -152,7 +157,8 @@ def _refuse_nested_checkpoints(root: str, entries: list[FolderEntry]) -> None:
         )
         if nested:
             raise CkptpubError(
-                f"{root}: holds other checkpoints ({entry.path}); it looks like a training run's folder. Publish each "
+                f"{root}: holds other checkpoints ({entry.path}); "
+                f"it looks like a training run's folder. Publish each "
                 f"checkpoint folder instead, or pass --allow-nested (allow_nested=True) to publish it as one"
             )
 
@@ -247,10 +253,10 @@ def write_manifest(root: str, manifest: Manifest, mode: int) -> None:
 
 
 def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]) -> Iterator[Span]:
-    """Per file: the whole file, or for a shard its header then each tensor (the order records are built in)."""
+    """Per file: the whole file, or for a shard its header then each tensor (the records' order)."""
     for entry in entries:
         layout = layouts.get(entry.path)
-        identity = entry.signature[:2]
+        identity = _file_id(entry)
         if layout is None:
             yield Span(entry.real_path, 0, entry.size, entry.path, identity)
             continue
@@ -260,6 +266,11 @@ def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]) -> It
             yield Span(
                 entry.real_path, base + t.begin, base + t.end, f"{entry.path}: tensor {t.name!r}", identity
             )
+
+
+def _file_id(entry: FolderEntry) -> tuple[int, int]:
+    """``(st_dev, st_ino)`` the scan saw: a later open must find this very file."""
+    return entry.signature[0], entry.signature[1]
 
 
 def _provenance(extra: Mapping[str, Any] | None) -> dict[str, Any]:

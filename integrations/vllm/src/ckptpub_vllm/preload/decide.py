@@ -41,6 +41,9 @@ from typing import Any
 
 import ckptpub
 
+#: ``(inode, mtime_ns, size)`` of a folder's ``ckptpub.json``: changes on every publish (atomic rename).
+Stamp = tuple[int, int, int]
+
 
 @dataclass(frozen=True)
 class Target:
@@ -48,7 +51,7 @@ class Target:
 
     folder: str | None = None  # real path (symlinks resolved) the daemon is given
     identity: str | None = None
-    stamp: tuple[int, int, int] | None = None  # (inode, mtime_ns, size) of ckptpub.json
+    stamp: Stamp | None = None
     step: int | None = None
     error: str | None = None
     notes: tuple[str, ...] = ()
@@ -73,7 +76,7 @@ class Held:
 
     identity: str
     folder: str
-    stamp: tuple[int, int, int] | None
+    stamp: Stamp | None
     pid: int
     since: float
     alive: bool = True
@@ -153,21 +156,20 @@ def decide(
 
     short = _short(target.identity)
     where = f"{target.folder}" + (f" (step {target.step})" if target.step is not None else "")
-    failed = failure is not None and failure.identity == target.identity
-    if failed and now < failure.retry_at:
+    failed = failure if failure is not None and failure.identity == target.identity else None
+    if failed is not None and now < failed.retry_at:
         return Decision(
             "wait",
             "backoff",
-            f"{short} failed {failure.count} time(s) in a row ({failure.error}); "
-            f"next try in {max(0.0, failure.retry_at - now):.0f}s",
+            f"{short} failed {failed.count} time(s) in a row ({failed.error}); "
+            f"next try in {max(0.0, failed.retry_at - now):.0f}s",
         )
-    if failed and (held is None or (held.alive and held.identity != target.identity)):
+    if failed is not None and (held is None or (held.alive and held.identity != target.identity)):
         action = "replace" if held else "start"
         return Decision(
             action,
             "retry",
-            f"retrying the preload of {short} from {where} "
-            f"after {failure.count} failure(s) ({failure.error})",
+            f"retrying the preload of {short} from {where} after {failed.count} failure(s) ({failed.error})",
         )
 
     if held is None:
@@ -179,7 +181,8 @@ def decide(
             return Decision(
                 "restart",
                 "daemon-died",
-                f"daemon pid {held.pid} holding {short} exited{code}; restarting the same identity from {where}",
+                f"daemon pid {held.pid} holding {short} exited{code}; "
+                f"restarting the same identity from {where}",
             )
         return Decision(
             "start",

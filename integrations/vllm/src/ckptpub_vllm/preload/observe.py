@@ -15,7 +15,7 @@ from typing import Any
 import ckptpub
 from ckptpub.errors import and_more
 
-from .decide import Held, Target
+from .decide import Held, Stamp, Target
 
 #: Run-index lines that are not records are named, up to this many, then counted.
 MAX_SKIPPED_NOTES = 50
@@ -29,11 +29,12 @@ class ManifestCache:
     re-hash) runs once per published manifest, not once per poll.
     """
 
-    manifests: dict[tuple, Any] = field(default_factory=dict)
-    verdicts: dict[tuple, str | None] = field(default_factory=dict)
+    manifests: dict[tuple[str, Stamp | None], ckptpub.Manifest] = field(default_factory=dict)
+    verdicts: dict[tuple[str, Stamp], str | None] = field(default_factory=dict)
     verify: Callable[[str], Any] = ckptpub.verify
 
-    def manifest(self, folder: str, stamp: tuple) -> Any:
+    def manifest(self, folder: str, stamp: Stamp | None) -> ckptpub.Manifest:
+        """The manifest of ``folder`` as published at ``stamp`` (read once)."""
         key = (folder, stamp)
         if key not in self.manifests:
             if len(self.manifests) > 64:
@@ -41,7 +42,7 @@ class ManifestCache:
             self.manifests[key] = ckptpub.read_manifest(folder)
         return self.manifests[key]
 
-    def verify_problem(self, folder: str, stamp: tuple) -> str | None:
+    def verify_problem(self, folder: str, stamp: Stamp) -> str | None:
         """``None`` when ``ckptpub verify`` passes, else its first problem (cached)."""
         key = (folder, stamp)
         if key not in self.verdicts:
@@ -63,8 +64,8 @@ def _first_problem(report: Any) -> str:
     return and_more(text, len(problems) - 1)
 
 
-def manifest_stamp(folder: str) -> tuple[int, int, int]:
-    """``(inode, mtime_ns, size)`` of the folder's manifest: changes on every publish (atomic rename)."""
+def manifest_stamp(folder: str) -> Stamp:
+    """The folder's manifest :data:`~.decide.Stamp` now."""
     info = os.stat(os.path.join(folder, ckptpub.MANIFEST_NAME))
     return (info.st_ino, info.st_mtime_ns, info.st_size)
 
@@ -154,7 +155,9 @@ def observe_run(run_dir: str, cache: ManifestCache, *, verified_only: bool = Fal
     )
 
 
-def manifests_to_compare(held: Held | None, target: Target, cache: ManifestCache) -> tuple[Any, Any]:
+def manifests_to_compare(
+    held: Held | None, target: Target, cache: ManifestCache
+) -> tuple[ckptpub.Manifest | None, ckptpub.Manifest | None]:
     """(held manifest, target manifest) when a live daemon holds another identity, for ``decide`` to explain.
 
     ``None`` for either one that cannot be read (the held folder rotated away); both
@@ -165,7 +168,7 @@ def manifests_to_compare(held: Held | None, target: Target, cache: ManifestCache
     return _cached(cache, held.folder, held.stamp), _cached(cache, target.folder, target.stamp)
 
 
-def _cached(cache: ManifestCache, folder: str | None, stamp: tuple[int, int, int] | None) -> Any:
+def _cached(cache: ManifestCache, folder: str | None, stamp: Stamp | None) -> ckptpub.Manifest | None:
     if folder is None:
         return None
     try:

@@ -19,6 +19,7 @@ line, which readers skip.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -65,10 +66,8 @@ def read_json(path: str) -> Any | None:
 
 def remove(path: str) -> None:
     """Remove ``path`` if it is there."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def append_decision(state_dir: str, entry: dict[str, Any]) -> None:
@@ -147,7 +146,8 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
     alive = "running" if status.get("supervisor_alive") else "not running"
     lines = [
         f"state:      {status.get('state', '?')}",
-        f"supervisor: pid {status.get('supervisor_pid', '?')} ({alive}), updated {_when(status.get('updated'), now)}",
+        f"supervisor: pid {status.get('supervisor_pid', '?')} ({alive}), "
+        f"updated {_when(status.get('updated'), now)}",
         f"held:       {held.get('identity') or '(nothing)'}",
     ]
     if held:

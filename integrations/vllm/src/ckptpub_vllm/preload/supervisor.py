@@ -104,7 +104,7 @@ class Supervisor:
         self.generation = 0
         self.state = State.STARTING
         self.last_decision: dict[str, Any] | None = None
-        self.last_logged: tuple | None = None
+        self.last_logged: tuple[str, str] | None = None
         self.last_error: str | None = None
 
     # ---------------------------------------------------------------- state
@@ -172,7 +172,7 @@ class Supervisor:
         return Held(
             identity=d.identity,
             folder=d.folder,
-            stamp=tuple(d.stamp) if d.stamp else None,
+            stamp=(d.stamp[0], d.stamp[1], d.stamp[2]) if d.stamp and len(d.stamp) == 3 else None,
             pid=d.pid,
             since=d.ready_at or d.since,
             alive=not self.held_dead,
@@ -247,12 +247,13 @@ class Supervisor:
         st.remove(os.path.join(self.state_dir, st.DAEMON))
 
     def _backoff(self, count: int) -> float:
-        return min(self.cfg.max_retry_delay, self.cfg.retry_delay * (2 ** max(0, count - 1)))
+        return min(self.cfg.max_retry_delay, self.cfg.retry_delay * 2.0 ** max(0, count - 1))
 
     # -------------------------------------------------------------- preload
 
     def _preload(self, target: Target, decision: Decision) -> None:
-        assert target.identity is not None and target.folder is not None
+        assert target.identity is not None
+        assert target.folder is not None
         self.generation += 1
         gen = self.generation
         socket_dir = self.cfg.socket_dir or os.path.join(self.state_dir, "sockets", f"g{gen}")
@@ -442,9 +443,8 @@ class Supervisor:
             if self.held_dead:
                 parts.append(f"daemon pid {self.held.pid} had already exited")
             else:
-                parts.append(
-                    f"daemon pid {self.held.pid} ({self.held.identity}) {self.held.stop(self.cfg.stop_timeout)}"
-                )
+                how = self.held.stop(self.cfg.stop_timeout)
+                parts.append(f"daemon pid {self.held.pid} ({self.held.identity}) {how}")
             self._forget(self.held)
         self.held = None
         self._move_to(State.STOPPED)

@@ -21,7 +21,8 @@ def test_a_document_replaces_whatever_link_is_at_its_name_and_writes_nothing_thr
     os.symlink(outside, folder / "status.json")
     jsonfiles.write_json(str(folder / "status.json"), {"state": "ready", "n": [1, 2]}, mode=0o600)
     target = folder / "status.json"
-    assert target.is_file() and not target.is_symlink()
+    assert target.is_file()
+    assert not target.is_symlink()
     assert jsonfiles.read_json(str(target), 1000, "status.json") == {"state": "ready", "n": [1, 2]}
     assert target.stat().st_mode & 0o777 == 0o600
     assert outside.read_text() == "untouched"
@@ -56,7 +57,8 @@ def test_an_append_after_a_torn_line_stays_whole_and_the_torn_line_is_skipped(tm
     skipped: list[tuple[int, str]] = []
     lines = jsonfiles.read_lines(str(log), 1000, log.name, lambda number, why: skipped.append((number, why)))
     assert list(lines) == [(1, {"n": 1}), (3, {"n": 3})]
-    assert [number for number, _ in skipped] == [2] and "line 2: record is not valid JSON" in skipped[0][1]
+    assert [number for number, _ in skipped] == [2]
+    assert "line 2: record is not valid JSON" in skipped[0][1]
     assert log.read_bytes().endswith(b'{"n":3}\n')
 
 

@@ -8,6 +8,7 @@ write (the decision log, ``status.json``, the stand-in's record).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -32,7 +33,7 @@ STANDIN_CMD = (
 def make_checkpoint(
     folder: Path, seed: int = 0, config: dict | None = None, provenance: dict | None = None
 ) -> str:
-    """A tiny checkpoint (real safetensors, numpy) published with ``ckptpub.publish``; returns its identity."""
+    """A tiny checkpoint (real safetensors, numpy), published with ``ckptpub.publish``; its identity."""
     write_checkpoint(folder, model_tensors(seed=seed, layers=1), config=config or CONFIG, extra_files=False)
     return ckptpub.publish(folder, provenance=provenance).identity
 
@@ -104,10 +105,10 @@ class SupervisorProc:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> SupervisorProc:
-        self._err = open(self.stderr_path, "ab")
-        self.proc = subprocess.Popen(
-            self.argv, stdout=subprocess.DEVNULL, stderr=self._err, env=self.env, start_new_session=True
-        )
+        with open(self.stderr_path, "ab") as stderr:  # the supervisor keeps its own copy
+            self.proc = subprocess.Popen(
+                self.argv, stdout=subprocess.DEVNULL, stderr=stderr, env=self.env, start_new_session=True
+            )
         return self
 
     def stderr(self) -> str:
@@ -140,12 +141,8 @@ class SupervisorProc:
         ]
         for pid in pids:
             if pid_alive(pid):
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(os.getpgid(pid), signal.SIGKILL)  # the daemon's whole group
-                except (ProcessLookupError, PermissionError):
-                    pass
-        if getattr(self, "_err", None):
-            self._err.close()
 
     # -- reading what it wrote -------------------------------------------
 

@@ -76,7 +76,8 @@ def main() -> int:
         env_identity=os.environ.get("CKPTPUB_PRELOAD_IDENTITY"),
     )
     print(
-        f"INFO [daemon.py:81] ckptpub: weight-cache daemon for {args.model} is keyed by checkpoint {identity}",
+        f"INFO [daemon.py:81] ckptpub: weight-cache daemon for {args.model} "
+        f"is keyed by checkpoint {identity}",
         flush=True,
     )
 

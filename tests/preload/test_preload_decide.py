@@ -74,7 +74,8 @@ def test_explain_change_from_manifests(tmp_path):
     ma, mb, mc = (ckptpub.read_manifest(p) for p in (a, b, c))
     assert explain_change(ma, mb)[0] == "config-changed"
     why, text = explain_change(ma, mc)
-    assert why == "weights-changed" and "model.norm.weight" in text
+    assert why == "weights-changed"
+    assert "model.norm.weight" in text
     assert explain_change(ma, None)[0] == "identity-changed"
     # decide takes what observe read: the two manifests explain the replacement, no file is opened
     cache = ManifestCache()
@@ -91,7 +92,9 @@ def test_observe_folder_follows_symlinks_and_reports_problems(tmp_path):
     identity = make_checkpoint(tmp_path / "m1", seed=1)
     os.symlink("m1", tmp_path / "current")
     t = observe_folder(str(tmp_path / "current"), cache)
-    assert t.error is None and t.identity == identity and t.folder == str((tmp_path / "m1").resolve())
+    assert t.error is None
+    assert t.identity == identity
+    assert t.folder == str((tmp_path / "m1").resolve())
     (tmp_path / "bare").mkdir()
     assert "no ckptpub.json" in observe_folder(str(tmp_path / "bare"), cache).error
     assert "no such folder" in observe_folder(str(tmp_path / "missing"), cache).error
@@ -113,7 +116,8 @@ def test_observe_run_newest_usable_step(tmp_path):
     run.append(20, "checkpoint-20", i20)
     run.append(30, "checkpoint-30", "blake3:" + "3" * 64)  # rotated away / never written
     t = observe_run(str(run.root), cache)
-    assert (t.step, t.identity) == (20, i20) and any("skipped step 30" in n for n in t.notes)
+    assert (t.step, t.identity) == (20, i20)
+    assert any("skipped step 30" in n for n in t.notes)
     # --verified-only: a step whose bytes changed after publishing is skipped; verify runs once per manifest
     shard, start, _ = locate(run.root / "checkpoint-20", "model.norm.weight")
     flip_byte(shard, start)
@@ -168,7 +172,7 @@ def test_build_argv_placeholders_and_passthrough():
 
 
 def test_identity_pattern_matches_the_plugin_daemon_log_line():
-    """The default pattern matches what ckptpub_vllm.daemon.run_daemon logs (format copied from its source)."""
+    """The default pattern matches what ckptpub_vllm.daemon.run_daemon logs (the format from its source)."""
     import inspect
     import re
 

@@ -34,7 +34,7 @@ def test_status_records_read_back_and_unusable_ones_read_as_none(tmp_path: Path)
 
 
 def test_the_decision_log_survives_a_torn_line(tmp_path: Path) -> None:
-    """A supervisor killed mid-append leaves a torn line: the next entry is whole, readers skip the torn one."""
+    """A supervisor killed mid-append leaves a torn line: the next entry is whole, readers skip it."""
     st.append_decision(str(tmp_path), {"event": "decision", "action": "start"})
     with open(tmp_path / st.DECISIONS, "ab") as handle:
         handle.write(b'{"event": "outcome", "act')

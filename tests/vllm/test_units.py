@@ -168,6 +168,30 @@ def test_engine_files_are_checked_whole_and_unlisted_ones_refused(models, tmp_pa
     ], problems
 
 
+def test_an_engine_config_is_read_as_strictly_as_publish_reads_it(models, tmp_path):
+    """A forged manifest lists config bytes with a duplicate key (json.loads: last wins, same meaning).
+
+    publish never records such a config (its reader refuses duplicate keys), so the
+    engine-file check, which reads configs with the same strict reader, refuses it.
+    """
+    folder = shutil.copytree(models["v1"], tmp_path / "c")
+    config = (folder / "config.json").read_bytes()
+    first_key = config.split(b'"')[1]
+    forged = config.replace(b"{", b'{"' + first_key + b'": "overwritten", ', 1)
+    (folder / "config.json").write_bytes(forged)
+    manifest = ckptpub.read_manifest(str(folder))
+    files = tuple(
+        r._replace(size=len(forged), digest=ckptpub.tensor_digest(forged)) if r.path == "config.json" else r
+        for r in manifest.files
+    )
+    forged_manifest = manifest._replace(files=files)
+    (folder / ckptpub.MANIFEST_NAME).write_bytes(forged_manifest.to_json())
+    assert ckptpub.read_manifest(str(folder)).identity == manifest.identity  # a valid manifest, same identity
+    assert engine_file_problems(str(folder), forged_manifest) == [
+        "config.json: the manifest records another config meaning (forged manifest?)"
+    ]
+
+
 def test_every_refusal_is_one_line_of_one_shape_and_keeps_paths_exact():
     error = RefusedError("/ckpt/step  1\n2", "tensor 'x' differs", more=2, hint="run `ckptpub verify`")
     assert str(error) == (

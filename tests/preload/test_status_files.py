@@ -1,12 +1,14 @@
-"""The supervisor's state directory is written like the manifest and the run index (ckptpub.jsonfiles)."""
+"""The supervisor's state: its files written like the manifest and the run index (ckptpub.jsonfiles)."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 from ckptpub_vllm.preload import status as st
+from ckptpub_vllm.preload.supervisor import Config, State, Supervisor
 
 from ckptpub.errors import CkptpubError
 
@@ -51,3 +53,15 @@ def test_the_decision_log_is_not_written_through_a_link(tmp_path: Path) -> None:
     with pytest.raises(CkptpubError, match=f"^{st.DECISIONS}: "):
         st.append_decision(str(state), {"event": "decision"})
     assert outside.read_text() == "untouched\n"
+
+
+def test_supervisor_states_are_the_documented_ones_and_none_follows_stopped(tmp_path: Path) -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "preload.md").read_text()
+    listed = re.search(r"\| `status.json` \| `state` \(([^)]*)\)", docs)
+    assert listed is not None
+    assert re.findall(r"`([a-z-]+)`", listed.group(1)) == [state.value for state in State]
+    supervisor = Supervisor(Config(model_dir=str(tmp_path), state_dir=str(tmp_path / "state")))
+    assert supervisor.state is State.STARTING
+    supervisor._move_to(State.STOPPED)
+    with pytest.raises(RuntimeError, match="supervisor state ready after stopped"):
+        supervisor._move_to(State.READY)

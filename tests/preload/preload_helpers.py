@@ -21,6 +21,7 @@ from pathlib import Path
 from checkpoints import CONFIG, model_tensors, write_checkpoint
 
 import ckptpub
+from ckptpub import jsonfiles
 
 HERE = Path(__file__).parent
 STANDIN = HERE / "standin_daemon.py"
@@ -161,10 +162,8 @@ class SupervisorProc:
 
 
 def records(path: Path) -> list[dict]:
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except FileNotFoundError:
-        return []
+    """The stand-in daemon's records (``jsonfiles`` lines), oldest first."""
+    return [entry for _, entry in jsonfiles.read_lines(str(path), 64 << 20, path.name)]
 
 
 def wait_for(predicate, timeout: float = 30, what: str = "condition", proc: SupervisorProc | None = None):

@@ -25,7 +25,7 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
@@ -101,8 +101,8 @@ def append_line(path: str, record: Mapping[str, Any], display_name: str) -> None
 
 def read_lines(
     path: str, limit: int, display_name: str, on_skip: Callable[[int, str], None] | None = None
-) -> Iterator[tuple[int, Any]]:
-    """``(line number, decoded value)`` for each JSON line of the log at ``path``; none when it is missing.
+) -> list[tuple[int, Any]]:
+    """``(line number, decoded value)`` for each JSON line of the log at ``path``; ``[]`` when it is missing.
 
     A line that is not JSON (a torn last line after a crash, a corrupt one) is
     skipped and ``on_skip(line_number, why)`` told; blank lines are skipped
@@ -110,18 +110,18 @@ def read_lines(
     ``CkptpubError`` before anything is read.
     """
     if not os.path.lexists(path):
-        return
+        return []
     data = read_bounded(path, limit, display_name)
+    lines = []
     for number, raw in enumerate(data.split(b"\n"), 1):
         if not raw.strip():
             continue
         try:
-            value = loads_strict(raw, f"line {number}", "record")
+            lines.append((number, loads_strict(raw, f"line {number}", "record")))
         except CkptpubError as error:
             if on_skip is not None:
                 on_skip(number, str(error))
-            continue
-        yield number, value
+    return lines
 
 
 class _InterruptsHeld:

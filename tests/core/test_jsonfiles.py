@@ -56,7 +56,7 @@ def test_an_append_after_a_torn_line_stays_whole_and_the_torn_line_is_skipped(tm
     jsonfiles.append_line(str(log), {"n": 3}, log.name)
     skipped: list[tuple[int, str]] = []
     lines = jsonfiles.read_lines(str(log), 1000, log.name, lambda number, why: skipped.append((number, why)))
-    assert list(lines) == [(1, {"n": 1}), (3, {"n": 3})]
+    assert lines == [(1, {"n": 1}), (3, {"n": 3})]
     assert [number for number, _ in skipped] == [2]
     assert "line 2: record is not valid JSON" in skipped[0][1]
     assert log.read_bytes().endswith(b'{"n":3}\n')
@@ -80,7 +80,7 @@ def test_an_append_refuses_what_is_not_a_plain_log(tmp_path: Path, kind: str) ->
 
 def test_reading_a_log_is_bounded_and_a_missing_log_is_empty(tmp_path: Path) -> None:
     log = tmp_path / "index.jsonl"
-    assert list(jsonfiles.read_lines(str(log), 10, log.name)) == []
+    assert jsonfiles.read_lines(str(log), 10, log.name) == []
     log.write_text('{"n": 1}\n' * 5)
     with pytest.raises(CkptpubError, match="index.jsonl: 45 bytes is over the 44-byte limit"):
-        list(jsonfiles.read_lines(str(log), 44, log.name))
+        jsonfiles.read_lines(str(log), 44, log.name)

@@ -100,14 +100,19 @@ def append_line(path: str, record: Mapping[str, Any], display_name: str) -> None
 
 
 def read_lines(
-    path: str, limit: int, display_name: str, on_skip: Callable[[int, str], None] | None = None
+    path: str,
+    limit: int,
+    display_name: str,
+    on_skip: Callable[[int, str], None] | None = None,
+    check: Callable[[Any], str | None] | None = None,
 ) -> list[tuple[int, Any]]:
     """``(line number, decoded value)`` for each JSON line of the log at ``path``; ``[]`` when it is missing.
 
-    A line that is not JSON (a torn last line after a crash, a corrupt one) is
-    skipped and ``on_skip(line_number, why)`` told; blank lines are skipped
-    silently. A log over ``limit`` bytes, a symlink or not a regular file raises
-    ``CkptpubError`` before anything is read.
+    A line that is not JSON (a torn last line after a crash, a corrupt one), or
+    whose value ``check`` says is not a record (``check(value)``: why not, or
+    None), is skipped and ``on_skip(line_number, why)`` told, in line order;
+    blank lines are skipped silently. A log over ``limit`` bytes, a symlink or not
+    a regular file raises ``CkptpubError`` before anything is read.
     """
     if not os.path.lexists(path):
         return []
@@ -117,10 +122,14 @@ def read_lines(
         if not raw.strip():
             continue
         try:
-            lines.append((number, loads_strict(raw, f"line {number}", "record")))
+            value = loads_strict(raw, f"line {number}", "record")
+            why = check(value) if check is not None else None
         except CkptpubError as error:
-            if on_skip is not None:
-                on_skip(number, str(error))
+            why = str(error)
+        if why is None:
+            lines.append((number, value))
+        elif on_skip is not None:
+            on_skip(number, why)
     return lines
 
 

@@ -68,14 +68,8 @@ def read(
     file raises ``CkptpubError`` before it is read.
     """
     index = os.path.join(as_path(index_dir, "run folder"), INDEX_NAME)
-    records = []
-    for number, record in jsonfiles.read_lines(index, MAX_INDEX_BYTES, INDEX_NAME, on_skip):
-        why = _not_a_record(record)
-        if why is None:
-            records.append(record)
-        elif on_skip is not None:
-            on_skip(number, why)
-    return records
+    lines = jsonfiles.read_lines(index, MAX_INDEX_BYTES, INDEX_NAME, on_skip, check=_not_a_record)
+    return [record for _, record in lines]
 
 
 def _not_a_record(rec: Any) -> str | None:

@@ -84,3 +84,19 @@ def test_reading_a_log_is_bounded_and_a_missing_log_is_empty(tmp_path: Path) -> 
     log.write_text('{"n": 1}\n' * 5)
     with pytest.raises(CkptpubError, match="index.jsonl: 45 bytes is over the 44-byte limit"):
         jsonfiles.read_lines(str(log), 44, log.name)
+
+
+def test_lines_a_check_refuses_are_skipped_in_line_order_with_undecodable_ones(tmp_path: Path) -> None:
+    log = tmp_path / "index.jsonl"
+    log.write_text('{"n": 1}\n{"n": "2"}\nnot json\n{"n": 4}\n')
+    skipped: list[tuple[int, str]] = []
+
+    def check(value: object) -> str | None:
+        return None if isinstance(value, dict) and type(value.get("n")) is int else "n is not an integer"
+
+    lines = jsonfiles.read_lines(
+        str(log), 1000, log.name, lambda number, why: skipped.append((number, why)), check=check
+    )
+    assert lines == [(1, {"n": 1}), (4, {"n": 4})]
+    assert [number for number, _ in skipped] == [2, 3]
+    assert skipped[0][1] == "n is not an integer"

@@ -9,7 +9,6 @@ write (the decision log, ``status.json``, the stand-in's record).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import signal
@@ -21,7 +20,7 @@ from pathlib import Path
 from checkpoints import CONFIG, model_tensors, write_checkpoint
 
 import ckptpub
-from ckptpub import jsonfiles
+from ckptpub import jsonfiles, run_index
 
 HERE = Path(__file__).parent
 STANDIN = HERE / "standin_daemon.py"
@@ -47,18 +46,7 @@ class Run:
         root.mkdir(parents=True, exist_ok=True)
 
     def append(self, step: int, rel: str, identity: str) -> None:
-        line = (
-            json.dumps(
-                {"step": step, "path": rel, "identity": identity, "time": time.time()},
-                sort_keys=True,
-                separators=(",", ":"),
-            )
-            + "\n"
-        )
-        with open(self.root / "ckptpub-index.jsonl", "a") as handle:
-            handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
+        run_index.append(self.root, step=step, path=rel, identity=identity, time=time.time())
 
 
 class SupervisorProc:

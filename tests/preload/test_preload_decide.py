@@ -9,7 +9,14 @@ import shutil
 from checkpoints import flip_byte, locate
 from ckptpub_vllm.preload import daemon_process
 from ckptpub_vllm.preload.decide import Failure, Held, Target, decide, explain_change
-from ckptpub_vllm.preload.observe import ManifestCache, manifests_to_compare, observe_folder, observe_run
+from ckptpub_vllm.preload.observe import (
+    MAX_NOTE_CHARS,
+    MAX_SKIPPED_NOTES,
+    ManifestCache,
+    manifests_to_compare,
+    observe_folder,
+    observe_run,
+)
 from preload_helpers import Run, make_checkpoint
 
 import ckptpub
@@ -101,6 +108,24 @@ def test_observe_folder_follows_symlinks_and_reports_problems(tmp_path):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / ckptpub.MANIFEST_NAME).write_text("{not json")
     assert observe_folder(str(tmp_path / "bad"), cache).error
+
+
+def test_skipped_index_lines_are_noted_briefly_and_counted(tmp_path):
+    """Notes go into status.json on every poll: a hostile line's values are cut, extra lines counted."""
+    run = Run(tmp_path / "run")
+    identity = make_checkpoint(run.root / "checkpoint-10", seed=1)
+    run.append(10, "checkpoint-10", identity)
+    with open(run.root / "ckptpub-index.jsonl", "a") as handle:
+        handle.write(
+            json.dumps({"step": 11, "path": "x" * 1_000_000 + "/../..", "identity": identity}) + "\n"
+        )
+        handle.writelines("not json\n" for _ in range(MAX_SKIPPED_NOTES + 5))
+    t = observe_run(str(run.root), ManifestCache())
+    assert (t.step, t.identity) == (10, identity)
+    assert len(t.skipped) == MAX_SKIPPED_NOTES
+    assert t.skipped[0].startswith("run index line 2 skipped: path 'xxx")
+    assert max(len(note) for note in t.skipped) < MAX_NOTE_CHARS + 50
+    assert t.skipped[-1].endswith("(and 6 more)")
 
 
 def test_observe_run_newest_usable_step(tmp_path):

@@ -19,6 +19,8 @@ from .decide import Held, Stamp, Target
 
 #: Run-index lines that are not records are named, up to this many, then counted.
 MAX_SKIPPED_NOTES = 50
+#: Why a line was skipped is cut to this many characters: it may quote a hostile line's values.
+MAX_NOTE_CHARS = 300
 
 
 @dataclass
@@ -62,6 +64,10 @@ def _first_problem(report: Any) -> str:
     parts = (getattr(first, "path", ""), getattr(first, "tensor", None), getattr(first, "detail", ""))
     text = ": ".join(str(part) for part in parts if part) or str(first)
     return and_more(text, len(problems) - 1)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_NOTE_CHARS else text[: MAX_NOTE_CHARS - 3] + "..."
 
 
 def manifest_stamp(folder: str) -> Stamp:
@@ -114,7 +120,7 @@ def observe_run(run_dir: str, cache: ManifestCache, *, verified_only: bool = Fal
     skips: list[str] = []
     try:
         records = ckptpub.read_run_index(
-            run_dir, lambda number, why: skips.append(f"run index line {number} skipped: {why}")
+            run_dir, lambda number, why: skips.append(f"run index line {number} skipped: {_cut(why)}")
         )
     except (OSError, ckptpub.CkptpubError) as error:
         return Target(error=f"{run_dir}: cannot read the run index: {error}")

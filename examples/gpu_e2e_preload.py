@@ -37,10 +37,6 @@ import subprocess
 import sys
 import time
 
-from ckptpub_vllm.preload.status import read_decisions
-
-from ckptpub import run_index
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_e2e import ENGINE, cuda_available, negate_tensor, run_engine, script_args  # noqa: E402  (shared with gpu_e2e)
 
@@ -57,6 +53,8 @@ DAEMON_ARGS = [
 
 def append_index(run_dir: str, step: int, rel: str, identity: str) -> None:
     """One line of ``ckptpub-index.jsonl``, written as the Trainer callback writes it."""
+    from ckptpub import run_index  # imported where ckptpub is (main): not in the engine children
+
     run_index.append(run_dir, step=step, path=rel, identity=identity, time=time.time())
 
 
@@ -121,6 +119,7 @@ def main() -> int:
     if not cuda_available("gpu_e2e_preload"):
         return 2
 
+    from ckptpub_vllm.preload.status import read_decisions
     from ckptpub_vllm.testing import build_tiny_qwen3
 
     import ckptpub

@@ -31,7 +31,7 @@ from typing import Any
 
 from .errors import CkptpubError
 from .safe_open import open_regular
-from .scan import TEMP_SUFFIX
+from .scan import TEMP_PREFIX, TEMP_SUFFIX
 from .strict_json import loads_strict, read_bounded
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -41,13 +41,16 @@ _APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONB
 def write_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
     """Replace the file at ``path`` by ``data``: temp file, fsync, rename, fsync the folder.
 
-    The temporary file is ``.NAME.<random hex>.tmp`` next to ``path`` (for the
-    manifest, the name the folder scan skips), created exclusively with ``mode``.
-    Whatever is at ``path`` (a file, a symlink, a FIFO) is replaced, never written
-    through. Raises ``CkptpubError``: ``NAME: cannot write in FOLDER: why``.
+    The temporary file, created exclusively with ``mode`` next to ``path``, has the
+    one name every ckptpub temporary file has (``.ckptpub.json.<random hex>.tmp``,
+    ``scan.TEMP_PREFIX``/``TEMP_SUFFIX``), which folder scans skip: a write in
+    progress inside a checkpoint folder (the manifest, a signature) is never taken
+    for one of its files. Whatever is at ``path`` (a file, a symlink, a FIFO) is
+    replaced, never written through. Raises ``CkptpubError``: ``NAME: cannot write
+    in FOLDER: why``.
     """
     folder, name = os.path.split(path)
-    temp = os.path.join(folder, f".{name}.{os.urandom(8).hex()}{TEMP_SUFFIX}")
+    temp = os.path.join(folder, f"{TEMP_PREFIX}{os.urandom(8).hex()}{TEMP_SUFFIX}")
     with _InterruptsHeld():
         try:
             fd = os.open(temp, _CREATE_FLAGS, mode)

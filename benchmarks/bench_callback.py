@@ -23,6 +23,7 @@ Modes:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -31,8 +32,23 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def import_example(name: str) -> ModuleType:
+    """``examples/<name>.py`` as a module, by the standard library's recipe for importing a source file.
+
+    The script runs as ``python benchmarks/bench_callback.py``: only benchmarks/ is on its path.
+    """
+    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_folder(folder: Path, mb: int) -> None:
@@ -100,9 +116,7 @@ def bench_trainer(root: Path) -> dict:
     at the same point of the same loop on the same machine, which is the fair
     reference for when a background manifest lands.
     """
-    sys.path.insert(0, str(REPO / "examples"))
-    import train_tiny
-
+    train_tiny = import_example("train_tiny")
     from ckptpub.callback import PublishCallback
 
     class Timed(PublishCallback):

@@ -37,7 +37,7 @@ os.environ.setdefault(
     "VLLM_ENABLE_V1_MULTIPROCESSING", "0"
 )  # engine core in this process: one timer sees it all
 
-from slowfs import FuseUnavailable, Requests, SlowFS  # noqa: E402
+from slowfs import FuseUnavailableError, Requests, SlowFS  # noqa: E402
 
 LAYERS = 15  # 11 tensors a layer + 3 = 168 tensors: enough for 163 one-tensor-or-more shards
 ENGINE_FORMATS = ("auto", "manifest_cache")
@@ -202,7 +202,8 @@ def ratios(rows: list[Row], slow: str, fast: str, label: str) -> str:
         b = next(r for r in rows if r.shards == shards and r.what == fast)
         sa, sb = statistics.median(a.seconds), statistics.median(b.seconds)
         out.append(
-            f"{shards} shards: {label} seconds {sa / sb:.2f}x, all requests {a.in_total()} vs {b.in_total()}, "
+            f"{shards} shards: {label} seconds {sa / sb:.2f}x, "
+            f"all requests {a.in_total()} vs {b.in_total()}, "
             f"shard opens {a.on_shards({'open'})} vs {b.on_shards({'open'})}"
         )
     return "\n".join(out)
@@ -234,7 +235,7 @@ def main() -> None:
     try:
         fs = SlowFS(source, mountpoint, latency_s=args.latency_ms / 1000)
         fs.start()
-    except FuseUnavailable as e:
+    except FuseUnavailableError as e:
         raise SystemExit(f"cannot mount the slow filesystem: {e}") from None
     key_rows, engine_rows = [], []
     with fs:

@@ -37,7 +37,7 @@ line, one JSON answer per line). The server unmounts itself when its stdin close
 so a killed parent does not leave a mount behind.
 
 Needs ``/dev/fuse``, ``fusermount3`` (Debian package ``fuse3``) and the Python
-binding ``mfusepy``; :class:`FuseUnavailable` says which is missing.
+binding ``mfusepy``; :class:`FuseUnavailableError` says which is missing.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from dataclasses import dataclass
 DEFAULT_LATENCY_S = 0.020
 
 
-class FuseUnavailable(RuntimeError):
+class FuseUnavailableError(RuntimeError):
     """FUSE cannot mount here; the message says what is missing."""
 
 
@@ -104,7 +104,10 @@ def missing_requirement() -> str | None:
 
 
 class SlowFS:
-    """Mount ``source`` read-only at ``mountpoint`` with ``latency_s`` on every request (a context manager)."""
+    """Mount ``source`` read-only at ``mountpoint`` with ``latency_s`` on every request.
+
+    A context manager: the mount lasts for the block.
+    """
 
     def __init__(
         self,
@@ -130,14 +133,14 @@ class SlowFS:
         self.close()
 
     def start(self) -> None:
-        """Start the server and wait until the mount answers; raise :class:`FuseUnavailable` if it cannot."""
+        """Start the server and wait until the mount answers; :class:`FuseUnavailableError` if it cannot."""
         if self._server is not None:
             raise RuntimeError(f"{self.mountpoint} is already mounted by this SlowFS")
         reason = missing_requirement()
         if reason is not None:
-            raise FuseUnavailable(reason)
+            raise FuseUnavailableError(reason)
         os.makedirs(self.mountpoint, exist_ok=True)
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115  (the server's stderr, closed by close())
         self._server = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), self.source, self.mountpoint, repr(self.latency_s)],
             stdin=subprocess.PIPE,
@@ -147,12 +150,12 @@ class SlowFS:
         )
         try:
             ready = self._read_answer(self.start_timeout_s)
-        except FuseUnavailable:
+        except FuseUnavailableError:
             self.close()
             raise
         if ready != {"ready": True} or not os.path.ismount(self.mountpoint):
             self.close()
-            raise FuseUnavailable(f"the FUSE server did not mount {self.mountpoint}: {ready}")
+            raise FuseUnavailableError(f"the FUSE server did not mount {self.mountpoint}: {ready}")
 
     def requests(self) -> Requests:
         """The requests counted since the mount or the last :meth:`reset`."""
@@ -197,8 +200,8 @@ class SlowFS:
                 server.wait()
                 self._stderr.seek(0)
                 last = self._stderr.read().decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-                raise FuseUnavailable(f"the FUSE server exited (rc {server.returncode}): {last[0]}")
-            raise FuseUnavailable(f"the FUSE server did not answer within {timeout_s:.0f} s")
+                raise FuseUnavailableError(f"the FUSE server exited (rc {server.returncode}): {last[0]}")
+            raise FuseUnavailableError(f"the FUSE server did not answer within {timeout_s:.0f} s")
         return json.loads(line)
 
 

@@ -37,8 +37,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_e2e import ENGINE, cuda_available, negate_tensor, run_engine, script_args  # noqa: E402  (shared with gpu_e2e)
+# gpu_e2e.py sits beside this script: Python imports from a script's own folder
+from gpu_e2e import ENGINE, cuda_available, negate_tensor, run_engine, script_args
 
 DAEMON_ARGS = [
     "--dtype",

@@ -1,4 +1,36 @@
-import sys
-from pathlib import Path
+"""Set-up shared by every test folder.
 
-sys.path.insert(0, str(Path(__file__).parent))
+The tests import their helper modules by name (``checkpoints``, ``cbhelpers``, ``corpus``,
+``preload_helpers``, ``vllm_engine_helpers``, ``train_tiny``, ``slowfs``, ...) from the folders listed in
+pytest's ``pythonpath`` setting (pyproject.toml). The scripts they start as subprocesses (the torchrun and
+accelerate workers, the crash-test trainer, the Trainer run the preload supervisor follows) import the
+same helpers, so this exports the same folders in ``PYTHONPATH`` for every child of the test session,
+ahead of whatever ``PYTHONPATH`` was already set. Run such a script by hand with, for example,
+``PYTHONPATH=examples python tests/callback/crash_train.py OUT``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+#: PYTHONPATH as it was before the session (None: unset), restored at its end.
+_INHERITED = pytest.StashKey[str | None]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    inherited = os.environ.get("PYTHONPATH")
+    config.stash[_INHERITED] = inherited
+    folders = [str(path) for path in config.getini("pythonpath")]
+    os.environ["PYTHONPATH"] = os.pathsep.join([*folders, *filter(None, [inherited])])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _INHERITED not in config.stash:
+        return
+    inherited = config.stash[_INHERITED]
+    if inherited is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = inherited

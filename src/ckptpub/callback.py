@@ -1,11 +1,9 @@
-"""Publish a ckptpub manifest at every Hugging Face Trainer save.
+"""Publish a ckptpub manifest at every Hugging Face Trainer save: ``PublishCallback``.
 
-Why this module looks the way it does (see docs/callback.md and
-shared/reference/trainer-save-path.md for the facts it relies on):
+This module imports transformers (``import ckptpub`` does not: ``ckptpub.PublishCallback``
+imports this module on first use). Why the callback works the way it does (docs/callback.md
+has the Trainer facts it relies on):
 
-* ``import ckptpub`` must not import transformers, so ``PublishCallback`` (a
-  ``TrainerCallback`` subclass) is built on first attribute access through the
-  module ``__getattr__``; everything else here is stdlib + the core API.
 * The Trainer has no barrier between writing a checkpoint and ``on_save``; we add
   one on every rank, then publish only where ``args.should_save``.
 * Hashing a large checkpoint takes seconds; by default it runs on one background
@@ -27,7 +25,9 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 import ckptpub
 from ckptpub import run_index
@@ -56,7 +56,7 @@ class Published:
 class _Job:
     folder: str
     step: int
-    provenance: dict
+    provenance: dict[str, Any]
     index_dir: str | None
 
 
@@ -64,10 +64,8 @@ def producer_versions() -> dict[str, str]:
     """Versions of the training stack present in this environment (for provenance)."""
     out = {}
     for name in _PRODUCER_PACKAGES:
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
     return out
 
 
@@ -173,7 +171,7 @@ class _Publisher:
     it can hash slows down rather than piling up memory or stale work.
     """
 
-    def __init__(self, *, background: bool, max_pending: int, require: str | None):
+    def __init__(self, *, background: bool, max_pending: int, require: str | None) -> None:
         self.background = background
         self.require = require
         self.rotation_lock = threading.Lock()
@@ -230,7 +228,7 @@ class _Publisher:
         if self.require and self.require not in before:
             return self._fail(job, f"folder is incomplete (no {self.require}); not publishing it")
         try:
-            # A Trainer checkpoint is by construction the right folder; its weights may be .bin or FSDP shards.
+            # A Trainer checkpoint is the right folder by construction; weights may be .bin or FSDP shards.
             manifest = ckptpub.publish(job.folder, provenance=job.provenance, allow_no_weights=True)
         except (ckptpub.CkptpubError, OSError) as exc:
             gone = not os.path.isdir(job.folder)
@@ -267,166 +265,183 @@ class _Publisher:
 
 def _withdraw(folder: str) -> None:
     """Remove our manifest from a folder that is being deleted, and the folder if now empty."""
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(os.path.join(folder, ckptpub.MANIFEST_NAME))
-    except OSError:
-        pass
-    try:
+    with contextlib.suppress(OSError):
         os.rmdir(folder)
-    except OSError:
-        pass
 
 
-def _make_callback_class() -> type:
-    from transformers import TrainerCallback  # imported only when the callback is used
+class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips transformers (untyped)
+    """Write ``ckptpub.json`` into every checkpoint the Trainer saves.
 
-    class PublishCallback(TrainerCallback):
-        """Write ``ckptpub.json`` into every checkpoint the Trainer saves.
+    ``trainer.add_callback(PublishCallback())`` is enough. Options:
 
-        ``trainer.add_callback(PublishCallback())`` is enough. Options:
+    * ``background`` (default True): hash on a worker thread; ``on_save`` returns
+      after queueing. ``False`` publishes inside ``on_save``.
+    * ``max_pending`` (default 1): saves that may wait behind the one being hashed
+      before ``on_save`` blocks.
+    * ``index`` (default True): append to ``output_dir/ckptpub-index.jsonl``.
 
-        * ``background`` (default True): hash on a worker thread; ``on_save`` returns
-          after queueing. ``False`` publishes inside ``on_save``.
-        * ``max_pending`` (default 1): saves that may wait behind the one being hashed
-          before ``on_save`` blocks.
-        * ``index`` (default True): append to ``output_dir/ckptpub-index.jsonl``.
+    ``published`` lists what was published (filled on the main thread),
+    ``failures`` the skipped saves with their reasons. The final
+    ``trainer.save_model()`` fires no callback: call ``ckptpub.publish(dir)``.
+    """
 
-        ``published`` lists what was published (filled on the main thread),
-        ``failures`` the skipped saves with their reasons. The final
-        ``trainer.save_model()`` fires no callback: call ``ckptpub.publish(dir)``.
-        """
+    def __init__(self, background: bool = True, max_pending: int = 1, index: bool = True) -> None:
+        self.background = background
+        self.index = index
+        self._pub = _Publisher(background=background, max_pending=max_pending, require=_DONE_MARKER)
+        self._holding = False
+        self._base_identity: str | None = None
+        self._warned_base = False  # once per callback, however many times train() is called
+        self._producer: dict[str, str] | None = None
+        self._undelivered: list[Published] = []
+        self.published: list[Published] = []
 
-        def __init__(self, background: bool = True, max_pending: int = 1, index: bool = True):
-            self.background = background
-            self.index = index
-            self._pub = _Publisher(background=background, max_pending=max_pending, require=_DONE_MARKER)
+    @property
+    def failures(self) -> list[str]:
+        return list(self._pub.failures)
+
+    # -- rotation window (background mode, saving rank only) -------------------
+    def _hold(self, args: TrainingArguments) -> None:
+        if self.background and args.should_save and not self._holding:
+            self._pub.rotation_lock.acquire()
+            self._holding = True
+
+    def _release(self) -> None:
+        if self._holding:
             self._holding = False
-            self._base_identity: str | None = None
-            self._warned_base = False  # once per callback, however many times train() is called
-            self._producer: dict[str, str] | None = None
-            self._undelivered: list[Published] = []
-            self.published: list[Published] = []
+            self._pub.rotation_lock.release()
 
-        @property
-        def failures(self) -> list[str]:
-            return list(self._pub.failures)
+    # -- events --------------------------------------------------------------
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        model: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        self._producer = producer_versions()
+        self._base_identity = base_identity_of(model) if model is not None else None
+        folder = unpublished_base(model) if model is not None and self._base_identity is None else None
+        if folder is not None and not self._warned_base and args.should_save:
+            self._warned_base = True
+            log.warning(
+                "ckptpub: the base model %s has no ckptpub.json, so this run's checkpoints will record "
+                "no base_identity; publish it before training: ckptpub publish %s",
+                folder,
+                folder,
+            )
 
-        # -- rotation window (background mode, saving rank only) -------------------
-        def _hold(self, args) -> None:
-            if self.background and args.should_save and not self._holding:
-                self._pub.rotation_lock.acquire()
-                self._holding = True
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._release()  # a save window never spans into the next step
 
-        def _release(self) -> None:
-            if self._holding:
-                self._holding = False
-                self._pub.rotation_lock.release()
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if str(getattr(args.save_strategy, "value", args.save_strategy)) == "best":
+            self._hold(args)  # the Trainer decides a "best" save (and rotates) right after this
 
-        # -- events --------------------------------------------------------------
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._deliver(state)
+        if control.should_save:  # DefaultFlowCallback (first in the list) decided a save
+            self._hold(args)
+
+    def on_epoch_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if control.should_save:
+            self._hold(args)
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if args.world_size > 1:
+            _barrier()
+        if not args.should_save:
+            return
+        final = state.max_steps and state.global_step >= state.max_steps
+        try:
+            job = self._job(args, state)
+        except Exception as exc:  # a callback must not end the run over a manifest
+            self._release()
+            log.warning("ckptpub: step %s: not published: %r", state.global_step, exc)
+            return
+        # Rotation for this save is over. Release before queueing: a full queue
+        # waits on the worker, which may need the lock for its post-check.
+        self._release()
+        self._pub.submit(job)
+        if final:  # end of training may still delete checkpoints before on_train_end
+            self._hold(args)
+        self._deliver(state)
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._deliver(state)
+        # Only the periodic training log: the Trainer builds that dict for this one
+        # call. Evaluation metrics and train()'s result are the caller's own dicts
+        # (hyper-parameter search sums them), so they are never touched.
+        if _is_training_log(logs) and self._undelivered:
+            last = self._undelivered[-1]
+            logs["ckptpub/identity"] = last.identity
+            logs["ckptpub/step"] = last.step
+            self._undelivered.clear()
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._release()
+        self._pub.join()
+        self._deliver(state)
+        for p in self.published:  # a checkpoint deleted after its publish leaves no manifest behind
+            if not os.path.isfile(os.path.join(p.folder, _DONE_MARKER)):
+                _withdraw(p.folder)
+
+    # -- helpers -------------------------------------------------------------
+    def _job(self, args: TrainingArguments, state: TrainerState) -> _Job:
+        hp_search = getattr(state, "trial_params", None) is not None or bool(
+            getattr(state, "trial_name", None)
+        )
+        folder = checkpoint_folder(
+            args.output_dir,
+            state.global_step,
+            trial_name=getattr(state, "trial_name", None),
+            hp_search=hp_search,
+        )
+        if self._producer is None:
             self._producer = producer_versions()
-            self._base_identity = base_identity_of(model) if model is not None else None
-            folder = unpublished_base(model) if model is not None and self._base_identity is None else None
-            if folder is not None and not self._warned_base and args.should_save:
-                self._warned_base = True
-                log.warning(
-                    "ckptpub: the base model %s has no ckptpub.json, so this run's checkpoints will record "
-                    "no base_identity; publish it before training: ckptpub publish %s",
-                    folder,
-                    folder,
-                )
+        provenance = {
+            "step": int(state.global_step),
+            "epoch": None if state.epoch is None else float(state.epoch),
+            "run_dir": os.path.abspath(os.path.dirname(folder)),
+            "base_identity": self._base_identity,
+            "producer": dict(self._producer),
+        }
+        index_dir = os.path.abspath(args.output_dir) if self.index else None
+        return _Job(os.path.abspath(folder), int(state.global_step), provenance, index_dir)
 
-        def on_step_begin(self, args, state, control, **kwargs):
-            self._release()  # a save window never spans into the next step
-
-        def on_evaluate(self, args, state, control, **kwargs):
-            if str(getattr(args.save_strategy, "value", args.save_strategy)) == "best":
-                self._hold(args)  # the Trainer decides a "best" save (and rotates) right after this
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self._deliver(state)
-            if control.should_save:  # DefaultFlowCallback (first in the list) decided a save
-                self._hold(args)
-
-        def on_epoch_end(self, args, state, control, **kwargs):
-            if control.should_save:
-                self._hold(args)
-
-        def on_save(self, args, state, control, **kwargs):
-            if args.world_size > 1:
-                _barrier()
-            if not args.should_save:
-                return
-            final = state.max_steps and state.global_step >= state.max_steps
-            try:
-                job = self._job(args, state)
-            except Exception as exc:  # a callback must not end the run over a manifest
-                self._release()
-                log.warning("ckptpub: step %s: not published: %r", state.global_step, exc)
-                return
-            # Rotation for this save is over. Release before queueing: a full queue
-            # waits on the worker, which may need the lock for its post-check.
-            self._release()
-            self._pub.submit(job)
-            if final:  # end of training may still delete checkpoints before on_train_end
-                self._hold(args)
-            self._deliver(state)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            self._deliver(state)
-            # Only the periodic training log: the Trainer builds that dict for this one
-            # call. Evaluation metrics and train()'s result are the caller's own dicts
-            # (hyper-parameter search sums them), so they are never touched.
-            if _is_training_log(logs) and self._undelivered:
-                last = self._undelivered[-1]
-                logs["ckptpub/identity"] = last.identity
-                logs["ckptpub/step"] = last.step
-                self._undelivered.clear()
-
-        def on_train_end(self, args, state, control, **kwargs):
-            self._release()
-            self._pub.join()
-            self._deliver(state)
-            for p in self.published:  # a checkpoint deleted after its publish leaves no manifest behind
-                if not os.path.isfile(os.path.join(p.folder, _DONE_MARKER)):
-                    _withdraw(p.folder)
-
-        # -- helpers -------------------------------------------------------------
-        def _job(self, args, state) -> _Job:
-            hp_search = getattr(state, "trial_params", None) is not None or bool(
-                getattr(state, "trial_name", None)
+    def _deliver(self, state: TrainerState) -> None:
+        """Report finished publishes on the main thread: log history + next on_log."""
+        for p in self._pub.take_done():
+            self.published.append(p)
+            self._undelivered.append(p)
+            state.log_history.append(
+                {"ckptpub/identity": p.identity, "ckptpub/step": p.step, "step": state.global_step}
             )
-            folder = checkpoint_folder(
-                args.output_dir,
-                state.global_step,
-                trial_name=getattr(state, "trial_name", None),
-                hp_search=hp_search,
-            )
-            if self._producer is None:
-                self._producer = producer_versions()
-            provenance = {
-                "step": int(state.global_step),
-                "epoch": None if state.epoch is None else float(state.epoch),
-                "run_dir": os.path.abspath(os.path.dirname(folder)),
-                "base_identity": self._base_identity,
-                "producer": dict(self._producer),
-            }
-            index_dir = os.path.abspath(args.output_dir) if self.index else None
-            return _Job(os.path.abspath(folder), int(state.global_step), provenance, index_dir)
-
-        def _deliver(self, state) -> None:
-            """Report finished publishes on the main thread: log history + next on_log."""
-            for p in self._pub.take_done():
-                self.published.append(p)
-                self._undelivered.append(p)
-                state.log_history.append(
-                    {"ckptpub/identity": p.identity, "ckptpub/step": p.step, "step": state.global_step}
-                )
-
-    return PublishCallback
 
 
-def _is_training_log(logs: Any) -> bool:
+def _is_training_log(logs: object) -> TypeGuard[dict[str, Any]]:
     return (
         isinstance(logs, dict)
         and "loss" in logs
@@ -443,12 +458,3 @@ def _barrier() -> None:
         return
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-
-
-def __getattr__(name: str) -> Any:
-    if name == "PublishCallback":
-        cls = _make_callback_class()
-        cls.__module__ = __name__
-        globals()["PublishCallback"] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,37 +1,117 @@
-"""The ``ckptpub`` command: a function from arguments to an exit code.
+"""The ``ckptpub`` command: one argparse parser, a function from arguments to an exit code.
 
-Exit codes: 0 all good; 1 a mismatch or difference was found; 2 unusable input,
-a usage error, or anything else that prevented a verdict. Every failure is one
-line on stderr, never a traceback. Results go to stdout in lines that people and
-scripts can both read (``path: OK`` / ``path: FAILED (...)``), or as JSON.
+Exit codes (``ExitCode``, shared by every command, ``ckptpub preload`` too): 0 all
+good; 1 a mismatch or difference was found; 2 unusable input, a usage error, or
+anything else that prevented a verdict. Every failure is one line on stderr, never a
+traceback (``CKPTPUB_DEBUG=1`` shows the traceback instead, for debugging). Results
+go to stdout in lines that people and scripts can both read (``path: OK`` /
+``path: FAILED (...)``), or as JSON.
+
+Other distributions add commands through the ``ckptpub.commands`` entry-point group
+(``ckptpub preload`` comes from ckptpub-vllm): each entry point is a ``Command``, and
+its sub-parser joins this same parser, so every command has one help layout, one
+error format and one exit-code table.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import enum
+import io
 import os
 import sys
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, NoReturn, TypeVar
 
 from . import __version__
-from .arguments import Arguments, Command, HelpRequested, Option, UsageError, parse
-from .errors import CkptpubError
+from .compare import diff_manifests, verify
+from .errors import CkptpubError, one_line
+from .explain import base_of, is_adapter
 from .manifest import MANIFEST_NAME
+from .printing import (
+    diff_json,
+    gb,
+    manifest_summary,
+    note,
+    plural,
+    print_diff_lines,
+    print_json,
+    print_run_table,
+    print_tree,
+    print_verify_lines,
+    to_stderr,
+    value_text,
+    verify_json,
+)
 from .progress import ProgressBar
+from .publishing import publish
 from .read import read_manifest
+from .runview import lineage, list_run
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-    from typing import Any
-
-    from .compare import ManifestDiff, VerifyReport
-    from .manifest import Manifest
-
-EXIT_OK, EXIT_MISMATCH, EXIT_UNUSABLE = 0, 1, 2
-
-
-#: Entry-point group through which other distributions add commands (``ckptpub preload``
-#: comes from ckptpub-vllm). Each entry point is a ``main(argv: list[str]) -> int``.
+#: Entry-point group through which other distributions add commands; each entry point is a ``Command``.
 COMMANDS_GROUP = "ckptpub.commands"
+#: Set (to anything but ``0``) to get the traceback of a failure instead of its one-line error.
+DEBUG_VARIABLE = "CKPTPUB_DEBUG"
+
+
+class ExitCode(enum.IntEnum):
+    """What the exit status of every ``ckptpub`` command means."""
+
+    OK = 0
+    MISMATCH = 1  # a difference was found (verify, diff; ``preload --status``: the target is not held)
+    UNUSABLE = 2  # unusable input, a usage error, or anything else that prevented a verdict
+    INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
+    # the reader of stdout went away (``ckptpub verify | head``), as a shell reports SIGPIPE
+    BROKEN_PIPE = 141
+
+
+class UsageError(Exception):
+    """A command line that cannot be run: exit 2, one line that points at the command's ``--help``.
+
+    argparse raises it through ``_Parser.error``; a command's ``run`` raises it for
+    combinations argparse cannot express (``program`` is then filled in by ``main``).
+    """
+
+    def __init__(self, message: str, program: str | None = None) -> None:
+        super().__init__(message)
+        self.program = program
+
+
+Arguments = TypeVar("Arguments")
+
+
+@dataclass(frozen=True)
+class Command(Generic[Arguments]):
+    """One ``ckptpub NAME`` command.
+
+    ``add_arguments`` adds its arguments to its sub-parser (and may set the parser's
+    ``description`` and ``epilog``); the parsed values, one per ``dest``, build an
+    ``arguments`` instance (a dataclass) that ``run`` gets and turns into an exit code.
+    With ``passthrough``, whatever follows the first ``--`` is not parsed but handed to
+    ``run`` as the ``extra`` field. ``program`` starts the command's error lines.
+    """
+
+    name: str
+    help: str
+    arguments: type[Arguments]
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[Arguments], int]
+    program: str = "ckptpub"
+    passthrough: bool = False
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with exact option names, and a usage error raised as one ``UsageError`` line."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # a new option must never change what a script meant
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, self.prog)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,67 +119,151 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _occupy_closed_standard_fds()
     _escape_unencodable_output()
+    program = "ckptpub"  # what the error line starts with: the command's own program, once known
     try:
-        if argv and not argv[0].startswith("-") and all(argv[0] != c.name for c in COMMANDS):
-            extension = _extension_command(argv[0])
-            if extension is not None:
-                return extension(argv[1:])
-        command, args = parse("ckptpub", DESCRIPTION, __version__, COMMANDS, argv)
-        code = command.run(args)
+        commands = _commands(argv)
+        named = commands.get(argv[0]) if argv else None
+        if named is not None:  # a usage error in its arguments is said in its name
+            program = named.program
+        command, arguments = _parse(commands, argv)
+        try:
+            code = command.run(arguments)
+        except UsageError as error:
+            error.program = error.program or f"ckptpub {command.name}"
+            raise
         _flush_stdout()
         return code
-    except HelpRequested as text:
-        print(text)
-        if argv[0] in ("-h", "--help"):
-            _print_extension_commands()
-        return EXIT_OK
-    except UsageError as error:
-        _fail(f"{error} (see 'ckptpub {error.command + ' ' if error.command else ''}--help')")
-        return EXIT_UNUSABLE
-    except CkptpubError as error:
-        _fail(str(error))
-        return EXIT_UNUSABLE
-    except BrokenPipeError:  # the reader of stdout went away (``ckptpub verify | head``)
+    except SystemExit as done:  # --help or --version (argparse printed it), or a command's sys.exit
+        _flush_stdout()
+        if done.code is None or isinstance(done.code, int):
+            return done.code or ExitCode.OK
+        fail(str(done.code), program=program)  # sys.exit("message"), as Python itself would print it
+        return ExitCode.UNUSABLE
+    except BrokenPipeError:  # the reader of stdout went away: nothing to say, nobody to say it to
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + 13  # what a shell reports for SIGPIPE
-    except OSError as error:
-        _fail(f"{error.filename or ''}: {error.strerror or error}".lstrip(": "))
-        return EXIT_UNUSABLE
-    except KeyboardInterrupt:
-        _fail("interrupted")
-        return 130
-    except RecursionError:  # a document nested just under the parser's limit, printed or encoded
-        _fail("a JSON document is nested too deeply to handle")
-        return EXIT_UNUSABLE
-    except Exception as error:  # a bug: still one line, still no verdict
-        _fail(f"internal error: {type(error).__name__}: {error}")
-        return EXIT_UNUSABLE
+        return ExitCode.BROKEN_PIPE
+    except (Exception, KeyboardInterrupt) as error:
+        if debugging():
+            raise
+        message, code = _explain(error)
+        fail(message, program=program)
+        return code
 
 
-# Each command imports what it alone needs: start-up time is part of every run.
+def run() -> NoReturn:
+    """Console entry point: ``main()``, then exit with exactly its code.
 
-
-def run() -> None:
-    """Console entry point: ``main()``, then exit without tearing the interpreter down.
-
-    Everything the command wrote is flushed (and a manifest is fsynced) before this
-    point, so skipping module teardown loses nothing and saves a few milliseconds of
-    every run, which matter when the whole run is a fraction of a second.
+    Output is flushed here, so a full or closed stdout still ends with the exit code
+    ``main`` chose (interpreter shutdown would flush it again, print a warning and
+    exit 120); ``os._exit`` then skips that second flush. A manifest is already
+    fsynced by then. Under ``CKPTPUB_DEBUG`` the traceback ``main`` let through is
+    printed, and the exit code still says "no verdict" (2), never Python's 1.
     """
     try:
         code = main()
-    except KeyboardInterrupt:  # Ctrl-C while main was already handling another outcome
-        code = 130
-        _fail("interrupted")
+    except KeyboardInterrupt as error:  # Ctrl-C while main was already handling another outcome
+        if debugging():
+            traceback.print_exception(error)
+        else:
+            fail("interrupted")
+        code = ExitCode.INTERRUPTED
+    except Exception as error:  # only under CKPTPUB_DEBUG: main re-raised it
+        traceback.print_exception(error)
+        code = ExitCode.UNUSABLE
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
                 stream.flush()
         except BrokenPipeError:
-            code = code or 128 + 13
+            code = code or ExitCode.BROKEN_PIPE
         except (OSError, ValueError):  # full, closed: main already reported what it could
-            code = code or EXIT_UNUSABLE
+            code = code or ExitCode.UNUSABLE
     os._exit(code)
+
+
+def debugging() -> bool:
+    """Whether ``CKPTPUB_DEBUG`` asks for tracebacks instead of one-line errors."""
+    return os.environ.get(DEBUG_VARIABLE, "") not in ("", "0")
+
+
+def fail(message: str, *, program: str = "ckptpub") -> None:
+    """The one line a failed command leaves on stderr: ``PROGRAM: error: MESSAGE``."""
+    to_stderr(f"{program}: error: {one_line(message)}")
+
+
+def build_parser(commands: Iterable[Command[Any]]) -> argparse.ArgumentParser:
+    """The parser of ``ckptpub``: one sub-parser per command, built-in or installed."""
+    parser = _Parser(
+        prog="ckptpub",
+        description="BLAKE3 manifests for model checkpoints.",
+        epilog="'ckptpub COMMAND --help' shows a command's arguments and options.",
+    )
+    parser.add_argument("--version", action="version", version=f"ckptpub {__version__}")
+    subparsers = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND", required=True)
+    for command in commands:
+        sub = subparsers.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(sub)
+    return parser
+
+
+def _commands(argv: Sequence[str]) -> dict[str, Command[Any]]:
+    """The built-in commands, and those of installed distributions unless ``argv`` names a built-in one.
+
+    Importing ``importlib.metadata`` and scanning every installed distribution's
+    entry points is a large share of a small command's start-up, so a built-in
+    command such as ``ckptpub verify`` skips both.
+    """
+    commands = {command.name: command for command in BUILT_IN}
+    if argv and argv[0] in commands:
+        return commands
+    from importlib.metadata import entry_points  # imports email, zipfile, csv...: only when needed
+
+    for entry in entry_points(group=COMMANDS_GROUP):
+        if entry.name in commands:  # a built-in name cannot be taken over
+            continue
+        try:
+            command = entry.load()
+        except Exception as error:
+            why = f"{type(error).__name__}: {error}"
+            raise CkptpubError(
+                f"the command {entry.name!r} ({entry.value}) cannot be loaded: {why}"
+            ) from error
+        if not isinstance(command, Command) or command.name != entry.name:
+            raise CkptpubError(f"the entry point {entry.name!r} ({entry.value}) is not a ckptpub Command")
+        commands[entry.name] = command
+    return commands
+
+
+def _parse(commands: dict[str, Command[Any]], argv: list[str]) -> tuple[Command[Any], Any]:
+    """The command ``argv`` names and its parsed, typed arguments; raises ``UsageError``."""
+    named = commands.get(argv[0]) if argv else None
+    extra: list[str] = []
+    if named is not None and named.passthrough and "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
+    namespace, unknown = build_parser(commands.values()).parse_known_args(argv)
+    values = vars(namespace)
+    command = commands[values.pop("command")]
+    if unknown:  # said here, where the hint can name the command's own --help
+        raise UsageError(f"unrecognized arguments: {' '.join(unknown)}", f"ckptpub {command.name}")
+    if command.passthrough:
+        values["extra"] = extra
+    return command, command.arguments(**values)
+
+
+def _explain(error: BaseException) -> tuple[str, ExitCode]:
+    """The one-line message and exit code for an exception that ended a command."""
+    if isinstance(error, UsageError):
+        return f"{error} (see '{error.program or 'ckptpub'} --help')", ExitCode.UNUSABLE
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted", ExitCode.INTERRUPTED
+    if isinstance(error, CkptpubError):
+        return str(error), ExitCode.UNUSABLE
+    if isinstance(error, OSError):
+        return f"{error.filename or ''}: {error.strerror or error}".lstrip(": "), ExitCode.UNUSABLE
+    if isinstance(error, RecursionError):  # a document nested just under the parser's limit, printed
+        return "a JSON document is nested too deeply to handle", ExitCode.UNUSABLE
+    return f"internal error: {type(error).__name__}: {error}", ExitCode.UNUSABLE  # a bug: still no verdict
 
 
 def _occupy_closed_standard_fds() -> None:
@@ -119,10 +283,9 @@ def _occupy_closed_standard_fds() -> None:
 def _escape_unencodable_output() -> None:
     """Names that the output encoding cannot show (PYTHONIOENCODING=ascii, a Latin-1 terminal) are escaped."""
     for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
-        except (AttributeError, ValueError, OSError):  # None (closed at start-up) or not a text stream
-            pass
+        if isinstance(stream, io.TextIOWrapper):  # not None (closed at start-up) nor a test's StringIO
+            with contextlib.suppress(ValueError, OSError):
+                stream.reconfigure(errors="backslashreplace")
 
 
 def _flush_stdout() -> None:
@@ -131,9 +294,137 @@ def _flush_stdout() -> None:
         sys.stdout.flush()
 
 
-def _cmd_publish(args: Arguments) -> int:
-    from .publishing import publish
+# -- the built-in commands: each one's typed arguments, its parser, what it runs --------------------
 
+
+@dataclass(frozen=True)
+class PublishArguments:
+    folder: str
+    threads: int | None
+    no_mmap: bool
+    allow_no_weights: bool
+    allow_nested: bool
+    base: str | None
+    adapter: str | None
+    json: bool
+
+
+@dataclass(frozen=True)
+class VerifyArguments:
+    folder: str
+    quiet: bool
+    expect_identity: str | None
+    threads: int | None
+    no_mmap: bool
+    json: bool
+
+
+@dataclass(frozen=True)
+class ShowArguments:
+    folder: str
+    json: bool
+
+
+@dataclass(frozen=True)
+class DiffArguments:
+    a: str
+    b: str
+    json: bool
+
+
+@dataclass(frozen=True)
+class RunArguments:
+    """``ls`` and ``log``: a run's output folder (``tree``: ``ls --tree``; ``log`` always prints the tree)."""
+
+    run_dir: str
+    json: bool
+    tree: bool = False
+
+
+def _positive(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _add_folder(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("folder", metavar="FOLDER", help="the checkpoint folder")
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of lines")
+
+
+def _add_hashing(parser: argparse.ArgumentParser) -> None:
+    """The options of the two commands that hash: the knobs of ``hashing.hash_spans``."""
+    parser.add_argument(
+        "--threads", type=_positive, metavar="N", help="hashing threads (default: one per CPU)"
+    )
+    parser.add_argument(
+        "--no-mmap",
+        action="store_true",
+        help="read with pread instead of mmap (spinning disks, some network file systems)",
+    )
+
+
+def _add_publish(parser: argparse.ArgumentParser) -> None:
+    _add_folder(parser)
+    _add_hashing(parser)
+    parser.add_argument(
+        "--allow-no-weights",
+        action="store_true",
+        help="publish a folder without *.safetensors weights (FSDP, DeepSpeed, .bin)",
+    )
+    parser.add_argument(
+        "--allow-nested",
+        action="store_true",
+        help="publish a folder that holds other checkpoints (checkpoint-N, manifests)",
+    )
+    parser.add_argument(
+        "--base",
+        metavar="DIR|ID",
+        help="record the model this one was made from (a published folder or an identity)",
+    )
+    parser.add_argument(
+        "--adapter",
+        metavar="DIR|ID",
+        help="record the adapter merged into this model (a published folder or an identity)",
+    )
+    _add_json(parser)
+
+
+def _add_verify(parser: argparse.ArgumentParser) -> None:
+    _add_folder(parser)
+    parser.add_argument("--quiet", action="store_true", help="print only failures")
+    parser.add_argument(
+        "--expect-identity", metavar="ID", help="also fail unless the manifest's identity is ID"
+    )
+    _add_hashing(parser)
+    _add_json(parser)
+
+
+def _add_show(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("folder", metavar="FOLDER", help="the checkpoint folder or its manifest file")
+    _add_json(parser)
+
+
+def _add_diff(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("a", metavar="A", help="checkpoint folder or manifest file")
+    parser.add_argument("b", metavar="B", help="checkpoint folder or manifest file")
+    _add_json(parser)
+
+
+def _add_run_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run's output folder")
+    _add_json(parser)
+
+
+def _add_ls(parser: argparse.ArgumentParser) -> None:
+    _add_run_dir(parser)
+    parser.add_argument("--tree", action="store_true", help="show the run's lineage, as 'ckptpub log' does")
+
+
+def _cmd_publish(args: PublishArguments) -> int:
     bar = ProgressBar("hashing")
     try:
         manifest = publish(
@@ -150,7 +441,7 @@ def _cmd_publish(args: Arguments) -> int:
         bar.close()
     try:
         if args.json:
-            _print_json(_summary(manifest, args.folder))
+            print_json(manifest_summary(manifest, args.folder))
         else:
             print(manifest.identity)
         _flush_stdout()
@@ -161,16 +452,14 @@ def _cmd_publish(args: Arguments) -> int:
             f"published {os.path.join(args.folder, MANIFEST_NAME)} (identity {manifest.identity}), "
             f"but could not write to stdout: {getattr(error, 'strerror', None) or error}"
         ) from None
-    _note(
+    note(
         f"published {os.path.join(args.folder, MANIFEST_NAME)}: {len(manifest.tensors)} tensors, "
-        f"{len(manifest.files)} files, {_gb(sum(f.size for f in manifest.files))}"
+        f"{len(manifest.files)} files, {gb(sum(f.size for f in manifest.files))}"
     )
-    return EXIT_OK
+    return ExitCode.OK
 
 
-def _cmd_verify(args: Arguments) -> int:
-    from .compare import verify
-
+def _cmd_verify(args: VerifyArguments) -> int:
     bar = ProgressBar("verifying")
     try:
         report = verify(
@@ -183,30 +472,30 @@ def _cmd_verify(args: Arguments) -> int:
     finally:
         bar.close()
     if args.json:
-        _print_json(_verify_json(report, args.folder))
+        print_json(verify_json(report, args.folder))
     else:
-        _print_verify_lines(report, quiet=args.quiet)
+        print_verify_lines(report, quiet=args.quiet)
     tensors = len(report.manifest.tensors)
     if report.ok:
-        _note(
-            f"{args.folder}: OK, {len(report.checked)} files, {tensors} tensors, identity {report.manifest.identity}"
+        note(
+            f"{args.folder}: OK, {len(report.checked)} files, {tensors} tensors, "
+            f"identity {report.manifest.identity}"
         )
-        return EXIT_OK
+        return ExitCode.OK
     changed = sum(p.kind == "tensor" for p in report.problems)
-    _note(
-        f"{args.folder}: FAILED, {_plural(len(report.problems), 'problem')} ({_plural(changed, 'tensor')} changed) in {_plural(len(report.checked), 'file')}"
+    note(
+        f"{args.folder}: FAILED, {plural(len(report.problems), 'problem')} "
+        f"({plural(changed, 'tensor')} changed) in {plural(len(report.checked), 'file')}"
     )
-    return EXIT_MISMATCH
+    return ExitCode.MISMATCH
 
 
-def _cmd_show(args: Arguments) -> int:
-    from .explain import base_of, is_adapter
-
+def _cmd_show(args: ShowArguments) -> int:
     manifest = read_manifest(args.folder)
-    summary = _summary(manifest, args.folder)
+    summary = manifest_summary(manifest, args.folder)
     if args.json:
-        _print_json(summary)
-        return EXIT_OK
+        print_json(summary)
+        return ExitCode.OK
     base = base_of(manifest)
     kind = "adapter" if is_adapter(manifest) else "model"
     rows = [
@@ -214,374 +503,102 @@ def _cmd_show(args: Arguments) -> int:
         ("kind", f"{kind} on base {base}" if base else f"{kind} (no base recorded)"),
         ("folder", os.path.abspath(args.folder)),
         ("weights", ", ".join(manifest.weights) or "(none: identity covers every file)"),
-        ("tensors", f"{summary['tensors']} ({_gb(summary['tensor_bytes'])})"),
-        ("files", f"{summary['files']} ({_gb(summary['bytes'])})"),
+        ("tensors", f"{summary['tensors']} ({gb(summary['tensor_bytes'])})"),
+        ("files", f"{summary['files']} ({gb(summary['bytes'])})"),
         *(("config", f"{name} {digest}") for name, digest in sorted(manifest.config.items())),
-        *((key, _value(value)) for key, value in sorted(manifest.provenance.items())),
+        *((key, value_text(value)) for key, value in sorted(manifest.provenance.items())),
     ]
     width = max(len(key) for key, _ in rows) + 2
     for key, value in rows:
-        print(f"{key + ':':<{width}}{_safe(value)}")
-    return EXIT_OK
+        print(f"{key + ':':<{width}}{one_line(value)}")
+    return ExitCode.OK
 
 
-def _cmd_diff(args: Arguments) -> int:
-    from .compare import diff_manifests
-
+def _cmd_diff(args: DiffArguments) -> int:
     a, b = read_manifest(args.a), read_manifest(args.b)
     folders = [path if os.path.isdir(path) else None for path in (args.a, args.b)]
     difference = diff_manifests(a, b, folder_a=folders[0], folder_b=folders[1])
     if args.json:
-        _print_json(_diff_json(difference, a, b))
+        print_json(diff_json(difference, a, b))
     elif difference.same:
         print(f"same identity {difference.identity_a}")
     else:
-        _print_diff_lines(difference, a, b)
-    if not difference.same:
-        _note(
-            f"different identities: {len(difference.changed)} tensors changed, {len(difference.added)} added, "
-            f"{len(difference.removed)} removed, {_plural(len(difference.config_changed), 'config')} changed"
-        )
-    return EXIT_OK if difference.same else EXIT_MISMATCH
-
-
-def _print_diff_lines(difference: ManifestDiff, a: Manifest, b: Manifest) -> None:
-    """Lineage first, then one line per group of tensors, then config keys: the answer in a few lines."""
-    relation = difference.relation
-    skip = None
-    if relation in ("adapter_on_a", "adapter_on_b"):
-        adapter, base, side = (b, a, "b") if relation == "adapter_on_a" else (a, b, "a")
-        skip = "removed" if side == "b" else "added"
-        print(
-            f"lineage  {side} is an adapter on {'a' if side == 'b' else 'b'} ({_short(base.identity)}): "
-            f"its {len(adapter.weight_tensors() or adapter.tensors)} tensors apply on top of that base"
-        )
-    elif relation in ("from_a", "from_b"):
-        child, parent = ("b", "a") if relation == "from_a" else ("a", "b")
-        print(f"lineage  {child} records {parent} as its base")
-    elif relation == "same_base":
-        print(f"lineage  a and b record the same base {_short(a.provenance['base_identity'])}")
-    whats = {c.what for c in difference.tensor_changes}
-    everything = (
-        not difference.added
-        and not difference.removed
-        and len(difference.changed) == len(a.weight_tensors() or a.tensors)
+        print_diff_lines(difference, a, b)
+    if difference.same:
+        return ExitCode.OK
+    note(
+        f"different identities: {len(difference.changed)} tensors changed, {len(difference.added)} added, "
+        f"{len(difference.removed)} removed, {plural(len(difference.config_changed), 'config')} changed"
     )
-    if (
-        everything and len(whats) == 1 and len(difference.changed) > 1
-    ):  # a cast or a full fine-tune: one line says it
-        print(f"changed  all {len(difference.changed)} tensors: {whats.pop()}")
-        skip = "changed"
-    for group in difference.groups:
-        if group.kind == skip:
-            continue
-        count = f" ({len(group.names)} tensors)" if len(group.names) > 1 else ""
-        where = f" {group.where}" if group.where else ""
-        print(f"{group.kind:<8} {_safe(group.pattern)}{where}: {group.what}{count}")
-    for change in difference.config_keys:
-        old = _json_value(change.old) if change.in_a else "(absent)"
-        new = _json_value(change.new) if change.in_b else "(absent)"
-        print(f"config   {change.file}: {_safe(change.key)} {_safe(old)} -> {_safe(new)}")
-    for note in difference.config_notes:
-        if not (
-            relation in ("adapter_on_a", "adapter_on_b") and " only in " in note
-        ):  # an adapter has its own config
-            print(f"config   {_safe(note)}")
+    return ExitCode.MISMATCH
 
 
-def _cmd_ls(args: Arguments) -> int:
-    from .runview import lineage, list_run
-
+def _cmd_ls(args: RunArguments) -> int:
     entries = list_run(args.run_dir)
-    unusable = sum(e.status == "unusable" for e in entries)
     if args.tree:
-        _print_tree(lineage(entries), args.json)
+        print_tree(lineage(entries), args.json)
     elif args.json:
-        _print_json([e.as_dict() for e in entries])
+        print_json([e.as_dict() for e in entries])
     else:
-        print(f"{'STEP':>8}  {'IDENTITY':<19}  {'SIZE':>9}  {'BASE':<19}  {'NOTE':<7}  PATH")
-        for e in entries:
-            step = "-" if e.step is None else str(e.step)
-            identity = "UNUSABLE" if e.status == "unusable" else _short(e.identity) if e.identity else "-"
-            size = "-" if e.size is None else _gb(e.size)
-            note = {"gone": "gone", "unusable": "error"}.get(
-                e.status, "=prev" if e.same_as_previous else "adapter" if e.adapter else ""
-            )
-            print(
-                f"{step:>8}  {identity:<19}  {size:>9}  {_short(e.base_identity) or '-':<19}  {note:<7}  {_safe(e.path)}"
-            )
-        for e in entries:
-            if e.status == "unusable":
-                print(f"# {_safe(e.detail or '')}")
+        print_run_table(entries)
+    unusable = sum(e.status == "unusable" for e in entries)
     published = sum(e.status == "ok" for e in entries)
     gone = sum(e.status == "gone" for e in entries)
-    _note(
-        f"{_plural(published, 'published checkpoint')} under {args.run_dir}"
+    note(
+        f"{plural(published, 'published checkpoint')} under {args.run_dir}"
         + (f", {gone} rotated away" if gone else "")
         + (f", {unusable} unusable" if unusable else "")
     )
-    return EXIT_UNUSABLE if unusable else EXIT_OK
+    return ExitCode.UNUSABLE if unusable else ExitCode.OK
 
 
-def _cmd_log(args: Arguments) -> int:
-    from .runview import lineage, list_run
-
+def _cmd_log(args: RunArguments) -> int:
     entries = list_run(args.run_dir)
-    _print_tree(lineage(entries), args.json)
-    return EXIT_UNUSABLE if any(e.status == "unusable" for e in entries) else EXIT_OK
+    print_tree(lineage(entries), args.json)
+    return ExitCode.UNUSABLE if any(e.status == "unusable" for e in entries) else ExitCode.OK
 
 
-def _print_tree(roots: list[dict], as_json: bool) -> None:
-    """``base X -> steps``: each recorded base, then the checkpoints trained from it."""
-    if as_json:
-        _print_json(roots)
-        return
-    for root in roots:
-        base = root["base_identity"]
-        print(f"base {_short(base)} (not in this run)" if base else "(no base recorded)")
-        _print_children(root["children"], "")
-
-
-def _print_children(nodes: list[dict], indent: str) -> None:
-    for number, node in enumerate(nodes):
-        last = number == len(nodes) - 1
-        e = node["entry"]
-        step = f"step {e['step']}" if e["step"] is not None else "-"
-        marks = [m for m, on in (("adapter", e["adapter"]), ("=prev", e["same_as_previous"])) if on]
-        print(
-            f"{indent}{'`-' if last else '|-'} {step:<10} {_short(e['identity'])}  {_safe(e['path'])}"
-            + (f"  ({', '.join(marks)})" if marks else "")
-        )
-        _print_children(node["children"], indent + ("   " if last else "|  "))
-
-
-def _extension_command(name: str):
-    """The ``main`` registered for ``name`` by an installed distribution, if any.
-
-    Looked up only for names that are not built in, so built-in commands never pay
-    for scanning installed distributions.
-    """
-    from importlib.metadata import entry_points
-
-    for entry in entry_points(group=COMMANDS_GROUP):
-        if entry.name == name:
-            return entry.load()
-    return None
-
-
-def _print_extension_commands() -> None:
-    from importlib.metadata import entry_points
-
-    names = sorted({entry.name for entry in entry_points(group=COMMANDS_GROUP)})
-    if names:
-        print(f"\nadded by installed distributions: {', '.join(names)} ('ckptpub NAME --help' for each)")
-
-
-def _summary(manifest: Manifest, folder: str) -> dict[str, Any]:
-    weight_tensors = manifest.weight_tensors()
-    return {
-        "identity": manifest.identity,
-        "folder": os.path.abspath(folder),
-        "weights": list(manifest.weights),
-        "tensors": len(weight_tensors) if manifest.weights else len(manifest.tensors),
-        "tensor_bytes": sum(t.data_offsets[1] - t.data_offsets[0] for t in weight_tensors.values()),
-        "files": len(manifest.files),
-        "bytes": sum(f.size for f in manifest.files),
-        "config": dict(manifest.config),
-        "provenance": dict(manifest.provenance),
-    }
-
-
-def _verify_json(report: VerifyReport, folder: str) -> dict[str, Any]:
-    return {
-        "folder": os.path.abspath(folder),
-        "ok": report.ok,
-        "identity": report.manifest.identity,
-        "files_checked": len(report.checked),
-        "tensors_checked": len(report.manifest.tensors),
-        "problems": [
-            {"path": p.path, "kind": p.kind, "detail": p.detail} | ({"tensor": p.tensor} if p.tensor else {})
-            for p in report.problems
-        ],
-    }
-
-
-def _diff_json(difference: ManifestDiff, a: Manifest, b: Manifest) -> dict[str, Any]:
-    from .explain import base_of
-
-    return {
-        "same": difference.same,
-        "identity_a": difference.identity_a,
-        "identity_b": difference.identity_b,
-        "base_identity_a": base_of(a),
-        "base_identity_b": base_of(b),
-        "relation": difference.relation,
-        "changed": list(difference.changed),
-        "added": list(difference.added),
-        "removed": list(difference.removed),
-        "config_changed": list(difference.config_changed),
-        "tensor_changes": [c._asdict() | {"what": c.what} for c in difference.tensor_changes],
-        "groups": [g._asdict() | {"where": g.where, "count": len(g.names)} for g in difference.groups],
-        "config_keys": [c._asdict() for c in difference.config_keys],
-        "config_notes": list(difference.config_notes),
-    }
-
-
-def _print_verify_lines(report: VerifyReport, *, quiet: bool) -> None:
-    by_path: dict[str, list] = {}
-    for problem in report.problems:
-        by_path.setdefault(problem.path, []).append(problem)
-    for path in sorted(set(report.checked) | set(by_path)):
-        problems = by_path.get(path)
-        if not problems:
-            if not quiet:
-                print(f"{_safe(path)}: OK")
-            continue
-        for p in problems:
-            what = (
-                f"tensor {_safe(repr(p.tensor))} {p.detail}" if p.tensor else f"{p.kind}: {_safe(p.detail)}"
-            )
-            print(f"{_safe(path)}: FAILED ({what})")
-
-
-def _positive(text: str) -> int:
-    if not (text.isascii() and text.isdigit() and int(text) >= 1):
-        raise ValueError(f"{text!r} is not a positive integer")
-    return int(text)
-
-
-DESCRIPTION = "BLAKE3 manifests for model checkpoints."
-_FOLDER = ("folder", "the checkpoint folder")
-_JSON = Option("--json", "print JSON instead of lines")
-_RUN = ("run_dir", "the run's output folder")
-#: Options of the two commands that hash: the knobs of ``hashing.hash_spans``.
-_HASHING = (
-    Option("--threads", "hashing threads (default: one per CPU)", "N", _positive),
-    Option("--no-mmap", "read with pread instead of mmap (spinning disks, some network file systems)"),
-)
-COMMANDS = (
+BUILT_IN: tuple[Command[Any], ...] = (
     Command(
         "publish",
         "hash a checkpoint folder and write its ckptpub.json",
+        PublishArguments,
+        _add_publish,
         _cmd_publish,
-        (_FOLDER,),
-        (
-            *_HASHING,
-            Option(
-                "--allow-no-weights", "publish a folder without *.safetensors weights (FSDP, DeepSpeed, .bin)"
-            ),
-            Option(
-                "--allow-nested", "publish a folder that holds other checkpoints (checkpoint-N, manifests)"
-            ),
-            Option(
-                "--base",
-                "record the model this one was made from (a published folder or an identity)",
-                "DIR|ID",
-            ),
-            Option(
-                "--adapter",
-                "record the adapter merged into this model (a published folder or an identity)",
-                "DIR|ID",
-            ),
-            _JSON,
-        ),
     ),
     Command(
         "verify",
         "re-hash a folder and report every difference from its manifest",
+        VerifyArguments,
+        _add_verify,
         _cmd_verify,
-        (_FOLDER,),
-        (
-            Option("--quiet", "print only failures"),
-            Option("--expect-identity", "also fail unless the manifest's identity is ID", "ID"),
-            *_HASHING,
-            _JSON,
-        ),
     ),
     Command(
-        "show", "print a checkpoint's identity and summary from its manifest", _cmd_show, (_FOLDER,), (_JSON,)
+        "show",
+        "print a checkpoint's identity and summary from its manifest",
+        ShowArguments,
+        _add_show,
+        _cmd_show,
     ),
     Command(
         "diff",
         "compare the model tensors of two manifests (no data is read)",
+        DiffArguments,
+        _add_diff,
         _cmd_diff,
-        (("a", "checkpoint folder or manifest file"), ("b", "checkpoint folder or manifest file")),
-        (_JSON,),
     ),
     Command(
         "ls",
         "list the published checkpoints of a training run (its run index, then a folder scan)",
+        RunArguments,
+        _add_ls,
         _cmd_ls,
-        (_RUN,),
-        (Option("--tree", "show the run's lineage, as 'ckptpub log' does"), _JSON),
     ),
     Command(
         "log",
         "show a training run's lineage: each recorded base, then the steps trained from it",
+        RunArguments,
+        _add_run_dir,
         _cmd_log,
-        (_RUN,),
-        (_JSON,),
     ),
 )
-
-
-def _print_json(value: Any) -> None:
-    import json  # only --json needs it (see strict_json for why it is not imported above)
-
-    print(json.dumps(value, indent=2, sort_keys=True))
-
-
-def _note(message: str) -> None:
-    _to_stderr(f"ckptpub: {_safe(message)}")
-
-
-def _fail(message: str) -> None:
-    _to_stderr(f"ckptpub: error: {_safe(message)}")
-
-
-def _to_stderr(line: str) -> None:
-    """One line to stderr; a closed or full stderr loses the line, never the exit code."""
-    if sys.stderr is None:  # closed at start-up (print would fall back to stdout)
-        return
-    try:
-        print(line, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass
-
-
-def _safe(text: str) -> str:
-    """Escape control characters so a hostile file or tensor name cannot break lines or the terminal."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
-def _short(identity: str | None) -> str:
-    """``blake3:1a2b3c4d5e6f``: enough to tell a run's checkpoints apart; ``--json`` has the whole digest."""
-    return identity[:19] if identity else ""
-
-
-def _value(value: object) -> str:
-    """A provenance value for people: strings as they are, the rest as JSON (``null``, never ``None``)."""
-    return value if isinstance(value, str) else _json_value(value)
-
-
-def _json_value(value: object) -> str:
-    from .canonical import canonical_json  # not the json package: diff stays off re/enum
-
-    try:
-        return canonical_json(value).decode("utf-8")
-    except (TypeError, ValueError, RecursionError):
-        return "(too deeply nested to print)"
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" + ("" if count == 1 else "s")
-
-
-def _gb(size: int) -> str:
-    return (
-        f"{size / 1e9:.2f} GB"
-        if size >= 1e8
-        else f"{size / 1e6:.1f} MB"
-        if size >= 1e5
-        else f"{size / 1e3:.1f} kB"
-    )

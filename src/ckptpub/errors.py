@@ -4,6 +4,18 @@ Every message is a single line that names the file, tensor or manifest field at
 fault, because the CLI prints it as is and users act on it without a traceback.
 """
 
+from __future__ import annotations
+
+
+def one_line(text: str) -> str:
+    """``text`` with each unprintable character escaped as ``repr`` would (``\\n``, ``\\t``, ``\\x1b``).
+
+    Everything else is kept exactly: a path with two spaces, or a name in any script,
+    still reads as the same path, while a newline or a terminal escape sequence in a
+    hostile file name can neither split the line nor reach the terminal.
+    """
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
 
 class CkptpubError(Exception):
     """Unusable input: a malformed checkpoint or manifest, a missing file, a bad path or argument.
@@ -15,7 +27,7 @@ class CkptpubError(Exception):
     """
 
     def __init__(self, message: str) -> None:
-        super().__init__(" ".join(message.split()))
+        super().__init__(one_line(message))
 
 
 class NoManifestError(CkptpubError):

@@ -1,6 +1,9 @@
 """A plain accelerate loop (no Trainer): save_state() every 4 steps, then
 publish_accelerate_state(). Run directly or under torchrun; each process writes
-what the helper returned to OUT/rank-{rank}.json."""
+what the helper returned to OUT/rank-{rank}.json.
+
+``train_tiny`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
+scripts the tests start (by hand: ``PYTHONPATH=examples``)."""
 
 from __future__ import annotations
 
@@ -8,11 +11,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cbhelpers  # noqa: E402,F401  (puts examples/ on sys.path)
-import train_tiny  # noqa: E402
+import train_tiny
 
-import ckptpub  # noqa: E402
+import ckptpub
 
 
 def main(out: str) -> None:

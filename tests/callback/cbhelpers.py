@@ -1,7 +1,7 @@
 """Helpers for the callback tests: the tiny offline model, the CLI, folder listings.
 
-Lives in its own module (not conftest.py) so test files and subprocess scripts can
-import it by a name no other test folder uses.
+Lives in its own module (not conftest.py) so test files can import it by a name no
+other test folder uses (this folder is on pytest's ``pythonpath``, see pyproject.toml).
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "examples"))
+import train_tiny  # noqa: F401  (conftest and tests use cbhelpers.train_tiny)
+
+# for this process and the training scripts the tests start
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import train_tiny  # noqa: E402,F401  (conftest and tests use cbhelpers.train_tiny)
 
 
 def cli_command() -> list[str]:

@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import cbhelpers
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import cbhelpers  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -1,16 +1,16 @@
 """Train until killed: a ~50 MB checkpoint (weights + optimizer) every 3 steps with
-PublishCallback in background mode. The crash-safety test SIGKILLs it mid-publish."""
+PublishCallback in background mode. The crash-safety test SIGKILLs it mid-publish.
+
+``train_tiny`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
+scripts the tests start (by hand: ``PYTHONPATH=examples``)."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cbhelpers  # noqa: E402,F401  (puts examples/ on sys.path)
-import train_tiny  # noqa: E402
+import train_tiny
 
-from ckptpub.callback import PublishCallback  # noqa: E402
+from ckptpub.callback import PublishCallback
 
 if __name__ == "__main__":
     model = train_tiny.build_model(

@@ -1,5 +1,8 @@
 """Run under ``torchrun --nproc_per_node 2``: train the tiny model with DDP (gloo, CPU)
-and PublishCallback; each rank writes what it published to OUT/rank-{rank}.json."""
+and PublishCallback; each rank writes what it published to OUT/rank-{rank}.json.
+
+``train_tiny`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
+scripts the tests start (by hand: ``PYTHONPATH=examples``)."""
 
 from __future__ import annotations
 
@@ -8,11 +11,9 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import cbhelpers  # noqa: E402,F401  (puts examples/ on sys.path)
-import train_tiny  # noqa: E402
+import train_tiny
 
-from ckptpub.callback import PublishCallback  # noqa: E402
+from ckptpub.callback import PublishCallback
 
 
 def main(out: str) -> None:

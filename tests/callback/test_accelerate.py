@@ -34,15 +34,17 @@ def test_accelerate_loop_two_processes(tmp_path):
 
     main = json.loads((tmp_path / "rank-0.json").read_text())
     other = json.loads((tmp_path / "rank-1.json").read_text())
-    assert [x["step"] for x in main] == [4, 8, 12] and all(x["identity"] for x in main)
+    assert [x["step"] for x in main] == [4, 8, 12]
+    assert all(x["identity"] for x in main)
     assert [x["identity"] for x in other] == [None, None, None]
     assert len({x["identity"] for x in main}) == 3
 
     folders = sorted((tmp_path / "checkpoints").iterdir())
     assert [f.name for f in folders] == ["checkpoint_1", "checkpoint_2"]  # total_limit=2 removed checkpoint_0
-    for folder, rec in zip(folders, main[1:]):
+    for folder, rec in zip(folders, main[1:], strict=True):
         assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in folder.iterdir()}
         assert os.path.samefile(rec["folder"], folder)
         assert_verifies(folder)
         m = manifest_json(folder)
-        assert m["identity"] == rec["identity"] and m["provenance"]["step"] == rec["step"]
+        assert m["identity"] == rec["identity"]
+        assert m["provenance"]["step"] == rec["step"]

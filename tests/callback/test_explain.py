@@ -66,7 +66,10 @@ def cli(*args, expect: int) -> list[str]:
 
 
 def test_full_fine_tune_diff_says_the_dtype_changed(runs):
-    """310 changed tensors in a real Qwen3 run came from a BF16 -> F32 cast: the diff says so, and which config keys."""
+    """310 changed tensors in a real Qwen3 run came from a BF16 -> F32 cast.
+
+    The diff says so, and which config keys changed.
+    """
     lines = cli("diff", runs / "base", runs / "full" / "checkpoint-10", expect=1)
     assert lines == [
         "lineage  b records a as its base",
@@ -77,7 +80,8 @@ def test_full_fine_tune_diff_says_the_dtype_changed(runs):
     as_json = json.loads(
         "\n".join(cli("diff", "--json", runs / "base", runs / "full" / "checkpoint-10", expect=1))
     )
-    assert as_json["relation"] == "from_a" and len(as_json["tensor_changes"]) == 25
+    assert as_json["relation"] == "from_a"
+    assert len(as_json["tensor_changes"]) == 25
     assert {c["what"] for c in as_json["tensor_changes"]} == {"dtype BF16 -> F32"}
     assert {(c["key"], c["old"], c["new"]) for c in as_json["config_keys"]} == {
         ("dtype", "bfloat16", "float32"),
@@ -99,7 +103,8 @@ def test_adapter_diff_says_it_applies_to_the_base(runs):
     base = ckptpub.read_manifest(runs / "base").identity
     assert lines[0] == f"lineage  b is an adapter on a ({base[:19]}): its 8 tensors apply on top of that base"
     assert lines[1:] == [
-        "added    base_model.model.model.layers.*.self_attn.{q,v}_proj.lora_{A,B}.weight in layers 0-1: F32 (8 tensors)",
+        "added    base_model.model.model.layers.*.self_attn.{q,v}_proj.lora_{A,B}.weight in layers 0-1: "
+        "F32 (8 tensors)",
     ]
     shown = cli("show", runs / "lora" / "checkpoint-10", expect=0)
     assert shown[1].split(None, 1) == ["kind:", f"adapter on base {base}"]
@@ -118,18 +123,18 @@ def test_merged_lora_published_with_its_base_diffs_as_one_grouped_line(runs, tmp
     assert provenance["base_identity"] == ckptpub.read_manifest(runs / "base").identity
     assert provenance["adapter_identity"] == ckptpub.read_manifest(adapter).identity
     shown = "\n".join(cli("show", merged, expect=0))
-    assert "kind:             model on base blake3:" in shown and "adapter_identity: blake3:" in shown
+    assert "kind:             model on base blake3:" in shown
+    assert "adapter_identity: blake3:" in shown
 
 
 def test_publish_refuses_an_unpublished_base(runs, tmp_path):
     merged = tmp_path / "merged"
     shutil.copytree(runs / "merged", merged)
     result = run_cli("publish", str(merged), "--base", str(tmp_path))
-    assert result.returncode == 2 and result.stderr.count("\n") == 1
-    assert (
-        result.stderr.startswith("ckptpub: error: base: ")
-        and f"publish it first: ckptpub publish {tmp_path}" in result.stderr
-    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("ckptpub: error: base: ")
+    assert f"publish it first: ckptpub publish {tmp_path}" in result.stderr
     assert not (merged / "ckptpub.json").exists()
     with pytest.raises(ckptpub.CkptpubError, match="not of the form"):
         ckptpub.publish(merged, base="blake3:1234")
@@ -185,7 +190,8 @@ def test_unpublished_base_warns_once_and_ls_marks_a_resave(tiny, tokenizer, tmp_
     lines = cli("ls", tmp_path / "run", expect=0)
     assert [line.split()[-2:] for line in lines[1:]] == [["-", "checkpoint-5"], ["=prev", "checkpoint-10"]]
     shown = cli("show", tmp_path / "run" / "checkpoint-10", expect=0)
-    assert shown[1].split(None, 1) == ["kind:", "model (no base recorded)"] and "None" not in "\n".join(shown)
+    assert shown[1].split(None, 1) == ["kind:", "model (no base recorded)"]
+    assert "None" not in "\n".join(shown)
 
 
 def test_console_printer_shows_the_identity_when_the_callback_is_passed_to_the_trainer(
@@ -210,4 +216,5 @@ def test_console_printer_shows_the_identity_when_the_callback_is_passed_to_the_t
         with_identity = [
             line for line in printed if f"'ckptpub/identity': '{callback.published[0].identity}'" in line
         ]
-        assert printed and bool(with_identity) == (where == "constructor"), (where, printed)
+        assert printed, where
+        assert bool(with_identity) == (where == "constructor"), (where, printed)

@@ -73,11 +73,12 @@ def test_training_continues_when_the_index_is_a_symlink_out(tiny, tokenizer, tmp
     warnings = [
         r.getMessage() for r in caplog.records if "could not append to the run index" in r.getMessage()
     ]
-    assert len(warnings) == 2 and "symlink" in warnings[0], warnings
+    assert len(warnings) == 2, warnings
+    assert "symlink" in warnings[0], warnings
 
 
 def test_checkpoint_folders_are_not_found_through_symlinks(tmp_path):
-    """Under hyper-parameter search the run folder is guessed; a symlink to a folder outside is never the guess."""
+    """Under hyper-parameter search the run folder is guessed; a symlink to a folder outside never is."""
     from ckptpub.callback import checkpoint_folder
 
     out, outside = tmp_path / "out", tmp_path / "outside"

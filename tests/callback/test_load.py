@@ -22,7 +22,7 @@ def open_fds() -> int:
 
 
 def threads_but_tqdm() -> int:
-    """Live threads, not counting tqdm's monitor, which an earlier in-process Trainer may have started already."""
+    """Live threads, not counting tqdm's monitor (an earlier in-process Trainer may have started it)."""
     return threading.active_count() - ("tqdm_monitor" in {t.name for t in threading.enumerate()})
 
 
@@ -52,8 +52,10 @@ def test_two_hundred_saves(tiny, tokenizer, tmp_path):
     index = run_index.read(tmp_path)
     steps = [record["step"] for record in index]
     published = {p.step for p in callback.published}
-    assert steps == sorted(steps) and len(steps) == len(set(steps)) == len(published)
-    assert published <= set(range(1, SAVES + 1)) and {SAVES - 1, SAVES} <= published
+    assert steps == sorted(steps)
+    assert len(steps) == len(set(steps)) == len(published)
+    assert published <= set(range(1, SAVES + 1))
+    assert {SAVES - 1, SAVES} <= published
     by_path = {record["path"]: record["identity"] for record in index}
     for name in survivors:
         assert by_path[name] == manifest_json(tmp_path / name)["identity"]
@@ -65,8 +67,10 @@ def test_two_hundred_saves(tiny, tokenizer, tmp_path):
     assert open_fds() == fds, "file descriptors leaked"
     # tqdm (transformers' progress bars) keeps a monitor thread of its own; ours must all be gone
     ours = [t.name for t in threading.enumerate() if t.name.startswith("ckptpub")]
-    assert ours == [] and threads_but_tqdm() == threads
+    assert ours == []
+    assert threads_but_tqdm() == threads
     print(
         f"load test: {SAVES} saves, {len(published)} published, {skipped} skipped (rotated first), "
-        f"{len(survivors)} surviving folders verify, fds {fds}->{open_fds()}, ckptpub threads left {len(ours)}"
+        f"{len(survivors)} surviving folders verify, fds {fds}->{open_fds()}, "
+        f"ckptpub threads left {len(ours)}"
     )

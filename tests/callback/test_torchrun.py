@@ -37,9 +37,13 @@ def test_two_process_run_publishes_once_per_checkpoint(tmp_path):
     reports = {
         rep["rank"]: rep for rep in (json.loads((tmp_path / f"rank-{i}.json").read_text()) for i in (0, 1))
     }
-    assert reports[0]["world_size"] == 2 and reports[0]["should_save"] and not reports[1]["should_save"]
-    assert reports[0]["published"] == [4, 8, 12] and reports[0]["failures"] == []
-    assert reports[1]["published"] == [] and reports[1]["failures"] == []
+    assert reports[0]["world_size"] == 2
+    assert reports[0]["should_save"]
+    assert not reports[1]["should_save"]
+    assert reports[0]["published"] == [4, 8, 12]
+    assert reports[0]["failures"] == []
+    assert reports[1]["published"] == []
+    assert reports[1]["failures"] == []
 
     names = checkpoints(tmp_path)
     assert names == ["checkpoint-4", "checkpoint-8", "checkpoint-12"]

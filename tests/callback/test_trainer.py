@@ -85,21 +85,24 @@ def test_every_checkpoint_published_and_verifies(tiny, tokenizer, tmp_path, capl
         assert prov["base_identity"] is None
         assert {"transformers", "torch", "accelerate", "ckptpub"} <= prov["producer"].keys()
         identities.append(m["identity"])
-    assert all(a != b for a, b in zip(identities, identities[1:])), "consecutive steps share an identity"
+    assert all(a != b for a, b in zip(identities, identities[1:], strict=False)), (
+        "consecutive steps share an identity"
+    )
 
     # the run index lists every publish, in order, with paths relative to output_dir
     index = run_index.read(tmp_path)
     assert [(r["step"], r["path"], r["identity"]) for r in index] == [
-        (int(n.split("-")[1]), n, i) for n, i in zip(names, identities)
+        (int(n.split("-")[1]), n, i) for n, i in zip(names, identities, strict=True)
     ]
     # identities reach the Trainer's log history, later reporters and the ckptpub logger
     logged = {
         e["ckptpub/step"]: e["ckptpub/identity"] for e in trainer.state.log_history if "ckptpub/identity" in e
     }
-    assert logged == {int(n.split("-")[1]): i for n, i in zip(names, identities)}
+    assert logged == {int(n.split("-")[1]): i for n, i in zip(names, identities, strict=True)}
     assert any(log.get("ckptpub/identity") in identities for log in seen.logs)
     assert sum("published step" in r.getMessage() for r in caplog.records) == 4
-    assert [p.identity for p in cb.published] == identities and cb.failures == []
+    assert [p.identity for p in cb.published] == identities
+    assert cb.failures == []
 
 
 def test_synchronous_mode(tiny, tokenizer, tmp_path):
@@ -189,7 +192,8 @@ def test_other_save_strategies(tiny, tokenizer, tmp_path, strategy):
     cb = PublishCallback()
     train(tiny, tokenizer, tmp_path, cb, **args)
     names = checkpoints(tmp_path)
-    assert names and cb.failures == []
+    assert names
+    assert cb.failures == []
     for name in names:
         assert_verifies(tmp_path / name)
     assert [r["path"] for r in run_index.read(tmp_path)] == names
@@ -202,7 +206,8 @@ def test_sharded_safetensors(tiny, tokenizer, tmp_path):
     for name in checkpoints(tmp_path):
         folder = tmp_path / name
         shards = sorted(p.name for p in folder.glob("model-*.safetensors"))
-        assert len(shards) > 1 and (folder / "model.safetensors.index.json").exists()
+        assert len(shards) > 1
+        assert (folder / "model.safetensors.index.json").exists()
         assert_verifies(folder)
         m = manifest_json(folder)
         assert {t["file"] for t in m["tensors"]} == set(shards)
@@ -249,13 +254,15 @@ def test_peft_adapter_checkpoints(tiny, tokenizer, tmp_path):
     ids = []
     for name in checkpoints(tmp_path / "run"):
         folder = tmp_path / "run" / name
-        assert (folder / "adapter_model.safetensors").exists() and not (folder / "model.safetensors").exists()
+        assert (folder / "adapter_model.safetensors").exists()
+        assert not (folder / "model.safetensors").exists()
         assert_verifies(folder)
         m = manifest_json(folder)
         assert m["provenance"]["base_identity"] == base.identity
         assert any("lora" in t["name"] for t in m["tensors"])
         ids.append(m["identity"])
-    assert len(ids) == 2 and ids[0] != ids[1]
+    assert len(ids) == 2
+    assert ids[0] != ids[1]
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -331,11 +338,14 @@ def test_run_index_skips_a_torn_line(tmp_path):
     assert [r["step"] for r in run_index.read(tmp_path)] == [2]
 
 
-def test_import_is_lazy():
+def test_import_ckptpub_needs_no_transformers():
+    """``import ckptpub`` needs no transformers; ``ckptpub.PublishCallback`` is ckptpub.callback's class."""
     code = (
-        "import sys, ckptpub, ckptpub.callback;"
+        "import sys, ckptpub;"
         "assert 'transformers' not in sys.modules, 'transformers imported eagerly';"
-        "from ckptpub import PublishCallback; import transformers;"
+        "from ckptpub import PublishCallback; import ckptpub.callback, transformers;"
+        "assert PublishCallback is ckptpub.callback.PublishCallback;"
+        "assert PublishCallback.__module__ == 'ckptpub.callback';"
         "assert issubclass(PublishCallback, transformers.TrainerCallback)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -33,9 +33,8 @@ def test_folder_that_is_a_file(tmp_path: Path) -> None:
     path.write_text("x")
     for verb in ("publish", "verify", "ls"):
         result = run_cli(verb, path)
-        assert result.returncode == 2 and result.stderr == f"ckptpub: error: {path}: not a folder\n", (
-            verb,
-            result.stderr,
-        )
+        assert result.returncode == 2, verb
+        assert result.stderr == f"ckptpub: error: {path}: not a folder\n", (verb, result.stderr)
     result = run_cli("show", path)  # show also takes a manifest file; this one is not JSON
-    assert result.returncode == 2 and "manifest is not valid JSON" in result.stderr
+    assert result.returncode == 2
+    assert "manifest is not valid JSON" in result.stderr

@@ -27,7 +27,8 @@ import ckptpub.publishing
 import ckptpub.read  # noqa: F401  (imported before auditing starts)
 
 touched: list[str] = []
-# Imports the standard library does lazily (locale, encodings) open files under these; they are not the command's reads.
+# Imports the standard library does lazily (locale, encodings) open files under these;
+# they are not the command's reads.
 _INTERPRETER = tuple(
     {
         os.path.realpath(p) + os.sep

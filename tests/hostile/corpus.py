@@ -35,7 +35,7 @@ class Case(NamedTuple):
 
 
 class RunCase(NamedTuple):
-    """A damaged training-run folder (``checkpoint-10`` and ``checkpoint-20``, both published) for ``ckptpub ls``."""
+    """A damaged run folder for ``ckptpub ls`` (``checkpoint-10`` and ``checkpoint-20``, both published)."""
 
     name: str
     damage: Callable[[Path], None]
@@ -166,7 +166,10 @@ def forge_listing(
 def rename_tensor(
     source: str, target: str, old: str = "model.norm.weight", new: str = "lm_head.weight"
 ) -> Callable[[Path], None]:
-    """Copy a shard to ``target`` with one tensor renamed (same length name keeps offsets), as an attacker adds weights."""
+    """Copy a shard to ``target`` with one tensor renamed, as an attacker adds weights.
+
+    The new name has the old one's length, which keeps every offset.
+    """
 
     def damage(folder: Path) -> None:
         data = (folder / source).read_bytes()
@@ -311,7 +314,8 @@ def parser_limit() -> int:
     return int(probe.stdout)
 
 
-#: Nested just under the parser's limit as the CLI meets it (its stack is a few frames deeper than the probe's).
+#: Nested just under the parser's limit as the CLI meets it
+#: (its stack is a few frames deeper than the probe's).
 JUST_UNDER = parser_limit() - 12
 
 
@@ -877,7 +881,8 @@ CASES = [
         {"publish": 2, "verify": 2, "show": 0},
         "not a regular file",
     ),
-    # Manifests whose every byte checks out but whose claims about the folder are false: verify must say FAILED.
+    # Manifests whose every byte checks out but whose claims about the folder are false:
+    # verify must say FAILED.
     Case(
         "extra safetensors listed as a plain file",
         forge_listing(

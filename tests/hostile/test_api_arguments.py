@@ -80,7 +80,7 @@ def test_bad_verify_option(folder: Path, options: dict) -> None:
         ckptpub.verify(folder, **options)
 
 
-@pytest.mark.parametrize("a, b", [(None, "manifest"), ("manifest", {}), ("manifest", "a string")])
+@pytest.mark.parametrize(("a", "b"), [(None, "manifest"), ("manifest", {}), ("manifest", "a string")])
 def test_diff_needs_manifests(folder: Path, a: object, b: object) -> None:
     manifest = ckptpub.read_manifest(folder)
     with pytest.raises(ckptpub.CkptpubError, match="must be a Manifest"):
@@ -111,3 +111,14 @@ def test_no_manifest_is_told_apart_from_an_unusable_one(tmp_path: Path) -> None:
             ckptpub.read_manifest(folder)
         assert not isinstance(raised.value, ckptpub.NoManifestError), raised.value
         target.rmdir() if target.is_dir() and not target.is_symlink() else target.unlink()
+
+
+@pytest.mark.parametrize("name", ["two  spaces", "new\nline", "tab\tand\x1b[31mred"])
+def test_errors_name_paths_exactly(tmp_path: Path, name: str) -> None:
+    """A path in a message is that path: whitespace kept, only unprintable characters escaped as repr does."""
+    missing = str(tmp_path / name)
+    with pytest.raises(ckptpub.CkptpubError) as raised:
+        ckptpub.verify(missing)
+    message = str(raised.value)
+    assert message.startswith(missing.encode("unicode_escape").decode("ascii") + ": "), message
+    assert message.isprintable(), message

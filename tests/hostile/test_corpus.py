@@ -1,4 +1,4 @@
-"""Every hostile case, through every verb and both entry points (CLI, Python API), as real audited subprocesses.
+"""Every hostile case, through every verb and both entry points (CLI, Python API), in audited subprocesses.
 
 For each (case, verb, entry point): the documented exit code; for exit 2 exactly one
 line on stderr naming the problem; never a traceback (the API: never an exception but
@@ -44,8 +44,8 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_corpus_size() -> None:
     runs = len(PARAMS) + len(RUN_CASES)
     print(
-        f"hostile corpus: {len(CASES)} folder cases x verbs x {len(ENTRIES)} entry points = {len(PARAMS)} runs; "
-        f"{len(RUN_CASES)} run-folder cases for ls; {runs} runs in all"
+        f"hostile corpus: {len(CASES)} folder cases x verbs x {len(ENTRIES)} entry points "
+        f"= {len(PARAMS)} runs; {len(RUN_CASES)} run-folder cases for ls; {runs} runs in all"
     )
     assert len(CASES) >= 100
     assert len({c.name for c in CASES}) == len(CASES)
@@ -74,12 +74,13 @@ def assert_stayed_inside(log: Path, allowed: list[str], what: str) -> None:
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, fragment: str) -> None:
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("ckptpub: error: "), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("ckptpub: error: "), result.stderr
     assert fragment in result.stderr, result.stderr
     assert result.stdout == ""
 
 
-@pytest.mark.parametrize("case, verb, entry", PARAMS, ids=[f"{c.name}-{v}-{e}" for c, v, e in PARAMS])
+@pytest.mark.parametrize(("case", "verb", "entry"), PARAMS, ids=[f"{c.name}-{v}-{e}" for c, v, e in PARAMS])
 def test_case(tmp_path: Path, pristine: dict[str, Path], case: Case, verb: str, entry: str) -> None:
     box = tmp_path / "box"  # the case folder and nothing else lives here
     folder = box / "ckpt"
@@ -125,7 +126,7 @@ def test_case(tmp_path: Path, pristine: dict[str, Path], case: Case, verb: str, 
 
 @pytest.mark.parametrize("case", RUN_CASES, ids=[c.name for c in RUN_CASES])
 def test_run_folder_case(tmp_path: Path, pristine: dict[str, Path], case: RunCase) -> None:
-    """``ckptpub ls`` over a damaged run folder: every checkpoint listed or named as unusable, never left out."""
+    """``ckptpub ls`` over a damaged run folder: each checkpoint listed or named unusable, never left out."""
     run = tmp_path / "box" / "run"
     for step in (10, 20):
         shutil.copytree(pristine["published"], run / f"checkpoint-{step}", symlinks=True)

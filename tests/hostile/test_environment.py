@@ -1,4 +1,6 @@
-"""The same folder in every locale and output condition: same manifest, one-line errors, exit 1 only for a difference.
+"""The same folder in every locale and output condition.
+
+The same manifest, one-line errors, and exit 1 only for a difference, everywhere.
 
 Generated: every environment below x every verb, as real subprocesses of
 ``python -m ckptpub`` with a timeout (a hang fails). Names are read as bytes and
@@ -9,6 +11,7 @@ full stdout/stderr never turns into a traceback or a false verdict.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -31,7 +34,7 @@ def latin1_locale() -> dict[str, str] | None:
         if localedef is None:
             return None
         where.mkdir(exist_ok=True)
-        made = subprocess.run(
+        subprocess.run(
             [localedef, "-i", "en_US", "-f", "ISO-8859-1", str(where / "en_US.ISO-8859-1")],
             capture_output=True,
             timeout=120,
@@ -102,10 +105,13 @@ def test_same_manifest_and_clean_output_in_every_environment(
     ):
         result = run(env_name, *verb)
         assert result.returncode == 0, (env_name, verb, result.stderr)
-        assert b"Traceback" not in result.stderr and b"internal error" not in result.stderr
+        assert b"Traceback" not in result.stderr
+        assert b"internal error" not in result.stderr
     flip_tensor_bytes(folder)
     failed = run(env_name, "verify", str(folder))
-    assert failed.returncode == 1 and b"FAILED" in failed.stdout and b"Traceback" not in failed.stderr
+    assert failed.returncode == 1
+    assert b"FAILED" in failed.stdout
+    assert b"Traceback" not in failed.stderr
 
 
 @pytest.mark.parametrize("env_name", ENVIRONMENTS)
@@ -115,7 +121,8 @@ def test_invalid_names_refused_alike_in_every_environment(tmp_path: Path, named:
     open(os.path.join(os.fsencode(folder), b"caf\xe9.txt"), "wb").close()  # Latin-1 bytes: not UTF-8
     result = run(env_name, "publish", str(folder))
     assert result.returncode == 2, result.stderr
-    assert result.stderr.count(b"\n") == 1 and b"file name is not valid UTF-8" in result.stderr
+    assert result.stderr.count(b"\n") == 1
+    assert b"file name is not valid UTF-8" in result.stderr
     assert not (folder / "ckptpub.json").exists()
 
 
@@ -136,7 +143,7 @@ STREAMS = {
 @pytest.mark.parametrize("stream", STREAMS)
 @pytest.mark.parametrize("verb", ["publish", "verify", "verify-mismatch", "show", "ls", "bad-folder"])
 def test_closed_or_full_streams(tmp_path: Path, named: Path, stream: str, verb: str) -> None:
-    """Exit codes keep their meaning whatever happens to the output; stdout lost is said on stderr (exit 2)."""
+    """Exit codes keep their meaning whatever happens to the output; lost stdout is told on stderr (2)."""
     folder = tmp_path / "ckpt"
     shutil.copytree(named, folder)
     if verb != "publish":
@@ -152,24 +159,20 @@ def test_closed_or_full_streams(tmp_path: Path, named: Path, stream: str, verb: 
         "bad-folder": ["verify", str(tmp_path / "none")],
     }[verb]
     options = dict(STREAMS[stream])
-    handles = []
-    for name in ("stdout", "stderr"):
-        path = options.pop(f"{name}_path", None)
-        if path is not None:
-            handles.append(open(path, "wb"))
-            options[name] = handles[-1]
-    try:
+    with contextlib.ExitStack() as handles:
+        for name in ("stdout", "stderr"):
+            path = options.pop(f"{name}_path", None)
+            if path is not None:
+                options[name] = handles.enter_context(open(path, "wb"))
         result = run("C.UTF-8", *args, **options)
-    finally:
-        for handle in handles:
-            handle.close()
     stdout_lost = "stdout full" in stream or stream == "both full"
     expected = {"verify-mismatch": 1, "bad-folder": 2}.get(verb, 2 if stdout_lost else 0)
     if verb == "verify-mismatch" and stdout_lost:
         expected = 2  # the FAILED lines could not be written: no verdict was delivered
     assert result.returncode == expected, (stream, verb, result.returncode, result.stderr)
     if isinstance(result.stderr, bytes) and result.stderr:
-        assert b"Traceback" not in result.stderr and b"internal error" not in result.stderr
+        assert b"Traceback" not in result.stderr
+        assert b"internal error" not in result.stderr
         assert result.stderr.startswith(b"ckptpub: "), result.stderr
     if verb == "publish":  # the manifest landed whatever happened to the output, and it verifies
         assert run("C.UTF-8", "verify", str(folder)).returncode == 0

@@ -32,7 +32,8 @@ SWAPS = {
 SCRIPT = r"""
 import json, os, stat, sys
 import ckptpub
-import ckptpub.compare, ckptpub.publishing  # imported before the audit hook: only the run's own opens are logged
+# imported before the audit hook: only the run's own opens are logged
+import ckptpub.compare, ckptpub.publishing
 
 folder, outside, entry, swap, log = sys.argv[1:6]
 opened = []
@@ -40,10 +41,15 @@ opened = []
 def where(path, nofollow):
     # resolved when opened (the folder changes later): with O_NOFOLLOW the last component is not followed
     path = os.path.abspath(os.fsdecode(path))
-    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path)) if nofollow else os.path.realpath(path)
+    if nofollow:
+        return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    return os.path.realpath(path)
 
-sys.addaudithook(lambda event, args: opened.append(where(args[0], bool(args[2] & os.O_NOFOLLOW)))
-                 if event == "open" and isinstance(args[0], (str, bytes)) and isinstance(args[2], int) else None)
+def audit(event, args):
+    if event == "open" and isinstance(args[0], (str, bytes)) and isinstance(args[2], int):
+        opened.append(where(args[0], bool(args[2] & os.O_NOFOLLOW)))
+
+sys.addaudithook(audit)
 target = os.path.join(folder, "tokenizer.json")
 done = []
 
@@ -99,9 +105,8 @@ def test_swap_while_hashing(tmp_path: Path, swap: str, entry: str) -> None:
         stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 2, (result.returncode, result.stderr)
-    assert result.stderr.startswith("ckptpub: error: tokenizer.json: ") and SWAPS[swap] in result.stderr, (
-        result.stderr
-    )
+    assert result.stderr.startswith("ckptpub: error: tokenizer.json: "), result.stderr
+    assert SWAPS[swap] in result.stderr, result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
     if entry == "publish":
         assert not (folder / "ckptpub.json").exists()

@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm")
 ckptpub = pytest.importorskip("ckptpub")
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 from vllm_engine_helpers import TAMPERED_TENSOR, run_engines  # noqa: E402
 
@@ -69,7 +65,8 @@ def models(tmp_path_factory) -> dict[str, str]:
 def _same_size_edit(path: str, old: bytes, new: bytes) -> None:
     with open(path, "rb") as f:
         data = f.read()
-    assert old in data and len(old) == len(new)
+    assert old in data
+    assert len(old) == len(new)
     with open(path, "wb") as f:
         f.write(data.replace(old, new, 1))
 
@@ -106,4 +103,4 @@ def engine_results(models) -> tuple[dict[str, dict], str]:
     names = list(all_jobs)
     jobs = [{"model": models[m], "load_format": fmt, "extra": extra} for m, fmt, extra in all_jobs.values()]
     results, log = run_engines(jobs)
-    return dict(zip(names, results)), log
+    return dict(zip(names, results, strict=True)), log

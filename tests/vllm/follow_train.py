@@ -1,6 +1,6 @@
 """A real Trainer run for ``test_real_daemon.py``, paced by the ``ckptpub preload --follow`` supervisor.
 
-    python follow_train.py RUN_DIR STATE_DIR
+    PYTHONPATH=examples python tests/vllm/follow_train.py RUN_DIR STATE_DIR
 
 The tiny Qwen3 of ``examples/train_tiny.py`` with ``PublishCallback`` (synchronous, so a
 checkpoint's manifest and run-index line exist when ``on_save`` returns). Saves at
@@ -10,6 +10,8 @@ decay moves no weight at lr 0). After each save the run waits until the supervis
 status shows that step observed and settled (``ready``, holding the target's identity,
 nothing loading), so every checkpoint meets the supervisor one at a time, as in a real
 run whose saves are minutes apart. Exit code 3 when the supervisor does not settle.
+``train_tiny`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
+scripts the tests start (by hand: ``PYTHONPATH=examples``).
 """
 
 from __future__ import annotations
@@ -18,9 +20,7 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
 SETTLE_TIMEOUT_S = 400
 FROZEN_AFTER_STEP = 10
 
@@ -47,7 +47,6 @@ def settled(state_dir: str, step: int) -> bool:
 
 
 def main(run_dir: str, state_dir: str) -> int:
-    sys.path.insert(0, str(REPO / "examples"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch

@@ -9,6 +9,7 @@ own message, and several engines run one after the other in one interpreter,
 paying vLLM's import once. A separate process keeps vLLM's global state out of pytest.
 """
 
+import contextlib
 import gc
 import json
 import os
@@ -44,10 +45,8 @@ def run(job):
         return {"error": " ".join(f"{type(e).__name__}: {e}".split())}
     finally:
         if llm is not None:
-            try:
+            with contextlib.suppress(Exception):
                 llm.llm_engine.engine_core.shutdown()
-            except Exception:
-                pass
         del llm
         gc.collect()
         try:

@@ -15,7 +15,8 @@ import ckptpub
 def test_served_with_exactly_the_tokens_of_auto(engine_results):
     results, log = engine_results
     auto, ours = results["v1_auto"], results["v1_manifest"]
-    assert "tokens" in auto and "tokens" in ours, (auto, ours)
+    assert "tokens" in auto, auto
+    assert "tokens" in ours, ours
     assert ours["tokens"] == auto["tokens"]
     assert "ckptpub: loaded and verified 25 tensors" in log
 
@@ -23,7 +24,8 @@ def test_served_with_exactly_the_tokens_of_auto(engine_results):
 def test_tampered_copy_with_original_manifest_is_refused_naming_the_tensor(engine_results, models):
     results, _ = engine_results
     error = results["tampered_manifest"].get("error", "")
-    assert TAMPERED_TENSOR in error and "differs from the manifest" in error, results["tampered_manifest"]
+    assert TAMPERED_TENSOR in error, results["tampered_manifest"]
+    assert "differs from the manifest" in error, results["tampered_manifest"]
     assert "\n" not in error
     # Same sizes, same headers: only the hashes of the streamed tensors can see it.
     assert ckptpub.read_manifest(models["tampered"]).identity == ckptpub.read_manifest(models["v1"]).identity
@@ -44,14 +46,16 @@ def test_republished_copy_has_its_own_identity_and_its_own_tokens(engine_results
 def test_folder_without_manifest_is_refused_unless_the_user_opts_out(engine_results):
     results, log = engine_results
     error = results["nomanifest_manifest"].get("error", "")
-    assert "no ckptpub.json" in error and "require_manifest" in error, results["nomanifest_manifest"]
+    assert "no ckptpub.json" in error, results["nomanifest_manifest"]
+    assert "require_manifest" in error, results["nomanifest_manifest"]
     assert results["nomanifest_optout"].get("tokens") == results["v1_auto"]["tokens"]
     assert "has no ckptpub.json and require_manifest is false" in log
 
 
 def test_a_manifest_path_that_is_not_a_file_is_refused_not_ignored(engine_results):
     error = engine_results[0]["manifestdir_manifest"].get("error", "")
-    assert "ckptpub: refusing" in error and "ckptpub.json is unusable" in error, error
+    assert "ckptpub: refusing" in error, error
+    assert "ckptpub.json is unusable" in error, error
 
 
 def test_a_pin_cannot_be_bypassed_by_deleting_the_manifest(engine_results):
@@ -99,7 +103,8 @@ def test_unknown_option_is_rejected_by_vllm(engine_results):
 
 def test_no_fallback_on_a_platform_without_cuda_ipc_is_refused(engine_results):
     error = engine_results[0]["v1_no_fallback"].get("error", "")
-    assert "fallback is false" in error and "does not support CUDA IPC" in error, error
+    assert "fallback is false" in error, error
+    assert "does not support CUDA IPC" in error, error
 
 
 def test_plugin_loads_in_spawned_engine_core(models):
@@ -110,4 +115,5 @@ def test_plugin_loads_in_spawned_engine_core(models):
         env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
     )
     assert "tokens" in results[0], results[0]
-    assert "EngineCore" in log and "ckptpub: loaded and verified" in log
+    assert "EngineCore" in log
+    assert "ckptpub: loaded and verified" in log

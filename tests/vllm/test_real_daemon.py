@@ -29,17 +29,16 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from preload_helpers import SupervisorProc
+from vllm_engine_helpers import TAMPERED_TENSOR, run_engines
 
 import ckptpub
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
 SHIM = REPO / "tests" / "daemon_sim"
-sys.path.insert(0, str(REPO / "tests" / "preload"))
-
-from preload_helpers import SupervisorProc  # noqa: E402
-from vllm_engine_helpers import TAMPERED_TENSOR, run_engines  # noqa: E402
-
+# the shim goes on PYTHONPATH on purpose: Python's `site` imports a `sitecustomize` found there in every
+# process, including the daemon children `vllm preload` spawns (see the shim's docstring)
 SHIM_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))}
 # the engines' settings (run_engine.py) that enter vLLM's weight-cache key: the daemon must match them
 DAEMON_ARGS = ["--dtype", "float32", "--max-model-len", "128", "--enforce-eager"]
@@ -47,7 +46,10 @@ PLATFORM_LINE = "ckptpub: vllm_launcher pid {pid}: vLLM platform CpuPlatform (de
 
 
 def shim_banner(pid: int) -> str:
-    """The shim's start line for ``pid`` (read from its source: importing it here would install its hook in pytest)."""
+    """The shim's start line for ``pid``.
+
+    Read from the shim's source: importing it here would install its hook in pytest.
+    """
     tree = ast.parse((SHIM / "sitecustomize.py").read_text())
     banner = next(
         node.value.value
@@ -100,7 +102,8 @@ def _identity(folder) -> str:
 def test_follow_re_preloads_exactly_once_per_identity_change(follow):
     run, sup = follow["run"], follow["sup"]
     a, b, b_again = (_identity(run / f"checkpoint-{step}") for step in (5, 10, 15))
-    assert a != b and b_again == b  # checkpoint-15: checkpoint-10's bytes under a new step folder
+    assert a != b
+    assert b_again == b  # checkpoint-15: checkpoint-10's bytes under a new step folder
 
     decisions = [e for e in sup.decisions() if e.get("event") == "decision"]
     assert [(e["action"], e["why"], e["target"].get("step")) for e in decisions] == [
@@ -113,16 +116,19 @@ def test_follow_re_preloads_exactly_once_per_identity_change(follow):
     assert len(launched) == 2  # the first preload and exactly one re-preload
 
     status = follow["status"]
-    assert status["state"] == "ready" and status["held"]["identity"] == b and status["target"]["step"] == 15
+    assert status["state"] == "ready"
+    assert status["held"]["identity"] == b
+    assert status["target"]["step"] == 15
     assert status["held"]["folder"] == str(
         (run / "checkpoint-10").resolve()
     )  # kept, not reloaded from step 15
     logs = sorted((sup.state_dir / "logs").glob("daemon-*.log"))
     assert [p.name for p in logs] == ["daemon-1.log", "daemon-2.log"]
-    for log, identity in zip(logs, (a, b)):
+    for log, identity in zip(logs, (a, b), strict=True):
         text = log.read_text(errors="replace")
         assert f"is keyed by checkpoint {identity}" in text  # from inside vLLM's daemon child
-        assert "Weight cache daemon READY" in text and "Weight cache target daemon rank 0 serving on" in text
+        assert "Weight cache daemon READY" in text
+        assert "Weight cache target daemon rank 0 serving on" in text
 
 
 def test_launched_daemons_run_on_cpu_platform_with_the_shim(follow):
@@ -171,7 +177,7 @@ def engines(follow):
     folders = {name: str(folder) for name, (folder, _, _) in jobs.items()}
     return {
         name: {**result, "log": per_job[i], "folder": folders[name]}
-        for i, (name, result) in enumerate(zip(jobs, results))
+        for i, (name, result) in enumerate(zip(jobs, results, strict=True))
     }
 
 
@@ -193,11 +199,12 @@ def test_engine_maps_the_daemons_weights(engines, follow):
     for name in ("served_mapped", "tampered_mapped"):
         job = engines[name]
         assert job.get("tokens") == reference, (name, job.get("error"), job["log"][-3000:])
-        assert "Mapped " in job["log"] and "tensors from the weight cache daemon" in job["log"]
+        assert "Mapped " in job["log"]
+        assert "tensors from the weight cache daemon" in job["log"]
         assert "loaded and verified" not in job["log"]  # no disk load
     edit_tokens = engines["edit_fallback"]["tokens"]  # the tampered folder's bytes, loaded from disk
     assert edit_tokens != reference
-    mapped_line = next(l for l in engines["tampered_mapped"]["log"].splitlines() if "Mapped " in l)
+    mapped_line = next(line for line in engines["tampered_mapped"]["log"].splitlines() if "Mapped " in line)
     print(
         f"\nreal daemon: {mapped_line.strip()}\n  daemon's tokens (mapped, also checkpoint-10 from disk): "
         f"{reference}\n  the tampered bytes from disk: {edit_tokens}"
@@ -215,13 +222,19 @@ def test_other_identity_is_never_mapped(engines, name):
     """A later/earlier step, a fine-tune of the same base, a re-published edit: refused with
     ``fallback: false``, a verified disk load with ``fallback: true`` (its own tokens, not the daemon's)."""
     refused, fallback = engines[f"{name}_refused"], engines[f"{name}_fallback"]
-    assert "tokens" not in refused and "mismatch on fields: ['checkpoint']" in refused["error"], refused
-    assert "Mapped " not in refused["log"] and "Mapped " not in fallback["log"]
-    assert fallback.get("tokens") and fallback["tokens"] != engines["held_auto"]["tokens"], fallback.get(
-        "error"
-    )
+    assert "tokens" not in refused, refused
+    assert "mismatch on fields: ['checkpoint']" in refused["error"], refused
+    assert "Mapped " not in refused["log"]
+    assert "Mapped " not in fallback["log"]
+    assert fallback.get("tokens"), fallback.get("error")
+    assert fallback["tokens"] != engines["held_auto"]["tokens"]
     verified = f"of {fallback['folder']} from disk in"
     line = next(
-        (l for l in fallback["log"].splitlines() if "ckptpub: loaded and verified" in l and verified in l), ""
+        (
+            logged
+            for logged in fallback["log"].splitlines()
+            if "ckptpub: loaded and verified" in logged and verified in logged
+        ),
+        "",
     )
     assert line.endswith(f"identity {_identity(fallback['folder'])}"), fallback["log"][-3000:]

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
-from slowfs import FuseUnavailable, SlowFS
+from slowfs import FuseUnavailableError, SlowFS
 from vllm_engine_helpers import run_engines
 
 import ckptpub
@@ -52,26 +53,36 @@ def mounted(fs: SlowFS) -> SlowFS:
     """``fs``, mounted; the test skips, saying why, where FUSE cannot mount."""
     try:
         fs.start()
-    except FuseUnavailable as e:
+    except FuseUnavailableError as e:
         pytest.skip(f"FUSE cannot mount here: {e}")
     return fs
+
+
+class BlockFailedError(Exception):
+    """Raised inside a mount's block; carries the file left open there and the requests counted."""
+
+
+def read_then_fail(fs: SlowFS, mnt: Path) -> None:
+    """Read ``a.bin`` through the mount, then fail inside the block with the file still open."""
+    with fs:
+        fs.reset()
+        held = open(mnt / "a.bin", "rb")  # noqa: SIM115  (still open when the block fails: the mount is busy)
+        assert held.read() == b"x" * 100
+        assert os.listdir(mnt) == ["a.bin"]
+        raise BlockFailedError(held, fs.requests())
 
 
 def test_the_mount_counts_each_request_and_unmounts_when_the_block_fails(tmp_path):
     (tmp_path / "source").mkdir()
     (tmp_path / "source" / "a.bin").write_bytes(b"x" * 100)
     mnt = tmp_path / "mnt"
-    with pytest.raises(ZeroDivisionError):
-        with mounted(SlowFS(str(tmp_path / "source"), str(mnt), latency_s=0.001)) as fs:
-            fs.reset()
-            held = open(mnt / "a.bin", "rb")  # still open when the block fails: the mount is busy
-            assert held.read() == b"x" * 100
-            assert os.listdir(mnt) == ["a.bin"]
-            requests = fs.requests()
-            1 / 0
+    with pytest.raises(BlockFailedError) as failed:
+        read_then_fail(mounted(SlowFS(str(tmp_path / "source"), str(mnt), latency_s=0.001)), mnt)
+    held, requests = failed.value.args
     held.close()
     assert not os.path.ismount(mnt)
-    assert requests.by_path["/a.bin"]["open"] == 1 and requests.by_path["/a.bin"]["read"] >= 1
+    assert requests.by_path["/a.bin"]["open"] == 1
+    assert requests.by_path["/a.bin"]["read"] >= 1
     assert requests.by_path["/"]["readdir"] >= 1
 
 
@@ -109,7 +120,8 @@ def test_daemon_path_start_makes_no_request_on_any_shard(slow_mount, layout):
 def test_daemon_path_start_requests_do_not_grow_with_shards(slow_mount):
     fs, mnt = slow_mount
     few, many = (os.path.join(mnt, name) for name in ("few", "many"))
-    assert len(ckptpub.read_manifest(few).weights) == 5 and len(ckptpub.read_manifest(many).weights) == 22
+    assert len(ckptpub.read_manifest(few).weights) == 5
+    assert len(ckptpub.read_manifest(many).weights) == 22
 
     _, few_requests = daemon_path_start(fs, few)
     _, many_requests = daemon_path_start(fs, many)
@@ -127,7 +139,8 @@ def test_verified_disk_load_opens_each_shard_no_more_than_auto(slow_mount):
     (auto, ours), log = run_engines(jobs)
     requests = fs.requests()
 
-    assert "tokens" in auto and "tokens" in ours, (auto, ours, log[-3000:])
+    assert "tokens" in auto, (auto, log[-3000:])
+    assert "tokens" in ours, (ours, log[-3000:])
     assert ours["tokens"] == auto["tokens"]
     assert "ckptpub: loaded and verified 25 tensors" in log
     shards = ckptpub.read_manifest(os.path.join(mnt, "few")).weights

@@ -1,7 +1,7 @@
 """Helpers for the vLLM tests: the engine runner subprocess and shared constants.
 
 (A module of its own because ``conftest`` is not importable by name under
-``--import-mode=importlib``; the test conftest puts this folder on ``sys.path``.)
+``--import-mode=importlib``; this folder is on pytest's ``pythonpath``, see pyproject.toml.)
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def _top_level(tree: ast.Module) -> list[ast.stmt]:
 
 
 def _binding(src: VllmSource, module: str, name: str) -> ast.AST | tuple[str, str] | str | None:
-    """What ``module.name`` is: a def/class node, ``(module, name)`` it was imported from, ``"value"``, or None."""
+    """What ``module.name`` is: a def/class node, ``(module, name)`` it came from, ``"value"``, or None."""
     tree = src.tree(module)
     if tree is None:
         return None
@@ -234,7 +234,7 @@ class Signature:
         a = fn.args
         positional = [x.arg for x in a.posonlyargs + a.args]
         required = set(positional[: len(positional) - len(a.defaults)])
-        required |= {x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is None}
+        required |= {x.arg for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is None}
         return cls(
             positional, [x.arg for x in a.kwonlyargs], required, a.vararg is not None, a.kwarg is not None
         )

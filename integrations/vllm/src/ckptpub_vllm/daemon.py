@@ -18,13 +18,14 @@ with a plain disk format, the daemon's load format is switched to
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 _ORIGINAL = "_ckptpub_original_run_daemon"
 _PLAIN_FORMATS = ("auto", "safetensors", "hf")
 
 
-def _daemon_module():
+def _daemon_module() -> Any:  # a module of vLLM, which is untyped for mypy here
     from vllm.model_executor.model_loader.weight_cache import daemon
 
     return daemon
@@ -52,9 +53,9 @@ def install(force: bool = False) -> None:
     module._run_daemon = run_daemon
 
 
-def _vllm_run_daemon():
+def _vllm_run_daemon() -> Callable[..., None]:
     module = _daemon_module()
-    original = getattr(module, _ORIGINAL, module._run_daemon)
+    original: Callable[..., None] = getattr(module, _ORIGINAL, module._run_daemon)
     if original is run_daemon:  # pragma: no cover - would recurse
         raise RuntimeError("ckptpub: vLLM's _run_daemon was lost")
     return original

@@ -17,7 +17,7 @@ import stat
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-class Unreadable(Exception):
+class Unreadable(Exception):  # noqa: N818  (named for its message: "<path> is missing", ...)
     """Why a file of the folder cannot be read; the message completes "<path> ..."."""
 
 

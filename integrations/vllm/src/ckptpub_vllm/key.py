@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import ckptpub
 
@@ -91,12 +91,13 @@ def checkpoint_key(model: str) -> str | None:
     return original_hash_checkpoint()(model)
 
 
-def original_hash_checkpoint():
+def original_hash_checkpoint() -> Callable[[str], str | None]:
     """vLLM's own ``hash_checkpoint``, whether or not the patch is installed."""
     from vllm.model_executor.model_loader.weight_cache import protocol
 
     current = protocol.hash_checkpoint
-    return getattr(current, _PATCH_MARK, current)
+    original: Callable[[str], str | None] = getattr(current, _PATCH_MARK, current)
+    return original
 
 
 def _patched(model: str) -> str | None:

@@ -19,7 +19,9 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator
+from typing import Any
 
+import torch
 from torch import nn
 from vllm.config import ModelConfig, VllmConfig
 from vllm.config.load import LoadConfig
@@ -51,7 +53,7 @@ def refusals_logged() -> Iterator[None]:
         raise
 
 
-class VerifyingDiskLoader(DefaultModelLoader):
+class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is untyped for mypy here
     """vLLM's default disk loader with every tensor of the main checkpoint verified.
 
     Tensors are hashed on a few threads as vLLM streams them into the model. In a
@@ -62,9 +64,7 @@ class VerifyingDiskLoader(DefaultModelLoader):
     weight-cache daemon's) waits for its hashes before returning.
     """
 
-    def __init__(
-        self, load_config: LoadConfig, manifest: ckptpub.Manifest | None, options: Options
-    ) -> None:
+    def __init__(self, load_config: LoadConfig, manifest: ckptpub.Manifest | None, options: Options) -> None:
         super().__init__(load_config)
         self.manifest = manifest
         self.options = options
@@ -117,7 +117,8 @@ class VerifyingDiskLoader(DefaultModelLoader):
     def _finish_verification(self, model_config: ModelConfig) -> None:
         """Wait for the last hashes (refusing on any difference) and say what was verified."""
         verifier = self.verifier
-        assert verifier is not None and self.manifest is not None
+        assert verifier is not None
+        assert self.manifest is not None
         verifier.finish()
         logger.info(
             "ckptpub: loaded and verified %d tensors (%.2f GiB) of %s from disk in %.2f s; identity %s",
@@ -128,8 +129,8 @@ class VerifyingDiskLoader(DefaultModelLoader):
             self.manifest.identity,
         )
 
-    def _get_weights_iterator(self, source):
-        weights = super()._get_weights_iterator(source)
+    def _get_weights_iterator(self, source: DefaultModelLoader.Source) -> Iterator[tuple[str, torch.Tensor]]:
+        weights: Iterator[tuple[str, torch.Tensor]] = super()._get_weights_iterator(source)
         if self.verifier is None:
             return weights
         if source.model_or_path != self._folder or source.prefix or source.subfolder:
@@ -158,7 +159,7 @@ def ipc_unsupported_reason() -> str | None:
     return None
 
 
-class ManifestCacheLoader(IpcModelLoader):
+class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is untyped for mypy here
     """Loader of ``--load-format manifest_cache`` (options: see ``options.Options``)."""
 
     def __init__(self, load_config: LoadConfig) -> None:
@@ -177,7 +178,8 @@ class ManifestCacheLoader(IpcModelLoader):
     def get_external_weight_memory(self, vllm_config: VllmConfig) -> int:
         if ipc_unsupported_reason() is not None:
             return 0
-        return super().get_external_weight_memory(vllm_config)
+        memory: int = super().get_external_weight_memory(vllm_config)
+        return memory
 
     def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = "") -> nn.Module:
         with refusals_logged():
@@ -211,7 +213,7 @@ class ManifestCacheLoader(IpcModelLoader):
         with key.checked(model_config.model, manifest):
             return super().load_model(vllm_config, model_config, prefix)
 
-    def _request_state(self, cache_key, **kwargs):
+    def _request_state(self, cache_key: protocol.WeightCacheKey, **kwargs: Any) -> protocol.WeightCacheState:
         """Log the request and its answer; ``kwargs`` carries what newer vLLMs add (0.33: ``is_reload``)."""
         logger.info("ckptpub: asking the weight-cache daemon for checkpoint %s", cache_key.checkpoint)
         try:

@@ -57,14 +57,14 @@ def dtype_code(dtype: torch.dtype) -> str:
     return _DTYPE_CODES.get(dtype, str(dtype).removeprefix("torch."))
 
 
-def raw_bytes(tensor: torch.Tensor):
-    """The tensor's bytes as stored (a zero-copy uint8 view for CPU tensors)."""
+def raw_bytes(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes as stored (a zero-copy view for CPU tensors)."""
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
     if not t.is_contiguous():
         t = t.contiguous()
-    return t.reshape(-1).view(torch.uint8).numpy()
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
 class StreamVerifier:
@@ -83,7 +83,7 @@ class StreamVerifier:
         self.verified_bytes = 0
         self.hash_seconds = 0.0
         self._max_pending = max_pending_mib << 20
-        self._pending: deque[tuple[str, Future, int]] = deque()
+        self._pending: deque[tuple[str, Future[str], int]] = deque()
         self._pending_bytes = 0
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="ckptpub-verify")
 
@@ -134,7 +134,7 @@ class StreamVerifier:
         while self._pending_bytes > self._max_pending and self._pending:
             self._collect_one()
 
-    def _digest(self, data) -> str:
+    def _digest(self, data: memoryview) -> str:
         start = time.perf_counter()
         digest = ckptpub.tensor_digest(data)
         self.hash_seconds += time.perf_counter() - start

@@ -1,13 +1,16 @@
-"""``ckptpub preload``: the command (an entry point of the ``ckptpub.commands`` group).
+"""``ckptpub preload``: the command, the ``preload`` entry point of ``ckptpub.commands``.
 
     ckptpub preload MODEL_DIR [options] [-- extra args for vllm preload]
     ckptpub preload --follow RUN_DIR [--verified-only] [options] [-- extra args]
     ckptpub preload --status [--state-dir DIR] [--json]
 
-Exit codes: 0 ok (the supervisor stopped on SIGTERM/SIGINT; ``--status``: the daemon
-holds the target's identity), 1 ``--status`` found no daemon holding the target
-(failed, loading, no target, stopped), 2 unusable input or usage. Every error is one
-line on stderr, never a traceback.
+``COMMAND`` hands ckptpub its sub-parser, so ``ckptpub preload`` is parsed, helped
+and failed like every other ``ckptpub`` command (``ckptpub.cli``). Exit codes
+(``ckptpub.cli.ExitCode``): 0 ok (the supervisor stopped on SIGTERM/SIGINT;
+``--status``: the daemon holds the target's identity), 1 ``--status`` found no
+daemon holding the target (failed, loading, no target, stopped), 2 unusable input or
+usage. Every error is one line on stderr, starting ``ckptpub preload:`` like the
+supervisor's own log lines.
 """
 
 from __future__ import annotations
@@ -16,31 +19,48 @@ import argparse
 import fcntl
 import json
 import os
-import sys
-from collections.abc import Sequence
+import re
+from dataclasses import dataclass
+
+from ckptpub import CkptpubError, read_manifest
+from ckptpub.cli import Command, ExitCode, UsageError
 
 from . import status as st
 from .daemon_process import DEFAULT_COMMAND, IDENTITY_PATTERN, READY_PATTERN
 
-EXIT_OK, EXIT_MISMATCH, EXIT_UNUSABLE = 0, 1, 2
+
+@dataclass(frozen=True)
+class PreloadArguments:
+    """The parsed command line of ``ckptpub preload``; ``extra`` is what followed ``--``."""
+
+    model_dir: str | None
+    follow: str | None
+    verified_only: bool
+    daemon_cmd: str
+    state_dir: str | None
+    interval: float
+    one_at_a_time: bool
+    socket_dir: str | None
+    ready_timeout: float
+    stop_timeout: float
+    retry_delay: float
+    identity_pattern: str
+    ready_pattern: str
+    quiet: bool
+    status: bool
+    json: bool
+    extra: list[str]
 
 
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit code 2, no usage dump
-        raise _UsageError(message)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="ckptpub preload",
-        description="Keep vLLM's weight-cache daemon holding exactly the checkpoint you serve: "
-        "re-preload when (and only when) the target's manifest identity changes.",
-        epilog="Arguments after '--' are passed to the daemon command (default: vllm preload). "
-        "Placeholders in --daemon-cmd: {folder}, {socket_dir}, {identity}, {python}.",
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``ckptpub preload``, added to its sub-parser of ckptpub's parser."""
+    p.description = (
+        "Keep vLLM's weight-cache daemon holding exactly the checkpoint you serve: "
+        "re-preload when (and only when) the target's manifest identity changes."
+    )
+    p.epilog = (
+        "Arguments after '--' are passed to the daemon command (default: vllm preload). "
+        "Placeholders in --daemon-cmd: {folder}, {socket_dir}, {identity}, {python}."
     )
     p.add_argument(
         "model_dir",
@@ -118,76 +138,58 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--json", action="store_true", help="with --status: print status.json (plus supervisor_alive)"
     )
-    return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1 :]
-    try:
-        args = _parser().parse_args(argv)
-        if args.status:
-            return _status(args)
-        return _supervise(args, extra)
-    except _UsageError as error:
-        _fail(f"{error} (see 'ckptpub preload --help')")
-        return EXIT_UNUSABLE
-    except KeyboardInterrupt:
-        _fail("interrupted")
-        return 130
-    except Exception as error:  # noqa: BLE001 - one line, never a traceback
-        known = type(error).__name__ == "CkptpubError" or isinstance(
-            error, (RuntimeError, ValueError, OSError)
-        )
-        _fail(str(error) if known else f"internal error: {type(error).__name__}: {error}")
-        return EXIT_UNUSABLE
+def run(args: PreloadArguments) -> int:
+    """Run the supervisor until SIGTERM/SIGINT, or with ``--status`` report what it holds."""
+    return _status(args) if args.status else _supervise(args)
 
 
-def _fail(message: str) -> None:
-    print(f"ckptpub preload: error: {' '.join(str(message).split())}", file=sys.stderr)
+COMMAND = Command(
+    "preload",
+    "keep vLLM's weight-cache daemon holding exactly the checkpoint you serve",
+    PreloadArguments,
+    add_arguments,
+    run,
+    program="ckptpub preload",
+    passthrough=True,
+)
 
 
-def _supervise(args: argparse.Namespace, extra: list[str]) -> int:
-    import re
-
-    import ckptpub
-
+def _supervise(args: PreloadArguments) -> int:
     from .supervisor import Config, Supervisor
 
     if bool(args.model_dir) == bool(args.follow):
-        raise _UsageError("give exactly one of MODEL_DIR or --follow RUN_DIR")
+        raise UsageError("give exactly one of MODEL_DIR or --follow RUN_DIR")
     for name in ("interval", "ready_timeout", "stop_timeout", "retry_delay"):
         if getattr(args, name) <= 0:
-            raise _UsageError(f"--{name.replace('_', '-')} must be positive")
+            raise UsageError(f"--{name.replace('_', '-')} must be positive")
     for name in ("identity_pattern", "ready_pattern"):
         try:
             compiled = re.compile(getattr(args, name))
         except re.error as error:
-            raise _UsageError(f"--{name.replace('_', '-')}: {error}") from None
+            raise UsageError(f"--{name.replace('_', '-')}: {error}") from None
         if name == "identity_pattern" and not compiled.groups:
-            raise _UsageError(
-                "--identity-pattern needs a group that captures the identity: (?P<identity>...)"
-            )
+            raise UsageError("--identity-pattern needs a group that captures the identity: (?P<identity>...)")
     if args.follow:
         if not os.path.isdir(args.follow):
-            raise _UsageError(f"--follow {args.follow}: not a directory")
-    else:
+            raise UsageError(f"--follow {args.follow}: not a directory")
+    elif args.model_dir:
         if not os.path.isdir(args.model_dir):
-            raise _UsageError(f"{args.model_dir}: not a directory")
-        ckptpub.read_manifest(args.model_dir)  # CkptpubError: no/invalid manifest -> exit 2
+            raise UsageError(f"{args.model_dir}: not a directory")
+        read_manifest(args.model_dir)  # CkptpubError: no/invalid manifest -> exit 2
     if "{folder}" not in args.daemon_cmd:
-        raise _UsageError("--daemon-cmd must contain {folder}")
-    if any(a == "--weight-cache-socket-dir" or a.startswith("--weight-cache-socket-dir=") for a in extra):
-        raise _UsageError("pass the socket directory as --socket-dir (before '--'), not to vllm preload")
+        raise UsageError("--daemon-cmd must contain {folder}")
+    if any(
+        a == "--weight-cache-socket-dir" or a.startswith("--weight-cache-socket-dir=") for a in args.extra
+    ):
+        raise UsageError("pass the socket directory as --socket-dir (before '--'), not to vllm preload")
     config = Config(
         model_dir=os.path.abspath(args.model_dir) if args.model_dir else None,
         follow=os.path.abspath(args.follow) if args.follow else None,
         verified_only=args.verified_only,
         daemon_cmd=args.daemon_cmd,
-        extra=extra,
+        extra=args.extra,
         state_dir=args.state_dir or st.default_state_dir(),
         interval=args.interval,
         one_at_a_time=args.one_at_a_time,
@@ -199,7 +201,10 @@ def _supervise(args: argparse.Namespace, extra: list[str]) -> int:
         ready_pattern=args.ready_pattern,
         quiet=args.quiet,
     )
-    return Supervisor(config).run()
+    try:
+        return Supervisor(config).run()
+    except (RuntimeError, ValueError) as error:  # a state directory in use; a --daemon-cmd shlex cannot split
+        raise CkptpubError(str(error)) from error
 
 
 def supervisor_alive(state_dir: str) -> bool:
@@ -217,12 +222,11 @@ def supervisor_alive(state_dir: str) -> bool:
     return False
 
 
-def _status(args: argparse.Namespace) -> int:
+def _status(args: PreloadArguments) -> int:
     state_dir = args.state_dir or st.default_state_dir()
     data = st.read_json(os.path.join(state_dir, st.STATUS))
     if not isinstance(data, dict):
-        _fail(f"{state_dir}: no status (has a supervisor run with this --state-dir?)")
-        return EXIT_UNUSABLE
+        raise CkptpubError(f"{state_dir}: no status (has a supervisor run with this --state-dir?)")
     data["supervisor_alive"] = supervisor_alive(state_dir)
     if not data["supervisor_alive"] and data.get("state") not in ("stopped",):
         data["state_note"] = "the supervisor is not running; this status may be stale"
@@ -241,4 +245,4 @@ def _status(args: argparse.Namespace) -> int:
         and held.get("identity")
         and held.get("identity") == target.get("identity")
     )
-    return EXIT_OK if good else EXIT_MISMATCH
+    return ExitCode.OK if good else ExitCode.MISMATCH

@@ -5,54 +5,31 @@
 >>> ckptpub.verify("runs/demo/checkpoint-20").ok            # doctest: +SKIP
 True
 
-``import ckptpub`` needs only the standard library and ``blake3``. Names are
-loaded on first use (PEP 562), so the CLI imports only what its command needs and
-the Trainer callback imports transformers only when it is used.
+``import ckptpub`` needs only the standard library and ``blake3``. The Trainer
+callback's two names are loaded on first use (PEP 562): transformers is behind them.
 """
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+from .compare import ManifestDiff, Problem, VerifyReport, diff_manifests, verify
+from .errors import CkptpubError, NoManifestError
+from .hashing import digest_bytes as tensor_digest
+from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, config_digest
+from .publishing import build_manifest, publish
+from .read import read_manifest
+from .run_index import read as read_run_index
+
 if TYPE_CHECKING:
-    from typing import Any
-
     from .callback import PublishCallback, publish_accelerate_state
-    from .compare import ManifestDiff, Problem, VerifyReport, diff_manifests, verify
-    from .errors import CkptpubError, NoManifestError
-    from .hashing import digest_bytes as tensor_digest
-    from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, config_digest
-    from .publishing import build_manifest, publish
-    from .read import read_manifest
-    from .run_index import read as read_run_index
 
-_WHERE = {
-    "MANIFEST_NAME": ("manifest", "MANIFEST_NAME"),
-    "CkptpubError": ("errors", "CkptpubError"),
-    "FileRecord": ("manifest", "FileRecord"),
-    "NoManifestError": ("errors", "NoManifestError"),
-    "Manifest": ("manifest", "Manifest"),
-    "ManifestDiff": ("compare", "ManifestDiff"),
-    "Problem": ("compare", "Problem"),
-    "PublishCallback": ("callback", "PublishCallback"),
-    "TensorRecord": ("manifest", "TensorRecord"),
-    "VerifyReport": ("compare", "VerifyReport"),
-    "build_manifest": ("publishing", "build_manifest"),
-    "config_digest": ("manifest", "config_digest"),
-    "diff_manifests": ("compare", "diff_manifests"),
-    "publish": ("publishing", "publish"),
-    "publish_accelerate_state": ("callback", "publish_accelerate_state"),
-    "read_manifest": ("read", "read_manifest"),
-    "read_run_index": ("run_index", "read"),
-    "tensor_digest": ("hashing", "digest_bytes"),
-    "verify": ("compare", "verify"),
-}
 __all__ = [
+    "MANIFEST_NAME",
     "CkptpubError",
     "FileRecord",
-    "MANIFEST_NAME",
     "Manifest",
     "ManifestDiff",
     "NoManifestError",
@@ -73,16 +50,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    try:
-        module, attribute = _WHERE[name]
-    except KeyError:
-        raise AttributeError(f"module 'ckptpub' has no attribute {name!r}") from None
-    import importlib  # here, not at the top: the CLI never needs it
+    """``PublishCallback`` and ``publish_accelerate_state`` import transformers: only when asked for."""
+    if name in ("PublishCallback", "publish_accelerate_state"):
+        from . import callback
 
-    value = getattr(importlib.import_module(f".{module}", __name__), attribute)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+        return getattr(callback, name)
+    raise AttributeError(f"module 'ckptpub' has no attribute {name!r}")

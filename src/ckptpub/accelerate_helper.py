@@ -26,8 +26,11 @@ def last_state_folder(accelerator: Any) -> str:
 
 
 def publish_accelerate_state(
-    accelerator: Any, folder: str | os.PathLike | None = None, *, provenance: Mapping | None = None
-):
+    accelerator: Any,
+    folder: str | os.PathLike[str] | None = None,
+    *,
+    provenance: Mapping[str, Any] | None = None,
+) -> ckptpub.Manifest | None:
     """Wait for every process, then publish ``folder`` on the main process.
 
     Returns the Manifest on the main process and None elsewhere. ``folder`` defaults

@@ -9,6 +9,8 @@ input that cannot be used at all.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import NamedTuple
 
 from .errors import CkptpubError
 from .explain import (
@@ -20,17 +22,12 @@ from .explain import (
     relation,
     tensor_change,
 )
-from .hashing import Span, hash_spans
-from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, check_identity
+from .hashing import ProgressCallback, Span, hash_spans
+from .manifest import MANIFEST_NAME, Manifest, TensorRecord, check_identity
 from .model_files import claim_problems, is_shard_path
 from .read import read_manifest
-from .records import NamedTuple
 from .safetensors import ShardLayout, read_layout
 from .scan import FolderEntry, as_path, resolve_folder, scan_folder
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
-if TYPE_CHECKING:
-    from .hashing import ProgressCallback
 
 
 class Problem(NamedTuple):
@@ -123,15 +120,15 @@ def verify(
         elif entry.size != record.size:
             problems.append(Problem(record.path, "size", f"{entry.size} bytes, manifest says {record.size}"))
         elif record.header_size is None:
-            span = Span(entry.real_path, 0, entry.size, record.path, entry.signature[:2])
+            span = Span(entry.real_path, 0, entry.size, record.path, entry.file_id)
             checks.append((span, Problem(record.path, "changed", "content differs")))
         else:
-            checks.extend(_shard_checks(manifest, record, entry, layouts, problems))
+            checks.extend(_shard_checks(manifest, record.path, record.header_size, entry, layouts, problems))
     for path in entries.keys() - {f.path for f in manifest.files}:
         problems.append(Problem(path, "added", "in the folder but not in the manifest"))
     digests = hash_spans([s for s, _ in checks], threads=threads, use_mmap=use_mmap, on_progress=on_progress)
     expected = _expected_digests(manifest, checks)
-    problems.extend(p for (_, p), got, want in zip(checks, digests, expected) if got != want)
+    problems.extend(p for (_, p), got, want in zip(checks, digests, expected, strict=True) if got != want)
     if not problems:
         problems.extend(_claims(manifest, entries, layouts))
     if expect_identity is not None and manifest.identity != expect_identity:
@@ -197,38 +194,37 @@ def diff_manifests(
 
 def _shard_checks(
     manifest: Manifest,
-    record: FileRecord,
+    path: str,
+    header_size: int,
     entry: FolderEntry,
     layouts: dict[str, ShardLayout],
     problems: list[Problem],
-):
-    """Spans for a shard: its header, then each tensor as the manifest places it.
+) -> Iterator[tuple[Span, Problem]]:
+    """Spans for the shard at ``path``: its header, then each tensor as the manifest places it.
 
     The header is parsed too, so a manifest that places tensors where the header
     does not is caught even when every hashed range matches.
     """
-    identity = entry.signature[:2]
     yield (
-        Span(entry.real_path, 0, record.header_size, record.path, identity),
-        Problem(record.path, "header", "safetensors header differs"),
+        Span(entry.real_path, 0, header_size, path, entry.file_id),
+        Problem(path, "header", "safetensors header differs"),
     )
     try:
-        layouts[record.path] = read_layout(entry.real_path, record.path, identity)
+        layouts[path] = read_layout(entry.real_path, path, entry.file_id)
     except CkptpubError as error:
-        problems.append(Problem(record.path, "header", str(error).removeprefix(f"{record.path}: ")))
-    base = record.header_size
+        problems.append(Problem(path, "header", str(error).removeprefix(f"{path}: ")))
     for tensor in manifest.tensors:
-        if tensor.file == record.path:
+        if tensor.file == path:
             begin, end = tensor.data_offsets
             yield (
                 Span(
                     entry.real_path,
-                    base + begin,
-                    base + end,
-                    f"{record.path}: tensor {tensor.name!r}",
-                    identity,
+                    header_size + begin,
+                    header_size + end,
+                    f"{path}: tensor {tensor.name!r}",
+                    entry.file_id,
                 ),
-                Problem(record.path, "tensor", "bytes differ", tensor.name),
+                Problem(path, "tensor", "bytes differ", tensor.name),
             )
 
 
@@ -250,7 +246,7 @@ def _claims(
     for path, entry in entries.items():
         if is_shard_path(path) and path not in layouts:
             try:
-                layouts[path] = read_layout(entry.real_path, path, entry.signature[:2])
+                layouts[path] = read_layout(entry.real_path, path, entry.file_id)
             except CkptpubError as error:
                 problems.append(
                     Problem(path, "manifest", f"not a valid safetensors file, which publish refuses: {error}")
@@ -271,5 +267,5 @@ def _describe(tensor: TensorRecord) -> str:
     return tensor.dtype
 
 
-def _meaning(tensor: TensorRecord) -> tuple:
+def _meaning(tensor: TensorRecord) -> tuple[str, tuple[int, ...], str]:
     return tensor.dtype, tensor.shape, tensor.digest

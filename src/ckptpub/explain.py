@@ -7,19 +7,16 @@ model trained from it). This module answers those from the manifests alone, plus
 the two folders' ``config.json`` when they are at hand: a manifest records only
 a config's digest, so keys can be named only from the files, and only when the
 files still have the digest the manifest recorded.
-
-Plain string operations, no ``re``/``json``: ``ckptpub diff`` stays off both
-(docs/performance.md, tests/core/test_cli.py).
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any, NamedTuple
 
 from .errors import CkptpubError
 from .manifest import _VOLATILE_CONFIG_KEYS, CONFIG_FILES, MANIFEST_NAME, Manifest, TensorRecord
 from .model_files import read_config
-from .records import NamedTuple
 
 #: A pattern lists at most this many alternatives at one position (``{a,b,... 40 more}`` beyond).
 _MAX_WORDS_SHOWN = 8
@@ -69,7 +66,10 @@ class TensorGroup(NamedTuple):
 
 
 class ConfigChange(NamedTuple):
-    """One top-level key of a config file whose value differs (``old``/``new`` None when absent on that side)."""
+    """One top-level key of a config file whose value differs.
+
+    ``old`` or ``new`` is None where the key is absent on that side.
+    """
 
     file: str
     key: str
@@ -149,7 +149,7 @@ def _merge_once(groups: list[_Draft]) -> list[_Draft] | None:
     changed = False
     for column in range(max((len(g.words) for g in groups), default=0) - 1, -1, -1):
         for family in (_suffix_family, _prefix_family):
-            buckets: dict[tuple, list[_Draft]] = {}
+            buckets: dict[tuple[object, ...], list[_Draft]] = {}
             kept = []
             for g in groups:
                 kin = family(g.words[column]) if column < len(g.words) and column != g.star else None
@@ -266,7 +266,7 @@ def config_changes(
         documents = []
         for side, folder, digest in (("a", folder_a, digest_a), ("b", folder_b, digest_b)):
             document, why = _read_config(folder, name, digest)
-            if why:
+            if document is None:
                 notes.append(f"{name} differs; keys not compared: {side}: {why}")
                 break
             documents.append(document)
@@ -275,7 +275,9 @@ def config_changes(
     return tuple(changes), tuple(notes)
 
 
-def _read_config(folder: str | None, name: str, digest: str) -> tuple[dict | None, str | None]:
+def _read_config(
+    folder: str | None, name: str, digest: str
+) -> tuple[dict[str, Any], None] | tuple[None, str]:
     if folder is None:
         return None, "given as a manifest file, not a folder"
     try:
@@ -287,7 +289,7 @@ def _read_config(folder: str | None, name: str, digest: str) -> tuple[dict | Non
     return document, None
 
 
-def _key_changes(name: str, old: dict, new: dict) -> list[ConfigChange]:
+def _key_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[ConfigChange]:
     keys = sorted((old.keys() | new.keys()) - _VOLATILE_CONFIG_KEYS)
     return [
         ConfigChange(name, key, old.get(key), new.get(key), key in old, key in new)
@@ -303,5 +305,5 @@ def _same_json(x: object, y: object) -> bool:
     if isinstance(x, dict) and isinstance(y, dict):
         return x.keys() == y.keys() and all(_same_json(x[k], y[k]) for k in x)
     if isinstance(x, list) and isinstance(y, list):
-        return len(x) == len(y) and all(_same_json(p, q) for p, q in zip(x, y))
+        return len(x) == len(y) and all(_same_json(p, q) for p, q in zip(x, y, strict=True))
     return type(x) in (int, float) and type(y) in (int, float) and x == y or type(x) is type(y) and x == y

@@ -26,22 +26,20 @@ Performance choices, measured in ``docs/performance.md``:
 
 from __future__ import annotations
 
-import _thread
+import contextlib
 import mmap
 import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import blake3
 
 from .errors import CkptpubError
-from .records import NamedTuple
 from .safe_open import open_regular
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
-if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
-
-    #: ``on_progress(done_bytes, total_bytes)``, called as hashing advances.
-    ProgressCallback = Callable[[int, int], None]
+#: ``on_progress(done_bytes, total_bytes)``, called as hashing advances.
+ProgressCallback = Callable[[int, int], None]
 
 DIGEST_PREFIX = "blake3:"
 SPLIT_MIN_BYTES = 32 << 20
@@ -115,14 +113,13 @@ def hash_spans(
 def _run_parallel(items: list[int], work: Callable[[int], None], workers: int) -> None:
     """Run ``work`` on every item with ``workers`` threads taking the next item in turn.
 
-    Plain ``_thread`` threads rather than ``threading`` or concurrent.futures: the
-    CLI's start-up (which b3sum does not pay) is part of every run, and ``threading``
-    alone costs 1.6 ms of it. The calling thread is one of the workers; each helper
-    holds a lock until it is done, so acquiring those locks joins them. The first
-    error stops the other workers and is raised here.
+    The calling thread is one of the workers. The first error (or an interrupt while
+    waiting) stops the other workers after the item each is on, and is raised here.
+    The helpers are daemon threads, so an interrupted command exits without waiting
+    for them.
     """
     pending = iter(items)
-    lock = _thread.allocate_lock()
+    lock = threading.Lock()
     errors: list[BaseException] = []
 
     def worker() -> None:
@@ -136,19 +133,16 @@ def _run_parallel(items: list[int], work: Callable[[int], None], workers: int) -
             except BaseException as error:  # handed to the caller below
                 errors.append(error)
 
-    def helper(running: _thread.LockType) -> None:
-        try:
-            worker()
-        finally:
-            running.release()
-
-    helpers = [_thread.allocate_lock() for _ in range(workers - 1)]
-    for running in helpers:
-        running.acquire()
-        _thread.start_new_thread(helper, (running,))
-    worker()
-    for running in helpers:
-        running.acquire()
+    helpers = [threading.Thread(target=worker, name="ckptpub-hash", daemon=True) for _ in range(workers - 1)]
+    for helper in helpers:
+        helper.start()
+    try:
+        worker()
+        for helper in helpers:
+            helper.join()
+    except BaseException as error:  # KeyboardInterrupt while joining: stop the helpers too
+        errors.append(error)
+        raise
     if errors:
         raise errors[0]
 
@@ -157,7 +151,7 @@ def _progress_reporter(total: int, on_progress: ProgressCallback | None) -> Call
     if on_progress is None:
         return lambda _: None
     done = 0
-    lock = _thread.allocate_lock()
+    lock = threading.Lock()
 
     def advance(count: int) -> None:
         nonlocal done
@@ -181,7 +175,7 @@ class _Files:
 
     def __init__(self, use_mmap: bool) -> None:
         self._use_mmap = use_mmap
-        self._lock = _thread.allocate_lock()
+        self._lock = threading.Lock()
         self._open: dict[str, tuple[int, int, mmap.mmap | None]] = {}
         self._buffers: dict[int, bytearray] = {}  # one read buffer per thread (by thread id)
 
@@ -191,14 +185,12 @@ class _Files:
     def __exit__(self, *exc_info: object) -> None:
         for fd, _, mapping in self._open.values():
             if mapping is not None:
-                try:
+                with contextlib.suppress(BufferError):  # a worker that failed may still hold a view
                     mapping.close()
-                except BufferError:  # a worker that failed may still hold a view
-                    pass
             os.close(fd)
         self._open.clear()
 
-    def pieces(self, span: Span) -> Iterable[memoryview | bytes]:
+    def pieces(self, span: Span) -> Iterator[memoryview | bytes]:
         fd, size, mapping = self._get(span)
         if span.end > size:
             raise CkptpubError(f"{span.name}: file is {size} bytes, shorter than expected ({span.end})")
@@ -243,7 +235,7 @@ class _Files:
         return fd, size, mapping
 
     def _buffer(self) -> bytearray:
-        thread = _thread.get_ident()
+        thread = threading.get_ident()
         with self._lock:
             buffer = self._buffers.get(thread)
             if buffer is None:

@@ -10,18 +10,15 @@ copied from another checkpoint is refused instead of being trusted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping  # at run time too: typing.get_type_hints(Manifest) must resolve
+import re
+from collections.abc import Mapping
+from typing import Any, NamedTuple, TypeGuard
 
 from .canonical import canonical_json
 from .errors import CkptpubError
 from .hashing import DIGEST_PREFIX, digest_bytes
-from .records import NamedTuple
 from .safetensors import DTYPE_BITS
 from .strict_json import loads_strict
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
-if TYPE_CHECKING:
-    from typing import Any
 
 FORMAT = "ckptpub/1"
 MANIFEST_NAME = "ckptpub.json"
@@ -29,19 +26,12 @@ MANIFEST_NAME = "ckptpub.json"
 MAX_MANIFEST_BYTES = 64 << 20
 #: Config files whose meaning (not formatting) is part of the identity.
 CONFIG_FILES = ("config.json", "adapter_config.json")
+_DIGEST = re.compile(re.escape(DIGEST_PREFIX) + "[0-9a-f]{64}")
 
 
-def is_digest(value: object) -> bool:
-    """Whether ``value`` is a ckptpub digest: ``blake3:`` and 64 lowercase hex digits.
-
-    Checked without a regular expression: ``re`` is not imported on the CLI's path.
-    """
-    return (
-        isinstance(value, str)
-        and len(value) == len(DIGEST_PREFIX) + 64
-        and value.startswith(DIGEST_PREFIX)
-        and not value[len(DIGEST_PREFIX) :].strip("0123456789abcdef")
-    )
+def is_digest(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a ckptpub digest: ``blake3:`` and 64 lowercase hex digits."""
+    return isinstance(value, str) and _DIGEST.fullmatch(value) is not None
 
 
 def check_identity(value: object, what: str) -> str:
@@ -152,7 +142,7 @@ def compute_identity(
 
 
 def config_digest(document: Mapping[str, Any]) -> str:
-    """Digest of a config's meaning: canonical JSON without keys that record where or by what it was written."""
+    """Digest of a config's meaning: canonical JSON less the keys that say where or by what it was written."""
     meaningful = {k: v for k, v in document.items() if k not in _VOLATILE_CONFIG_KEYS}
     return digest_bytes(canonical_json(meaningful))
 
@@ -208,7 +198,7 @@ class _Validator:
             )
         return Manifest(identity, tensors, files, weights, config, provenance)
 
-    def array(self, value: Any, what: str) -> list:
+    def array(self, value: Any, what: str) -> list[Any]:
         if not isinstance(value, list):
             raise self.fail(f"{what} is not an array")
         return value
@@ -228,7 +218,7 @@ class _Validator:
             raise self.fail(f"{where}: {value!r} is not a safe relative path inside the folder")
         return value
 
-    def fields(self, entry: Any, required: set[str], optional: set[str], where: str) -> dict:
+    def fields(self, entry: Any, required: set[str], optional: set[str], where: str) -> dict[str, Any]:
         if not isinstance(entry, dict) or not required <= set(entry) <= required | optional:
             raise self.fail(f"{where} must be an object with fields {sorted(required)}")
         return entry
@@ -296,8 +286,8 @@ class _Validator:
             by_path[record.path] = record
         per_file: dict[str, list[TensorRecord]] = {}
         for tensor in tensors:
-            record = by_path.get(tensor.file)
-            if record is None or record.header_size is None:
+            shard = by_path.get(tensor.file)
+            if shard is None or shard.header_size is None:
                 raise self.fail(
                     f"tensor {tensor.name!r}: file {tensor.file!r} is not a listed safetensors file"
                 )

@@ -12,17 +12,14 @@ both call it).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from .errors import CkptpubError
-from .manifest import CONFIG_FILES, MANIFEST_NAME, config_digest
+from .manifest import CONFIG_FILES, MANIFEST_NAME, Manifest, config_digest
 from .safetensors import ShardLayout
 from .scan import FolderEntry
 from .strict_json import loads_strict, read_bounded
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-
-    from .manifest import Manifest
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_CONFIG_BYTES = 16 << 20
@@ -58,7 +55,7 @@ def claim_problems(
             problems.append(
                 (record.path, "a safetensors file listed as a plain file (its tensors are not listed)")
             )
-    recorded: dict[str, set] = {}
+    recorded: dict[str, set[tuple[str, str, tuple[int, ...], tuple[int, int]]]] = {}
     for t in manifest.tensors:
         recorded.setdefault(t.file, set()).add((t.name, t.dtype, t.shape, t.data_offsets))
     for path, layout in sorted(layouts.items()):
@@ -102,11 +99,11 @@ def config_digests(entries: Mapping[str, FolderEntry]) -> dict[str, str]:
     for name in CONFIG_FILES:
         entry = entries.get(name)
         if entry is not None:
-            digests[name] = read_config(entry.real_path, name, entry.signature[:2])[1]
+            digests[name] = read_config(entry.real_path, name, entry.file_id)[1]
     return digests
 
 
-def read_config(path: str, name: str, expect: tuple[int, int] | None = None) -> tuple[dict, str]:
+def read_config(path: str, name: str, expect: tuple[int, int] | None = None) -> tuple[dict[str, Any], str]:
     """A config file's JSON object and the digest of its meaning; ``CkptpubError`` naming ``name`` otherwise.
 
     ``expect`` is the ``(st_dev, st_ino)`` a folder scan saw (see ``safe_open.open_regular``).
@@ -122,7 +119,7 @@ def read_config(path: str, name: str, expect: tuple[int, int] | None = None) -> 
 
 def _files_named_by_index(index: FolderEntry, layouts: Mapping[str, ShardLayout]) -> list[str]:
     document = loads_strict(
-        read_bounded(index.real_path, MAX_INDEX_BYTES, INDEX_NAME, index.signature[:2]), INDEX_NAME, "index"
+        read_bounded(index.real_path, MAX_INDEX_BYTES, INDEX_NAME, index.file_id), INDEX_NAME, "index"
     )
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
-if TYPE_CHECKING:
-    from typing import TextIO
+from typing import TextIO
 
 DELAY_SECONDS = 0.5
 REDRAW_SECONDS = 0.1

@@ -46,7 +46,8 @@ def read_manifest(location: str | os.PathLike[str]) -> Manifest:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise CkptpubError(
-                f"{manifest_path}: {kind_of(info.st_mode)}, not a regular file; a manifest must be a plain file"
+                f"{manifest_path}: {kind_of(info.st_mode)}, not a regular file; "
+                "a manifest must be a plain file"
             )
         if info.st_size > MAX_MANIFEST_BYTES:
             raise CkptpubError(

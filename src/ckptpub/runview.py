@@ -10,13 +10,14 @@ checkpoint is never trusted on the index's word alone, and never left out silent
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 from . import run_index
 from .errors import CkptpubError
 from .explain import base_of, is_adapter
 from .manifest import MANIFEST_NAME
 from .read import read_manifest
-from .records import NamedTuple
 
 #: How deep the scan looks for checkpoint folders (``run/trial/checkpoint-N`` is 2).
 SCAN_DEPTH = 3
@@ -42,7 +43,7 @@ class RunEntry(NamedTuple):
     detail: str | None = None
     same_as_previous: bool = False
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return dict(self._asdict())
 
 
@@ -66,8 +67,8 @@ def list_run(run_dir: str) -> list[RunEntry]:
         path = os.path.relpath(folder, run_dir).replace(os.sep, "/")
         if path not in entries:
             entries[path] = _entry(run_dir, path, None, "scan", None)
-    for error in unlisted:
-        path = os.path.relpath(error.filename or run_dir, run_dir)
+    for failure in unlisted:
+        path = os.path.relpath(failure.filename or run_dir, run_dir)
         entries[path] = RunEntry(
             path,
             _step_from_name(path),
@@ -77,7 +78,7 @@ def list_run(run_dir: str) -> list[RunEntry]:
             False,
             "scan",
             "unusable",
-            f"{path}: cannot list folder: {error.strerror or error}",
+            f"{path}: cannot list folder: {failure.strerror or failure}",
         )
     ordered = sorted(entries.values(), key=lambda e: (e.step is None, e.step or 0, e.path))
     previous = None
@@ -89,19 +90,19 @@ def list_run(run_dir: str) -> list[RunEntry]:
     return ordered
 
 
-def lineage(entries: list[RunEntry]) -> list[dict]:
+def lineage(entries: list[RunEntry]) -> list[dict[str, Any]]:
     """The run as a forest: each recorded base, then what was trained from it.
 
     A checkpoint whose base is another checkpoint of this run (a merge of step 40
     published with ``--base``) hangs under that one; bases outside the run are roots.
     """
-    nodes = {}
-    roots: list[dict] = []
-    outside: dict[str | None, dict] = {}
+    nodes: dict[str | None, dict[str, Any]] = {}
+    roots: list[dict[str, Any]] = []
+    outside: dict[str | None, dict[str, Any]] = {}
     for entry in entries:
         if entry.status != "ok":
             continue
-        node = {"entry": entry.as_dict(), "children": []}
+        node: dict[str, Any] = {"entry": entry.as_dict(), "children": []}
         parent = nodes.get(entry.base_identity) if entry.base_identity != entry.identity else None
         if parent is None:
             parent = outside.get(entry.base_identity)
@@ -166,7 +167,7 @@ def _through_link(run_dir: str, path: str) -> bool:
     return any(os.path.islink(os.path.join(run_dir, *parts[:n])) for n in range(1, len(parts) + 1))
 
 
-def _published_folders(run_dir: str, on_error):
+def _published_folders(run_dir: str, on_error: Callable[[OSError], object]) -> Iterator[str]:
     """Folders holding a manifest, at most ``SCAN_DEPTH`` levels down, not inside another checkpoint.
 
     The run folder itself is looked into even when it holds a manifest (a stray
@@ -184,7 +185,7 @@ def _published_folders(run_dir: str, on_error):
 
 
 def _step_from_name(path: str) -> int | None:
-    """``checkpoint-10`` -> 10 (string operations: ``ls`` stays off ``re``)."""
+    """``checkpoint-10`` -> 10; None for a name without a step."""
     name = os.path.basename(os.path.normpath(path))
     for prefix in ("checkpoint-", "checkpoint_"):
         number = name[len(prefix) :]

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import struct
 from math import prod
+from typing import NamedTuple
 
 from .errors import CkptpubError
-from .records import NamedTuple
 from .safe_open import open_regular
 from .strict_json import loads_strict
 
@@ -82,11 +82,13 @@ def read_layout(path: str, display_name: str, expect: tuple[int, int] | None = N
             (header_len,) = struct.unpack("<Q", prefix)
             if header_len > MAX_HEADER_BYTES:
                 raise CkptpubError(
-                    f"{display_name}: safetensors header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit"
+                    f"{display_name}: safetensors header length {header_len} "
+                    f"exceeds the {MAX_HEADER_BYTES}-byte limit"
                 )
             if 8 + header_len > file_size:
                 raise CkptpubError(
-                    f"{display_name}: safetensors header length {header_len} runs past the end of the file ({file_size} bytes)"
+                    f"{display_name}: safetensors header length {header_len} "
+                    f"runs past the end of the file ({file_size} bytes)"
                 )
             header = handle.read(header_len)
     except OSError as error:
@@ -120,7 +122,8 @@ def parse_header(header: bytes, file_size: int, display_name: str) -> ShardLayou
         position = tensor.end
     if position > data_size:
         raise CkptpubError(
-            f"{display_name}: tensors end at data offset {position}, past the end of the file (data region is {data_size} bytes)"
+            f"{display_name}: tensors end at data offset {position}, "
+            f"past the end of the file (data region is {data_size} bytes)"
         )
     if position < data_size:
         raise CkptpubError(f"{display_name}: {data_size - position} bytes after the last tensor")

@@ -14,10 +14,10 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import NamedTuple
 
 from .errors import CkptpubError
 from .manifest import MANIFEST_NAME
-from .records import NamedTuple
 
 #: Prefix and suffix of the temporary files an atomic manifest write uses.
 TEMP_PREFIX = "." + MANIFEST_NAME + "."
@@ -35,12 +35,19 @@ class FolderEntry(NamedTuple):
     mode: int
     signature: tuple[int, ...]
 
+    @property
+    def file_id(self) -> tuple[int, int]:
+        """``(st_dev, st_ino)``: which file the scan saw, for ``safe_open`` to check it opens that one."""
+        return self.signature[0], self.signature[1]
+
 
 def as_path(value: object, what: str) -> str:
     """A path argument of the public API as ``str``: ``str``, ``os.PathLike`` or ``bytes`` (decoded
     as the file system does); anything else is a ``CkptpubError``, never a ``TypeError``."""
     try:
-        path = os.fsdecode(os.fspath(value))  # type: ignore[arg-type]
+        if not isinstance(value, str | bytes | os.PathLike):
+            raise TypeError
+        path = os.fsdecode(value)  # TypeError too when __fspath__ returns neither str nor bytes
     except TypeError:
         raise CkptpubError(
             f"{what}: expected a path (str, bytes or os.PathLike), got {type(value).__name__}"
@@ -127,7 +134,7 @@ def _decode_name(prefix: str, name: bytes) -> str:
     return text
 
 
-def _file_entry(root: str, relative: str, child: os.DirEntry) -> FolderEntry:
+def _file_entry(root: str, relative: str, child: os.DirEntry[bytes]) -> FolderEntry:
     real_path = os.fsdecode(child.path)
     try:
         if child.is_symlink():

@@ -61,21 +61,25 @@ def test_config_keys_come_only_from_files_that_still_match_the_manifest(tmp_path
         json.dumps({"model_type": "x", "dtype": "int8"})
     )  # edited after publishing
     diff = ckptpub.diff_manifests(ckptpub.read_manifest(a), ckptpub.read_manifest(b), folder_a=a, folder_b=b)
-    assert diff.config_keys == () and diff.config_notes == (
+    assert diff.config_keys == ()
+    assert diff.config_notes == (
         "config.json differs; keys not compared: b: config.json changed since ckptpub.json was written",
     )
     os.unlink(b / "config.json")
     os.symlink(a / "config.json", b / "config.json")  # never followed, even to another checkpoint
     diff = ckptpub.diff_manifests(ckptpub.read_manifest(a), ckptpub.read_manifest(b), folder_a=a, folder_b=b)
-    assert diff.config_keys == () and "symlink" in diff.config_notes[0], diff.config_notes
+    assert diff.config_keys == ()
+    assert "symlink" in diff.config_notes[0], diff.config_notes
 
 
 def test_a_pattern_stays_one_line_however_many_names_it_covers() -> None:
     (flat,) = group_tensors("added", [(f"t{i}_w", "F32") for i in range(20000)])
-    assert flat.pattern == "t{0-19999}_w" and len(flat.names) == 20000
+    assert flat.pattern == "t{0-19999}_w"
+    assert len(flat.names) == 20000
     words = [f"{a}{b}" for a in "abcdefghij" for b in "xyz"]
     (many,) = group_tensors("removed", [(f"head.{w}_proj", "F16") for w in words])
-    assert many.pattern == "head.{ax,ay,az,... 27 more}_proj" and len(many.names) == 30
+    assert many.pattern == "head.{ax,ay,az,... 27 more}_proj"
+    assert len(many.names) == 30
     (nested,) = group_tensors(
         "changed", [(f"block.{i}.sub.{j}.w", "bytes") for i in range(4) for j in range(12)]
     )

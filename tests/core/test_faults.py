@@ -1,4 +1,5 @@
-"""Fault injection with real processes: kills, a full disk, files changing under the hasher, racing publishers.
+"""Fault injection with real processes: kills, a full disk, files changing under the hasher, racing
+publishers.
 
 Each test states the invariant: the folder ends with no manifest or a complete one
 that verifies, never a partial one, and bad outcomes are one-line errors.
@@ -78,7 +79,8 @@ def test_disk_full_while_writing_the_manifest(tmp_path: Path) -> None:
         before = snapshot(folder)
         result = run_cli("publish", folder)
         assert result.returncode == 2, result.stderr
-        assert result.stderr.count("\n") == 1 and "No space left on device" in result.stderr, result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert "No space left on device" in result.stderr, result.stderr
         assert snapshot(folder) == before, "no manifest, no temp file, folder mtime restored"
         filler.unlink()
         assert run_cli("publish", folder).returncode == 0
@@ -106,9 +108,9 @@ def test_file_changed_while_hashed_is_refused(tmp_path: Path) -> None:
         handle.write(b"\x01")
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 2, stderr
-    assert (
-        stderr.strip()
-        == "ckptpub: error: big.safetensors: changed while it was being hashed; publish again once it is complete"
+    assert stderr.strip() == (
+        "ckptpub: error: big.safetensors: changed while it was being hashed; "
+        "publish again once it is complete"
     )
     assert not (folder / "ckptpub.json").exists()
 
@@ -164,5 +166,7 @@ def test_folder_deleted_while_publishing_is_a_clean_error(tmp_path: Path) -> Non
     time.sleep(0.15)
     shutil.rmtree(folder)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    assert process.returncode == 2, stderr
+    assert stderr.count("\n") == 1, stderr
+    assert "Traceback" not in stderr, stderr
     assert not folder.exists()

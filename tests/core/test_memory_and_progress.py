@@ -1,4 +1,5 @@
-"""The process's own memory stays small whatever the checkpoint size; the progress bar shows on a terminal only."""
+"""The process's own memory stays small whatever the checkpoint size; the progress bar shows on a terminal
+only."""
 
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def test_progress_bar_silent_when_not_a_terminal(big_checkpoint: Path) -> None:
         text=True,
     )
     assert result.returncode == 0
-    assert "\r" not in result.stderr and result.stderr.count("\n") == 1
+    assert "\r" not in result.stderr
+    assert result.stderr.count("\n") == 1
 
 
 def test_progress_bar_on_a_real_terminal(big_checkpoint: Path) -> None:
@@ -96,7 +98,8 @@ def test_progress_bar_on_a_real_terminal(big_checkpoint: Path) -> None:
     assert process.wait(timeout=120) == 0
     reader.join(timeout=5)
     output = b"".join(chunks).decode(errors="replace")
-    assert "verifying [" in output and "GB/s" in output, output
+    assert "verifying [" in output, output
+    assert "GB/s" in output, output
 
 
 def _drain(fd: int, chunks: list[bytes]) -> None:

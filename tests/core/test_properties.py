@@ -61,7 +61,7 @@ def test_any_sharding_keeps_identity(assignment: list[int], metadata: dict[str, 
         folder.mkdir()
         shutil.copy(reference / "config.json", folder / "config.json")
         shards: dict[int, list[str]] = {}
-        for name, shard in zip(names, assignment):
+        for name, shard in zip(names, assignment, strict=True):
             shards.setdefault(shard, []).append(name)
         weight_map = {}
         for shard, members in shards.items():

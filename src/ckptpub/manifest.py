@@ -40,7 +40,7 @@ def check_identity(value: object, what: str) -> str:
     The one check for identities a person gives (``--expect-identity``, a serving
     pin, ``publish(base=...)``): ``what`` names where the value came from.
     """
-    if not isinstance(value, str) or not is_digest(value):
+    if not is_digest(value):
         raise CkptpubError(f"{what}: {value!r} is not of the form blake3:<64 lowercase hex digits>")
     return value
 

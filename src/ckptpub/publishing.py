@@ -12,12 +12,12 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import __version__
 from .canonical import canonical_json
 from .errors import CkptpubError
-from .hashing import DIGEST_PREFIX, Span, hash_spans
+from .hashing import DIGEST_PREFIX, ProgressCallback, Span, hash_spans
 from .jsonfiles import write_atomically
 from .manifest import (
     MANIFEST_NAME,
@@ -33,9 +33,6 @@ from .read import read_manifest
 from .run_index import INDEX_NAME
 from .safetensors import ShardLayout, read_layout
 from .scan import FolderEntry, as_path, resolve_folder, restat, scan_folder
-
-if TYPE_CHECKING:  # hashing defines the alias for type checkers only
-    from .hashing import ProgressCallback
 
 #: Provenance nested deeper than this is refused (it is a record of facts, not a data store).
 MAX_PROVENANCE_DEPTH = 64
@@ -109,9 +106,7 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
     if not options.allow_nested:
         _refuse_nested_checkpoints(root, entries)
     by_path = {e.path: e for e in entries}
-    layouts = {
-        e.path: read_layout(e.real_path, e.path, _file_id(e)) for e in entries if is_shard_path(e.path)
-    }
+    layouts = {e.path: read_layout(e.real_path, e.path, e.file_id) for e in entries if is_shard_path(e.path)}
     for path, layout in layouts.items():
         if layout.header_size + (layout.tensors[-1].end if layout.tensors else 0) != by_path[path].size:
             raise CkptpubError(f"{path}: changed size while its header was read")
@@ -256,7 +251,7 @@ def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]) -> It
     """Per file: the whole file, or for a shard its header then each tensor (the records' order)."""
     for entry in entries:
         layout = layouts.get(entry.path)
-        identity = _file_id(entry)
+        identity = entry.file_id
         if layout is None:
             yield Span(entry.real_path, 0, entry.size, entry.path, identity)
             continue
@@ -266,11 +261,6 @@ def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]) -> It
             yield Span(
                 entry.real_path, base + t.begin, base + t.end, f"{entry.path}: tensor {t.name!r}", identity
             )
-
-
-def _file_id(entry: FolderEntry) -> tuple[int, int]:
-    """``(st_dev, st_ino)`` the scan saw: a later open must find this very file."""
-    return entry.signature[0], entry.signature[1]
 
 
 def _provenance(extra: Mapping[str, Any] | None) -> dict[str, Any]:

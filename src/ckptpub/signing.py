@@ -21,7 +21,6 @@ when a signature is made or checked (see ``signing_backend``).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import os
@@ -31,9 +30,10 @@ from dataclasses import dataclass
 
 from .compare import Problem
 from .errors import CkptpubError, NoManifestError
+from .jsonfiles import write_atomically
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from .safe_open import READ_FLAGS, kind_of, open_failure
-from .scan import SIGNATURE_NAME, TEMP_PREFIX, TEMP_SUFFIX, as_path
+from .scan import SIGNATURE_NAME, as_path
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ def sign_checkpoint(
     """
     resources = signed_resources(manifest, file_sha256, manifest.to_json())
     bundle = signer.sign(os.path.basename(root), resources, allow_symlinks)
-    _write_atomically(root, SIGNATURE_NAME, bundle, mode)
+    write_atomically(os.path.join(root, SIGNATURE_NAME), bundle, mode)
 
 
 @dataclass(frozen=True)
@@ -305,29 +305,3 @@ def _read_small(root: str, name: str, limit: int) -> bytes | None:
     if len(data) > limit:
         raise CkptpubError(f"{path}: over the {limit}-byte limit")
     return data
-
-
-def _write_atomically(root: str, name: str, data: bytes, mode: int) -> None:
-    """Write ``root/name``: a temporary file ckptpub's scans skip, fsync, rename, fsync the folder."""
-    temp = os.path.join(root, f"{TEMP_PREFIX}{os.urandom(8).hex()}{TEMP_SUFFIX}")
-    try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    except OSError as error:
-        raise CkptpubError(f"{name}: cannot write in {root}: {error.strerror or error}") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, os.path.join(root, name))
-        folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
-    except BaseException as error:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        if isinstance(error, OSError):
-            raise CkptpubError(f"{name}: cannot write in {root}: {error.strerror or error}") from None
-        raise

@@ -17,10 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ckptpub import CkptpubError
+from ckptpub.manifest import check_identity
+
 REQUIRE_MANIFEST_ENV = "CKPTPUB_REQUIRE_MANIFEST"
 
 
 def require_manifest_from_env() -> bool:
+    """Whether ``CKPTPUB_REQUIRE_MANIFEST`` asks every process to refuse folders without a manifest."""
     return os.environ.get(REQUIRE_MANIFEST_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
@@ -67,10 +71,10 @@ def split_extra_config(extra: Mapping[str, Any] | None) -> tuple[Options, dict[s
         value = rest.pop(name)
         default = getattr(Options, name)
         if name == "expect_identity":
-            if not (isinstance(value, str) and value.startswith("blake3:") and len(value) == 71):
-                raise ValueError(
-                    f"manifest_cache option 'expect_identity' must be blake3:<64 hex>, got {value!r}"
-                )
+            try:
+                check_identity(value, "manifest_cache option 'expect_identity'")
+            except CkptpubError as error:  # vLLM reports a bad option as a ValueError, like the others here
+                raise ValueError(str(error)) from None
         elif name == "public_key":
             if not (isinstance(value, str) and value):
                 raise ValueError(

@@ -32,6 +32,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 import ckptpub
 from ckptpub import run_index
 from ckptpub.accelerate_helper import publish_accelerate_state
+from ckptpub.signing import Signer
 
 __all__ = ["PublishCallback", "Published", "publish_accelerate_state"]
 
@@ -171,9 +172,12 @@ class _Publisher:
     it can hash slows down rather than piling up memory or stale work.
     """
 
-    def __init__(self, *, background: bool, max_pending: int, require: str | None) -> None:
+    def __init__(
+        self, *, background: bool, max_pending: int, require: str | None, signer: Signer | None = None
+    ) -> None:
         self.background = background
         self.require = require
+        self.signer = signer
         self.rotation_lock = threading.Lock()
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max(1, max_pending))
         self._thread: threading.Thread | None = None
@@ -229,7 +233,9 @@ class _Publisher:
             return self._fail(job, f"folder is incomplete (no {self.require}); not publishing it")
         try:
             # A Trainer checkpoint is the right folder by construction; weights may be .bin or FSDP shards.
-            manifest = ckptpub.publish(job.folder, provenance=job.provenance, allow_no_weights=True)
+            manifest = ckptpub.publish(
+                job.folder, provenance=job.provenance, allow_no_weights=True, sign=self.signer
+            )
         except (ckptpub.CkptpubError, OSError) as exc:
             gone = not os.path.isdir(job.folder)
             return self._fail(job, ("folder was rotated away while hashing: " if gone else "") + str(exc))
@@ -281,16 +287,24 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
     * ``max_pending`` (default 1): saves that may wait behind the one being hashed
       before ``on_save`` blocks.
     * ``index`` (default True): append to ``output_dir/ckptpub-index.jsonl``.
+    * ``sign`` (default None): a private key's path (or a ``ckptpub.signing.SigningKey``):
+      sign every checkpoint (``model.sig``, see ``docs/security.md``). The key is
+      loaded here, so a key that cannot sign fails before training starts.
 
     ``published`` lists what was published (filled on the main thread),
     ``failures`` the skipped saves with their reasons. The final
     ``trainer.save_model()`` fires no callback: call ``ckptpub.publish(dir)``.
     """
 
-    def __init__(self, background: bool = True, max_pending: int = 1, index: bool = True) -> None:
+    def __init__(
+        self, background: bool = True, max_pending: int = 1, index: bool = True, sign: object = None
+    ) -> None:
         self.background = background
         self.index = index
-        self._pub = _Publisher(background=background, max_pending=max_pending, require=_DONE_MARKER)
+        signer = None if sign is None else Signer.load(sign)
+        self._pub = _Publisher(
+            background=background, max_pending=max_pending, require=_DONE_MARKER, signer=signer
+        )
         self._holding = False
         self._base_identity: str | None = None
         self._warned_base = False  # once per callback, however many times train() is called

@@ -23,7 +23,7 @@ from .explain import (
     tensor_change,
 )
 from .hashing import ProgressCallback, Span, hash_spans
-from .manifest import MANIFEST_NAME, Manifest, ModelEntry, is_digest
+from .manifest import MANIFEST_NAME, Manifest, ModelEntry, check_identity
 from .model_files import claim_problems, is_shard_path
 from .read import read_manifest
 from .safetensors import ShardLayout, read_layout
@@ -105,8 +105,8 @@ def verify(
     (``model_files.claim_problems``), so a forged manifest cannot keep a pinned
     identity while an engine loads other tensors.
     """
-    if expect_identity is not None and not is_digest(expect_identity):
-        raise CkptpubError(f"expected identity {expect_identity!r} is not of the form blake3:<64 hex>")
+    if expect_identity is not None:
+        check_identity(expect_identity, "expected identity")
     if threads is not None and (type(threads) is not int or threads < 1):
         raise CkptpubError(f"threads: expected a positive int or None, got {threads!r}")
     root = resolve_folder(folder)

@@ -66,6 +66,17 @@ def is_digest(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and _DIGEST.fullmatch(value) is not None
 
 
+def check_identity(value: object, what: str) -> str:
+    """``value`` when it is an identity (``blake3:`` and 64 lowercase hex digits), else ``CkptpubError``.
+
+    The one check for identities a person gives (``--expect-identity``, a serving
+    pin, ``publish(base=...)``): ``what`` names where the value came from.
+    """
+    if not is_digest(value):
+        raise CkptpubError(f"{what}: {value!r} is not of the form blake3:<64 lowercase hex digits>")
+    return value
+
+
 class Manifest:
     """A parsed, validated manifest. Build one with ``publish``/``build_manifest`` or ``parse_manifest``.
 
@@ -122,6 +133,27 @@ class Manifest:
         manifest = cls(identity, (), files, weights, config, provenance)
         manifest._tensors, manifest._tables, manifest._name = None, tables, display_name
         return manifest
+
+    def _replace(self, **changes: Any) -> Manifest:
+        """A copy with some fields changed (``Manifest`` was a ``NamedTuple``; its callers keep this)."""
+        fields = {
+            name: getattr(self, name) for name in ("identity", "files", "weights", "config", "provenance")
+        }
+        if "tensors" in changes or self._tables is None:
+            fields["tensors"] = changes.pop("tensors") if "tensors" in changes else self.tensors
+            return Manifest(**(fields | changes), version=self.version)
+        copy = Manifest.from_tables(tables=self._tables, display_name=self._name, **(fields | changes))
+        copy.version = self.version
+        return copy
+
+    def __eq__(self, other: object) -> bool:
+        """Equal manifests list the same entries (their tables' bytes) and the same header fields."""
+        if not isinstance(other, Manifest):
+            return NotImplemented
+        fields = ("version", "identity", "files", "weights", "config", "provenance")
+        return all(getattr(self, f) == getattr(other, f) for f in fields) and self.tables == other.tables
+
+    __hash__ = None  # type: ignore[assignment]  # mutable caches inside; as a NamedTuple of dicts it had none
 
     def __repr__(self) -> str:
         return f"Manifest(identity={self.identity!r}, {self.tensor_count} tensors, {len(self.files)} files)"

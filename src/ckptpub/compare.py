@@ -23,7 +23,7 @@ from .explain import (
     tensor_change,
 )
 from .hashing import ProgressCallback, Span, hash_spans
-from .manifest import MANIFEST_NAME, Manifest, ModelEntry, check_identity
+from .manifest import MANIFEST_NAME, Manifest, ModelEntry, TensorRecord, check_identity
 from .model_files import claim_problems, is_shard_path
 from .read import read_manifest
 from .safetensors import ShardLayout, read_layout
@@ -115,6 +115,9 @@ def verify(
     problems: list[Problem] = []
     checks: list[tuple[Span, Problem]] = []
     layouts: dict[str, ShardLayout] = {}
+    by_file: dict[str, list[TensorRecord]] = {}
+    for tensor in manifest.tensors:
+        by_file.setdefault(tensor.file, []).append(tensor)
     for record in manifest.files:
         entry = entries.get(record.path)
         if entry is None:
@@ -125,7 +128,8 @@ def verify(
             span = Span(entry.real_path, 0, entry.size, record.path, entry.file_id)
             checks.append((span, Problem(record.path, "changed", "content differs")))
         else:
-            checks.extend(_shard_checks(manifest, record.path, record.header_size, entry, layouts, problems))
+            tensors = by_file.get(record.path, [])
+            checks.extend(_shard_checks(tensors, record.path, record.header_size, entry, layouts, problems))
     for path in entries.keys() - {f.path for f in manifest.files}:
         problems.append(Problem(path, "added", "in the folder but not in the manifest"))
     digests = hash_spans([s for s, _ in checks], threads=threads, use_mmap=use_mmap, on_progress=on_progress)
@@ -198,7 +202,7 @@ def diff_manifests(
 
 
 def _shard_checks(
-    manifest: Manifest,
+    tensors: list[TensorRecord],
     path: str,
     header_size: int,
     entry: FolderEntry,
@@ -218,19 +222,18 @@ def _shard_checks(
         layouts[path] = read_layout(entry.real_path, path, entry.file_id)
     except CkptpubError as error:
         problems.append(Problem(path, "header", str(error).removeprefix(f"{path}: ")))
-    for tensor in manifest.tensors:
-        if tensor.file == path:
-            begin, end = tensor.data_offsets
-            yield (
-                Span(
-                    entry.real_path,
-                    header_size + begin,
-                    header_size + end,
-                    f"{path}: tensor {tensor.name!r}",
-                    entry.file_id,
-                ),
-                Problem(path, "tensor", "bytes differ", tensor.name),
-            )
+    for tensor in tensors:
+        begin, end = tensor.data_offsets
+        yield (
+            Span(
+                entry.real_path,
+                header_size + begin,
+                header_size + end,
+                f"{path}: tensor {tensor.name!r}",
+                entry.file_id,
+            ),
+            Problem(path, "tensor", "bytes differ", tensor.name),
+        )
 
 
 def _expected_digests(manifest: Manifest, checks: list[tuple[Span, Problem]]) -> list[str]:

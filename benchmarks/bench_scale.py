@@ -1,0 +1,140 @@
+"""Every ckptpub command on a 100k-tensor checkpoint: median wall time and peak RSS, with b3sum beside.
+
+Builds the synthetic mixture-of-experts checkpoint of ``make_moe_checkpoint.py``
+(98,304 bf16 tensors of 1 KiB in 163 shards) unless ``--folder`` names one, a copy
+with one tensor changed (for ``diff``), and a run folder holding both (for ``ls``),
+then times each command in a fresh process, ``--repeat`` times, and prints a Markdown
+table. The engine's key row is the time of ``ckptpub_vllm.key.checkpoint_key`` (the
+manifest read, its identity recomputed and checked) inside an already started process,
+as an engine pays it; its RSS is that whole process's. Peak RSS is ``wait4``'s
+``ru_maxrss``. Ratios are to ``b3sum`` on the same shards.
+
+    python benchmarks/bench_scale.py [--work /tmp/bench-scale] [--folder /tmp/moe] [--repeat 5]
+
+Set PYTHONPATH to another checkout's ``src`` to measure that code instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+HERE = Path(__file__).resolve().parent
+CKPTPUB = [sys.executable, "-m", "ckptpub"]
+KEY_SNIPPET = """
+import sys, time
+from ckptpub_vllm.key import checkpoint_key
+start = time.perf_counter()
+key = checkpoint_key(sys.argv[1])
+print(time.perf_counter() - start)
+assert key and key.startswith("blake3:"), key
+"""
+
+
+class Run(NamedTuple):
+    wall: float
+    peak_mib: float
+    stdout: str
+
+
+def timed(command: list[str], ok: tuple[int, ...] = (0,)) -> Run:
+    """Run ``command`` in a fresh process; wall time and ``ru_maxrss`` from ``wait4``."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        process = subprocess.Popen(command, stdout=out, stderr=err)
+        _, status, usage = os.wait4(process.pid, 0)
+        elapsed = time.perf_counter() - start
+        code = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if code not in ok:
+            sys.exit(f"bench: {' '.join(command)} exited {code}: {err.read().decode().strip()}")
+        return Run(elapsed, usage.ru_maxrss / 1024, out.read().decode())
+
+
+def change_one_tensor(folder: Path) -> None:
+    """Flip one byte of the first tensor of the first shard (the manifest then no longer matches)."""
+    shard = sorted(folder.glob("*.safetensors"))[0]
+    with open(shard, "r+b") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(length))
+        header.pop("__metadata__", None)
+        begin = min(entry["data_offsets"][0] for entry in header.values())
+        handle.seek(8 + length + begin)
+        byte = handle.read(1)
+        handle.seek(8 + length + begin)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def prepare(work: Path, folder: Path | None) -> tuple[Path, Path, Path]:
+    """The checkpoint (published), a copy with one tensor changed (published), and a run folder of both."""
+    if folder is None:
+        folder = work / "moe"
+        if not (folder / "config.json").exists():
+            subprocess.run([sys.executable, str(HERE / "make_moe_checkpoint.py"), str(folder)], check=True)
+    run = work / "run"
+    shutil.rmtree(run, ignore_errors=True)
+    base, changed = run / "checkpoint-1", run / "checkpoint-2"
+    shutil.copytree(folder, base, ignore=shutil.ignore_patterns("ckptpub.json"))
+    shutil.copytree(base, changed)
+    change_one_tensor(changed)
+    for checkpoint in (base, changed):
+        timed([*CKPTPUB, "publish", str(checkpoint)])
+    return base, changed, run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bench-scale")
+    parser.add_argument("--folder", type=Path, help="an existing synthetic checkpoint (copied, not changed)")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    base, changed, run = prepare(args.work, args.folder)
+    shards = sorted(str(p) for p in base.glob("*.safetensors"))
+    commands: dict[str, tuple[list[str], tuple[int, ...]]] = {
+        "b3sum (shards)": (["b3sum", "--num-threads", str(os.cpu_count() or 1), *shards], (0,)),
+        "publish": ([*CKPTPUB, "publish", str(base)], (0,)),
+        "verify": ([*CKPTPUB, "verify", str(base)], (0,)),
+        "show": ([*CKPTPUB, "show", str(base)], (0,)),
+        "diff (1 tensor changed)": ([*CKPTPUB, "diff", str(base), str(changed)], (0, 1)),
+        "ls (2 checkpoints)": ([*CKPTPUB, "ls", str(run)], (0,)),
+        "engine key (in process)": ([sys.executable, "-c", KEY_SNIPPET, str(base)], (0,)),
+    }
+    runs: dict[str, list[Run]] = {name: [] for name in commands}
+    for _ in range(args.repeat):  # interleaved, so a burst of load hits every command alike
+        for name, (command, ok) in commands.items():
+            runs[name].append(timed(command, ok))
+    manifest_mb = (base / "ckptpub.json").stat().st_size / 1e6
+    tensors = json.loads((base / "model.safetensors.index.json").read_text())["weight_map"]
+    print(
+        f"{len(tensors)} tensors, {len(shards)} shards, manifest {manifest_mb:.1f} MB; "
+        f"median of {args.repeat}; "
+        f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}; {os.cpu_count()} CPUs"
+    )
+    reference = statistics.median(r.wall for r in runs["b3sum (shards)"])
+    print("| command | median wall (s) | x b3sum | peak RSS (MiB) |")
+    print("|---|---|---|---|")
+    for name, results in runs.items():
+        if name.startswith("engine key"):
+            wall = statistics.median(float(r.stdout.split()[0]) for r in results)
+            ratio = "-"
+        else:
+            wall = statistics.median(r.wall for r in results)
+            ratio = f"{wall / reference:.1f}"
+        peak = max(r.peak_mib for r in results)
+        print(f"| {name} | {wall:.3f} | {ratio} | {peak:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import enum
+import functools
 import io
 import os
 import sys
@@ -28,6 +29,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 from . import __version__
 from .compare import diff_manifests, verify
+from .distributed import DEFAULT_TIMEOUT_S, DistributedHasher, env_world, init_from_env, publish_on_ranks
 from .errors import CkptpubError, one_line
 from .explain import base_of, is_adapter
 from .manifest import MANIFEST_NAME
@@ -307,6 +309,7 @@ class PublishArguments:
     base: str | None
     adapter: str | None
     json: bool
+    rank_timeout: float
 
 
 @dataclass(frozen=True)
@@ -317,6 +320,7 @@ class VerifyArguments:
     threads: int | None
     no_mmap: bool
     json: bool
+    rank_timeout: float
 
 
 @dataclass(frozen=True)
@@ -347,6 +351,29 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 1e7:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _join_ranks(timeout_s: float) -> DistributedHasher | None:
+    """Under ``torchrun`` with several processes: join its group; ranks other than 0 then print nothing."""
+    if env_world() is None:
+        return None
+    hasher = init_from_env(timeout_s)
+    if hasher.rank != 0:  # rank 0 reports for all of them, including every rank's failure
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(devnull, fd)
+        os.close(devnull)
+    return hasher
+
+
 def _add_folder(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folder", metavar="FOLDER", help="the checkpoint folder")
 
@@ -364,6 +391,15 @@ def _add_hashing(parser: argparse.ArgumentParser) -> None:
         "--no-mmap",
         action="store_true",
         help="read with pread instead of mmap (spinning disks, some network file systems)",
+    )
+    parser.add_argument(
+        "--rank-timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="under torchrun (the work is spread over its ranks, rank 0 writes and prints): fail when a "
+        f"rank has not answered within SECONDS (default {DEFAULT_TIMEOUT_S:.0f}; it must cover one rank's "
+        "hashing)",
     )
 
 
@@ -425,9 +461,10 @@ def _add_ls(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_publish(args: PublishArguments) -> int:
+    hasher = _join_ranks(args.rank_timeout)
     bar = ProgressBar("hashing")
     try:
-        manifest = publish(
+        manifest = (publish if hasher is None else functools.partial(publish_on_ranks, hasher=hasher))(
             args.folder,
             threads=args.threads,
             use_mmap=not args.no_mmap,
@@ -460,15 +497,18 @@ def _cmd_publish(args: PublishArguments) -> int:
 
 
 def _cmd_verify(args: VerifyArguments) -> int:
+    hasher = _join_ranks(args.rank_timeout)
     bar = ProgressBar("verifying")
     try:
-        report = verify(
-            args.folder,
-            expect_identity=args.expect_identity,
-            threads=args.threads,
-            use_mmap=not args.no_mmap,
-            on_progress=bar,
-        )
+        with contextlib.nullcontext() if hasher is None else hasher.taking_part():
+            report = verify(
+                args.folder,
+                expect_identity=args.expect_identity,
+                threads=args.threads,
+                use_mmap=not args.no_mmap,
+                on_progress=bar,
+                hasher=hasher,
+            )
     finally:
         bar.close()
     if args.json:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+    from .distributed import SpanHasher
     from .hashing import ProgressCallback
 
 
@@ -43,6 +44,7 @@ def build_manifest(
     on_progress: ProgressCallback | None = None,
     allow_no_weights: bool = False,
     allow_nested: bool = False,
+    hasher: SpanHasher | None = None,
 ) -> Manifest:
     """Hash every tensor and file of ``folder`` and return its manifest, writing nothing.
 
@@ -52,9 +54,12 @@ def build_manifest(
     for what is probably the wrong folder: one with no weight files (an empty
     folder, a run folder; pass ``allow_no_weights=True`` for an FSDP or DeepSpeed
     layout) or one holding other checkpoints (``checkpoint-N`` folders, manifests,
-    a run index; ``allow_nested=True`` to publish it anyway).
+    a run index; ``allow_nested=True`` to publish it anyway). ``hasher`` replaces
+    ``hashing.hash_spans`` (a ``distributed.DistributedHasher`` spreads the work over a job's ranks).
     """
-    options = _Options.checked(provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested)
+    options = _Options.checked(
+        provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested, hasher
+    )
     return _build(resolve_folder(folder), options)[0]
 
 
@@ -73,6 +78,7 @@ class _Options:
         on_progress: Any,
         allow_no_weights: Any,
         allow_nested: Any,
+        hasher: Any = None,
     ) -> _Options:
         if provenance is not None and not hasattr(provenance, "items"):
             raise CkptpubError(
@@ -82,6 +88,8 @@ class _Options:
             raise CkptpubError(f"threads: expected a positive int or None, got {threads!r}")
         if on_progress is not None and not callable(on_progress):
             raise CkptpubError(f"on_progress: expected a callable, got {type(on_progress).__name__}")
+        if hasher is not None and not callable(hasher):
+            raise CkptpubError(f"hasher: expected a callable like hash_spans, got {type(hasher).__name__}")
         return cls(
             provenance=provenance,
             threads=threads,
@@ -89,6 +97,7 @@ class _Options:
             on_progress=on_progress,
             allow_no_weights=bool(allow_no_weights),
             allow_nested=bool(allow_nested),
+            hasher=hasher or hash_spans,
         )
 
 
@@ -114,7 +123,9 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
     provenance = _provenance(options.provenance)
     spans = list(_spans(entries, layouts))
     digests = iter(
-        hash_spans(spans, threads=options.threads, use_mmap=options.use_mmap, on_progress=options.on_progress)
+        options.hasher(
+            spans, threads=options.threads, use_mmap=options.use_mmap, on_progress=options.on_progress
+        )
     )
     for entry in entries:
         if restat(entry) != entry.signature:
@@ -168,6 +179,7 @@ def publish(
     allow_nested: bool = False,
     base: str | os.PathLike[str] | None = None,
     adapter: str | os.PathLike[str] | None = None,
+    hasher: SpanHasher | None = None,
 ) -> Manifest:
     """Build the manifest of ``folder`` and write it to ``folder/ckptpub.json`` atomically.
 
@@ -186,7 +198,9 @@ def publish(
     'blake3:4f1c...'
     """
     provenance = _with_lineage(provenance, base=base, adapter=adapter)
-    options = _Options.checked(provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested)
+    options = _Options.checked(
+        provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested, hasher
+    )
     root = resolve_folder(folder)
     try:
         before = os.stat(root)

@@ -197,6 +197,7 @@ class DistributedHasher:
             if not self._joined and self.broken is None:
                 plan = bytearray(_PLAN_BYTES)
                 _write_failure(plan, 1 + 8 + DIGEST_BYTES, str(error))
+                self._joined = True  # once per call, even when an enclosing block sees the error too
                 with contextlib.suppress(CkptpubError):
                     self._all_gather(plan)
             raise
@@ -233,7 +234,9 @@ def _raise_failures(rows: list[bytes], message_at: int) -> None:
 
 
 def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+    """The first line of a gloo error, without its ``[source.cc:123]`` prefix."""
+    line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return line.split("] ", 1)[1] if line.startswith("[") and "] " in line else line
 
 
 def publish_on_ranks(folder: str | os.PathLike[str], hasher: DistributedHasher, **options: Any) -> Manifest:

@@ -1,5 +1,6 @@
 """Two processes (``torchrun --nproc_per_node 2``, gloo on CPU): one manifest per
-checkpoint, written by the saving rank only, and it verifies."""
+checkpoint, hashed by both ranks, written by the saving rank only: the manifest a
+single process builds from the same folder, and it verifies."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from cbhelpers import assert_verifies, checkpoints, free_port, run_group
+from cbhelpers import assert_verifies, checkpoints, free_port, manifest_json, run_group
 
 import ckptpub
 from ckptpub import run_index
@@ -41,6 +42,7 @@ def test_two_process_run_publishes_once_per_checkpoint(tmp_path):
     assert reports[0]["should_save"]
     assert not reports[1]["should_save"]
     assert reports[0]["published"] == [4, 8, 12]
+    assert reports[0]["ranks"] == [2, 2, 2]  # every checkpoint was hashed by both ranks
     assert reports[0]["failures"] == []
     assert reports[1]["published"] == []
     assert reports[1]["failures"] == []
@@ -55,5 +57,13 @@ def test_two_process_run_publishes_once_per_checkpoint(tmp_path):
         assert ours == [ckptpub.MANIFEST_NAME], ours  # exactly one manifest, no stray temp file
         assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in folder.iterdir()}
         assert_verifies(folder)
+        written = manifest_json(folder)
+        alone = json.loads(ckptpub.build_manifest(folder, allow_no_weights=True, allow_nested=True).to_json())
+        for manifest in (written, alone):
+            del manifest["provenance"]["created"]
+        assert {k: v for k, v in written.items() if k != "provenance"} == {
+            k: v for k, v in alone.items() if k != "provenance"
+        }
+        assert written["identity"] == alone["identity"]
     # one index line per checkpoint: the non-saving rank appended nothing
     assert [rec["path"] for rec in run_index.read(tmp_path)] == names

@@ -1,0 +1,143 @@
+"""Publishing and verifying spread over real ranks (gloo processes on this machine).
+
+The distributed publish must write the manifest a single process writes (every
+entry, the identity), each rank must hash its own share, a flipped byte in a file a
+non-zero rank hashes must be found, and a rank that stalls or dies must make the
+publish fail within the timeout, with no manifest left, never a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from cbhelpers import free_port, run_group
+from checkpoints import copy_checkpoint, flip_byte, tensor_range, write_checkpoint
+
+import ckptpub
+from ckptpub.distributed import assign_files
+from ckptpub.hashing import Span
+
+HERE = Path(__file__).resolve().parent
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def torchrun(ranks: int, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(ranks),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        *args,
+    ]
+
+
+def entries(folder: Path) -> dict:
+    """The manifest without its creation time: what must be equal however it was hashed."""
+    manifest = json.loads((folder / ckptpub.MANIFEST_NAME).read_text())
+    del manifest["provenance"]["created"]
+    return manifest
+
+
+def our_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if "ckptpub" in p.name)
+
+
+def rank_reports(out: Path, ranks: int) -> list[dict]:
+    return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(ranks)]
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    return write_checkpoint(tmp_path / "source", shards=4)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_publish_under_torchrun_writes_the_single_process_manifest(checkpoint, tmp_path, ranks):
+    alone = copy_checkpoint(checkpoint, tmp_path / "alone")
+    spread = copy_checkpoint(checkpoint, tmp_path / "spread")
+    ckptpub.publish(alone)
+    r = run_group(torchrun(ranks, "-m", "ckptpub", "publish", str(spread)), timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert entries(spread) == entries(alone)
+    # rank 0 prints the identity and its note; the other ranks print nothing
+    assert r.stdout.split() == [ckptpub.read_manifest(alone).identity]
+    assert r.stderr.count("ckptpub: published") == 1
+
+
+def test_each_rank_hashes_its_own_share(checkpoint, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    script = torchrun(2, str(HERE / "dist_publish.py"), str(checkpoint), str(out))
+    r = run_group(script, timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    reports = rank_reports(out, 2)
+    total = sum(f.size for f in ckptpub.read_manifest(checkpoint).files)
+    assert [rep["identity"] for rep in reports] == [ckptpub.read_manifest(checkpoint).identity] * 2
+    assert all(rep["hashed_bytes"] > 0 for rep in reports), reports
+    assert sum(rep["hashed_bytes"] for rep in reports) == total
+
+
+def test_verify_under_torchrun_finds_a_byte_flipped_in_a_file_rank_1_hashes(checkpoint):
+    ckptpub.publish(checkpoint)
+    manifest = ckptpub.read_manifest(checkpoint)
+    files = [Span(f.path, 0, f.size, f.path) for f in manifest.files]
+    owners = dict(zip((f.path for f in manifest.files), assign_files(files, 2), strict=True))
+    tensor = next(t for t in manifest.tensors if owners[t.file] == 1)
+    start, _ = tensor_range(checkpoint / tensor.file, tensor.name)
+    r = run_group(torchrun(2, "-m", "ckptpub", "verify", str(checkpoint)), timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    flip_byte(checkpoint / tensor.file, start)
+    r = run_group(torchrun(2, "-m", "ckptpub", "verify", str(checkpoint)), timeout=120, env=ENV)
+    assert r.returncode == 1, r.stderr[-3000:]  # torchrun: a rank exited 1
+    # torchrun's summary: both ranks reached the same verdict, exit 1 (none was stopped by the other)
+    exits = re.findall(r"rank\s*: (\d+) \(local_rank: \d+\)\s*exitcode\s*: (-?\d+)", r.stderr)
+    assert sorted(exits) == [("0", "1"), ("1", "1")], r.stderr[-3000:]
+    failed = [line for line in r.stdout.splitlines() if "FAILED" in line]
+    assert len(failed) == 1, r.stdout  # printed once, by rank 0
+    assert tensor.name in failed[0]
+
+
+def test_a_stalled_rank_fails_the_publish_within_the_timeout(checkpoint, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    script = torchrun(2, str(HERE / "dist_publish.py"), str(checkpoint), str(out), "--timeout", "3")
+    r = run_group([*script, "--stall", "8"], timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    writer, stalled = rank_reports(out, 2)
+    assert "timed out" in writer["error"].lower(), writer
+    assert "error" in stalled, stalled  # the late rank fails too instead of waiting forever
+    assert our_files(checkpoint) == []  # no manifest, no temporary file
+
+
+def test_a_killed_rank_fails_the_publish_at_once(checkpoint, tmp_path):
+    """Started by hand with torchrun's environment: torchrun itself stops every rank when one dies."""
+    import subprocess
+
+    out = tmp_path / "out"
+    out.mkdir()
+    port = str(free_port())
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "dist_publish.py"), str(checkpoint), str(out), "--kill"],
+            env=dict(
+                ENV, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port
+            ),
+        )
+        for r in (0, 1)
+    ]
+    codes = [rank.wait(timeout=120) for rank in ranks]
+    assert codes[1] == -9
+    assert codes[0] == 0
+    (writer,) = rank_reports(out, 1)
+    assert "distributed hashing failed" in writer["error"], writer
+    assert our_files(checkpoint) == []

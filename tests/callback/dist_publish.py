@@ -4,6 +4,7 @@
 (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``... as torchrun sets them), publishes FOLDER
 with ``ckptpub.distributed.publish_on_ranks`` and writes ``OUT/rank-N.json``: the bytes
 this rank hashed, the identity or the error, and the seconds the publish took.
+A ``{rank}`` in FOLDER is replaced by the rank (each rank its own view of the folder).
 ``--stall S``: rank 1 sleeps S seconds before publishing (a stalled node).
 ``--kill``: rank 1 kills itself (SIGKILL) as soon as it starts hashing (a node lost).
 """
@@ -42,7 +43,8 @@ def main() -> None:
     report: dict[str, object] = {"rank": hasher.rank, "world_size": hasher.world_size}
     started = time.monotonic()
     try:
-        manifest = publish_on_ranks(args.folder, hasher, on_progress=progress)
+        folder = args.folder.replace("{rank}", str(hasher.rank))
+        manifest = publish_on_ranks(folder, hasher, on_progress=progress)
         report["identity"] = manifest.identity
     except CkptpubError as error:
         report["error"] = str(error)

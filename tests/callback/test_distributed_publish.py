@@ -87,6 +87,27 @@ def test_each_rank_hashes_its_own_share(checkpoint, tmp_path):
     assert sum(rep["hashed_bytes"] for rep in reports) == total
 
 
+def test_ranks_may_see_the_folder_at_different_paths_but_not_different_folders(checkpoint, tmp_path):
+    """Each node mounts the storage where it likes; a rank that sees other files refuses with the rest."""
+    for rank in (0, 1):
+        copy_checkpoint(checkpoint, tmp_path / f"view-{rank}")
+    out = tmp_path / "out"
+    out.mkdir()
+    script = torchrun(2, str(HERE / "dist_publish.py"), str(tmp_path / "view-{rank}"), str(out))
+    r = run_group(script, timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert entries(tmp_path / "view-0")["identity"] == ckptpub.build_manifest(checkpoint).identity
+    assert our_files(tmp_path / "view-1") == []  # only rank 0 writes
+
+    (tmp_path / "view-0" / ckptpub.MANIFEST_NAME).unlink()
+    (tmp_path / "view-1" / "notes.txt").write_text("only rank 1 sees this file")
+    r = run_group(script, timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for report in rank_reports(out, 2):
+        assert "the ranks see different checkpoints" in report["error"], report
+    assert our_files(tmp_path / "view-0") == []
+
+
 def test_verify_under_torchrun_finds_a_byte_flipped_in_a_file_rank_1_hashes(checkpoint):
     ckptpub.publish(checkpoint)
     manifest = ckptpub.read_manifest(checkpoint)

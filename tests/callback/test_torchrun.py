@@ -67,3 +67,39 @@ def test_two_process_run_publishes_once_per_checkpoint(tmp_path):
         assert written["identity"] == alone["identity"]
     # one index line per checkpoint: the non-saving rank appended nothing
     assert [rec["path"] for rec in run_index.read(tmp_path)] == names
+
+
+def test_a_stalled_rank_costs_one_checkpoint_its_manifest_and_never_hangs_training(tmp_path):
+    """Rank 1 starts hashing 8 s late, the rank timeout is 3 s: the first save is not
+    published (a warning, no manifest), later saves are hashed by rank 0 alone, training ends."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(HERE / "ddp_stall_train.py"),
+        str(tmp_path),
+        "8",
+        "3",
+    ]
+    r = run_group(cmd, timeout=240, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    writer, stalled = (json.loads((tmp_path / f"rank-{i}.json").read_text()) for i in (0, 1))
+    assert writer["published"] == [8, 12]
+    assert writer["ranks"] == [1, 1]  # after the failure the saving rank hashes alone
+    (failure,) = writer["failures"]
+    assert "step 4" in failure, failure
+    assert "timed out" in failure.lower(), failure
+    assert len(stalled["failures"]) == 1, stalled  # the late rank gave up too, once
+    assert stalled["published"] == []
+    assert not (tmp_path / "checkpoint-4" / ckptpub.MANIFEST_NAME).exists()
+    assert [p.name for p in (tmp_path / "checkpoint-4").iterdir() if "ckptpub" in p.name] == []
+    for name in ("checkpoint-8", "checkpoint-12"):
+        assert_verifies(tmp_path / name)
+    assert [rec["step"] for rec in run_index.read(tmp_path)] == [8, 12]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -61,12 +60,6 @@ def worker(mount_root: str) -> None:
         print(json.dumps({"seconds": seconds, "identity": manifest.identity}), flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run(ranks: int, source: Path, mounts: Path, mbps: float) -> dict[str, object]:
     filesystems = [
         SlowFS(str(source), str(mounts / f"rank{rank}"), latency_s=0.0, bandwidth_bps=mbps * 1e6)
@@ -75,20 +68,16 @@ def run(ranks: int, source: Path, mounts: Path, mbps: float) -> dict[str, object
     for fs in filesystems:
         fs.start()
     try:
+        # --standalone: torchrun picks its own free port for the ranks to meet
         command = [
             sys.executable,
             "-m",
             "torch.distributed.run",
+            "--standalone",
             "--nproc_per_node",
             str(ranks),
-            "--master_addr",
-            "127.0.0.1",
-            "--master_port",
-            str(free_port()),
-            __file__,
-            "--worker",
-            str(mounts),
         ]
+        command += [__file__, "--worker", str(mounts)]
         done = subprocess.run(
             command, capture_output=True, text=True, check=True, env=dict(os.environ, OMP_NUM_THREADS="1")
         )

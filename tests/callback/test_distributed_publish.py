@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cbhelpers import free_port, run_group
+from cbhelpers import free_port, run_group, torchrun
 from checkpoints import copy_checkpoint, flip_byte, tensor_range, write_checkpoint
 
 import ckptpub
@@ -24,21 +24,6 @@ from ckptpub.hashing import Span
 
 HERE = Path(__file__).resolve().parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
-
-
-def torchrun(ranks: int, *args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(ranks),
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        *args,
-    ]
 
 
 def entries(folder: Path) -> dict:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
-from cbhelpers import assert_verifies, checkpoints, free_port, manifest_json, run_group
+from cbhelpers import assert_verifies, checkpoints, manifest_json, run_group, torchrun
 
 import ckptpub
 from ckptpub import run_index
@@ -19,19 +18,7 @@ HERE = Path(__file__).resolve().parent
 
 def test_two_process_run_publishes_once_per_checkpoint(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(HERE / "ddp_train.py"),
-        str(tmp_path),
-    ]
+    cmd = torchrun(2, str(HERE / "ddp_train.py"), str(tmp_path))
     r = run_group(cmd, timeout=240, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
@@ -73,21 +60,7 @@ def test_a_stalled_rank_costs_one_checkpoint_its_manifest_and_never_hangs_traini
     """Rank 1 starts hashing 8 s late, the rank timeout is 3 s: the first save is not
     published (a warning, no manifest), later saves are hashed by rank 0 alone, training ends."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(HERE / "ddp_stall_train.py"),
-        str(tmp_path),
-        "8",
-        "3",
-    ]
+    cmd = torchrun(2, str(HERE / "ddp_stall_train.py"), str(tmp_path), "8", "3")
     r = run_group(cmd, timeout=240, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     writer, stalled = (json.loads((tmp_path / f"rank-{i}.json").read_text()) for i in (0, 1))

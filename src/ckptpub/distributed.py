@@ -208,7 +208,7 @@ class DistributedHasher:
         import torch
         import torch.distributed as dist
 
-        mine = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        mine = torch.frombuffer(data, dtype=torch.uint8)  # never empty: every row has a status byte
         out = [torch.empty_like(mine) for _ in range(self.world_size)]
         try:
             dist.all_gather(out, mine, group=self._group)

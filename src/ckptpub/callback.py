@@ -186,6 +186,20 @@ class _Publisher:
         self.writer = True  # this rank writes the manifest (``args.should_save``)
 
     # -- main thread -------------------------------------------------------------
+    def set_writer(self, writer: bool) -> None:
+        """Whether this rank writes the manifests; called at train start, when no worker runs.
+
+        A rank that only helps hash gets an unbounded queue: if it could block in
+        ``on_save`` while its worker waits in a collective for the writer's worker,
+        and the writer's main thread (holding the rotation lock) waited for this rank
+        in a collective save (FSDP, DeepSpeed), nothing would move until the rank
+        timeout. Its backlog stays small anyway: its worker keeps pace with the
+        writer's through the collectives, and the writer's bounded queue slows the job.
+        """
+        self.writer = writer
+        if not writer:
+            self._queue = queue.Queue()
+
     def submit(self, job: _Job) -> None:
         if not self.background:
             self._run_safely(job, locked=False)
@@ -372,6 +386,7 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
         spread = self.distributed and args.world_size > 1 and not args.save_on_each_node
         if spread and self._pub.hasher is None:
             self._pub.hasher = _rank_hasher(self.rank_timeout_s)
+        self._pub.set_writer(bool(args.should_save))
         self._base_identity = base_identity_of(model) if model is not None else None
         folder = unpublished_base(model) if model is not None and self._base_identity is None else None
         if folder is not None and not self._warned_base and args.should_save:
@@ -412,7 +427,6 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
     ) -> None:
         if args.world_size > 1:
             _barrier()
-        self._pub.writer = bool(args.should_save)
         if not args.should_save and self._pub.hasher is None:
             return
         final = state.max_steps and state.global_step >= state.max_steps

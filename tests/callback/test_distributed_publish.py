@@ -46,6 +46,18 @@ def checkpoint(tmp_path: Path) -> Path:
     return write_checkpoint(tmp_path / "source", shards=4)
 
 
+def test_files_go_whole_to_ranks_balanced_by_bytes():
+    sizes = {"a": [50, 30], "b": [40], "c": [30], "d": [10, 10]}  # spans of each file, in order
+    spans = [Span(f"/mnt/{name}", 0, size, name) for name, parts in sizes.items() for size in parts]
+    owners = assign_files(spans, 2)
+    by_file = {name: {o for s, o in zip(spans, owners, strict=True) if s.name == name} for name in sizes}
+    assert all(len(ranks) == 1 for ranks in by_file.values()), by_file  # a file is never split
+    loads = [sum(s.size for s, o in zip(spans, owners, strict=True) if o == rank) for rank in (0, 1)]
+    assert loads == [80, 90]  # largest first to the least-loaded rank: a to 0; b, c, then d to 1
+    assert assign_files(spans, 2) == owners  # every rank computes the same assignment
+    assert set(assign_files(spans, 8)) == {0, 1, 2, 3}  # more ranks than files: some hash nothing
+
+
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_publish_under_torchrun_writes_the_single_process_manifest(checkpoint, tmp_path, ranks):
     alone = copy_checkpoint(checkpoint, tmp_path / "alone")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,6 +94,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--mbps", type=float, default=100.0, help="cap per mount, MB/s (10^6 bytes)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--rounds", type=int, default=3, help="runs per rank count (the median is shown)")
     parser.add_argument("--worker", metavar="MOUNT_ROOT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -108,14 +110,17 @@ def main() -> None:
             f"checkpoint: {size / 1e6:.0f} MB in {args.shards} shards; "
             f"cap {args.mbps:.0f} MB/s per rank's mount"
         )
+        print(f"median of {args.rounds} runs (fresh mounts each); load average {os.getloadavg()[0]:.1f}")
         print("| ranks | publish (s) | MB/s | speed-up | identity = single-process |")
         print("|---|---|---|---|---|")
         first = None
         for ranks in args.ranks:
-            result = run(ranks, source, Path(tmp, f"mounts-{ranks}"), args.mbps)
-            seconds = float(result["seconds"])  # type: ignore[arg-type]
+            results = [
+                run(ranks, source, Path(tmp, f"mounts-{ranks}-{i}"), args.mbps) for i in range(args.rounds)
+            ]
+            seconds = statistics.median(float(r["seconds"]) for r in results)  # type: ignore[arg-type]
             first = first or seconds
-            same = "yes" if result["identity"] == expected else "NO"
+            same = "yes" if all(r["identity"] == expected for r in results) else "NO"
             print(
                 f"| {ranks} | {seconds:.2f} | {size / 1e6 / seconds:.0f} | {first / seconds:.2f}x | {same} |"
             )

@@ -37,6 +37,12 @@ def our_files(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if "ckptpub" in p.name)
 
 
+def rank_exits(stderr: str) -> dict[int, int]:
+    """Each rank's exit code, from torchrun's failure summary (none was stopped by the other)."""
+    found = re.findall(r"rank\s*: (\d+) \(local_rank: \d+\)\s*exitcode\s*: (-?\d+)", stderr)
+    return {int(rank): int(code) for rank, code in found}
+
+
 def rank_reports(out: Path, ranks: int) -> list[dict]:
     return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(ranks)]
 
@@ -117,12 +123,19 @@ def test_verify_under_torchrun_finds_a_byte_flipped_in_a_file_rank_1_hashes(chec
     flip_byte(checkpoint / tensor.file, start)
     r = run_group(torchrun(2, "-m", "ckptpub", "verify", str(checkpoint)), timeout=120, env=ENV)
     assert r.returncode == 1, r.stderr[-3000:]  # torchrun: a rank exited 1
-    # torchrun's summary: both ranks reached the same verdict, exit 1 (none was stopped by the other)
-    exits = re.findall(r"rank\s*: (\d+) \(local_rank: \d+\)\s*exitcode\s*: (-?\d+)", r.stderr)
-    assert sorted(exits) == [("0", "1"), ("1", "1")], r.stderr[-3000:]
+    assert rank_exits(r.stderr) == {0: 1, 1: 1}, r.stderr[-3000:]  # the same verdict on both ranks
     failed = [line for line in r.stdout.splitlines() if "FAILED" in line]
     assert len(failed) == 1, r.stdout  # printed once, by rank 0
     assert tensor.name in failed[0]
+
+
+def test_unusable_input_under_torchrun_is_one_error_line_and_exit_2_on_every_rank(checkpoint):
+    r = run_group(torchrun(2, "-m", "ckptpub", "verify", str(checkpoint)), timeout=120, env=ENV)
+    assert r.returncode != 0
+    assert rank_exits(r.stderr) == {0: 2, 1: 2}, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("ckptpub: error:")]
+    assert len(errors) == 1, r.stderr[-3000:]  # said once, by rank 0
+    assert "no ckptpub.json" in errors[0]
 
 
 def test_a_stalled_rank_fails_the_publish_within_the_timeout(checkpoint, tmp_path):

@@ -43,9 +43,13 @@ DEFAULT_TIMEOUT_S = 600.0
 DIGEST_BYTES = 32
 #: Room for a rank's error message in each exchange (longer ones are cut).
 MESSAGE_BYTES = 512
-_OK, _FAILED = 0, 1
-# plan row: status, span count (8 bytes), fingerprint, message
-_PLAN_BYTES = 1 + 8 + DIGEST_BYTES + MESSAGE_BYTES
+_FAILED = 1  # a row's status byte: 0 all went well
+# A plan row: status byte, span count (8 bytes), fingerprint, message.
+_PLAN_SAME = slice(1, 9 + DIGEST_BYTES)  # span count and fingerprint: equal on every rank
+_PLAN_MESSAGE_AT = 9 + DIGEST_BYTES
+_PLAN_BYTES = _PLAN_MESSAGE_AT + MESSAGE_BYTES
+# A digest row: status byte, message, then DIGEST_BYTES per span.
+_DIGESTS_AT = 1 + MESSAGE_BYTES
 
 
 class SpanHasher(Protocol):
@@ -152,18 +156,17 @@ class DistributedHasher:
     ) -> list[str]:
         self._joined = True
         plan = bytearray(_PLAN_BYTES)
-        plan[1:9] = len(spans).to_bytes(8, "little")
-        plan[9 : 9 + DIGEST_BYTES] = plan_fingerprint(spans)
+        plan[_PLAN_SAME] = len(spans).to_bytes(8, "little") + plan_fingerprint(spans)
         plans = self._all_gather(plan)
-        _raise_failures(plans, 1 + 8 + DIGEST_BYTES)
-        if any(other[1 : 9 + DIGEST_BYTES] != plans[self.rank][1 : 9 + DIGEST_BYTES] for other in plans):
+        _raise_failures(plans, _PLAN_MESSAGE_AT)
+        if any(other[_PLAN_SAME] != plan[_PLAN_SAME] for other in plans):
             raise CkptpubError(
                 "the ranks see different checkpoints (file lists or layouts differ); "
                 "publish once every rank sees the complete folder"
             )
         owners = assign_files(spans, self.world_size)
         mine = [i for i, owner in enumerate(owners) if owner == self.rank]
-        rows = bytearray(1 + MESSAGE_BYTES + DIGEST_BYTES * len(spans))
+        rows = bytearray(_DIGESTS_AT + DIGEST_BYTES * len(spans))
         try:
             digests = hash_spans(
                 [spans[i] for i in mine], threads=threads, use_mmap=use_mmap, on_progress=on_progress
@@ -171,16 +174,14 @@ class DistributedHasher:
         except CkptpubError as error:
             _write_failure(rows, 1, str(error))
         else:
-            start = 1 + MESSAGE_BYTES
             for index, digest in zip(mine, digests, strict=True):
-                at = start + DIGEST_BYTES * index
+                at = _DIGESTS_AT + DIGEST_BYTES * index
                 rows[at : at + DIGEST_BYTES] = bytes.fromhex(digest.removeprefix(DIGEST_PREFIX))
         gathered = self._all_gather(rows)
         _raise_failures(gathered, 1)
-        start = 1 + MESSAGE_BYTES
         return [
-            DIGEST_PREFIX + gathered[owner][start + DIGEST_BYTES * i : start + DIGEST_BYTES * (i + 1)].hex()
-            for i, owner in enumerate(owners)
+            DIGEST_PREFIX + gathered[owner][at : at + DIGEST_BYTES].hex()
+            for at, owner in zip(range(_DIGESTS_AT, len(rows), DIGEST_BYTES), owners, strict=True)
         ]
 
     @contextlib.contextmanager
@@ -196,7 +197,7 @@ class DistributedHasher:
         except Exception as error:
             if not self._joined and self.broken is None:
                 plan = bytearray(_PLAN_BYTES)
-                _write_failure(plan, 1 + 8 + DIGEST_BYTES, str(error))
+                _write_failure(plan, _PLAN_MESSAGE_AT, str(error))
                 self._joined = True  # once per call, even when an enclosing block sees the error too
                 with contextlib.suppress(CkptpubError):
                     self._all_gather(plan)

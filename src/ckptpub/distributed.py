@@ -107,19 +107,24 @@ def assign_files(spans: Sequence[Span], ranks: int) -> list[int]:
     Largest file first to the least-loaded rank (lowest rank on ties), so every rank
     computes the same assignment from the same spans.
     """
-    files: list[tuple[int, int, int]] = []  # (-bytes, first span, end span)
-    first = 0
-    for index in range(1, len(spans) + 1):
-        if index == len(spans) or spans[index].path != spans[first].path:
-            files.append((-sum(s.size for s in spans[first:index]), first, index))
-            first = index
+    files = sorted((-sum(s.size for s in spans[first:end]), first, end) for first, end in files_of(spans))
     owners = [0] * len(spans)
     loads = [(0, rank) for rank in range(ranks)]
-    for negative_size, first, end in sorted(files):
+    for negative_size, first, end in files:
         load, rank = heapq.heappop(loads)
         owners[first:end] = [rank] * (end - first)
         heapq.heappush(loads, (load - negative_size, rank))
     return owners
+
+
+def files_of(spans: Sequence[Span]) -> list[tuple[int, int]]:
+    """``(first, end)`` span indexes of each file: the runs of consecutive spans with one path."""
+    files, first = [], 0
+    for index in range(1, len(spans) + 1):
+        if index == len(spans) or spans[index].path != spans[first].path:
+            files.append((first, index))
+            first = index
+    return files
 
 
 def plan_fingerprint(spans: Sequence[Span]) -> bytes:

@@ -7,13 +7,13 @@ subprocess, printed before it runs, so the output reads like a terminal session.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 from pathlib import Path
+
+from ckptpub_vllm.testing import tensor_location
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "demo-run"
@@ -47,10 +47,9 @@ def sh(*args: object, expect: int | tuple[int, ...] = 0, stderr_prefix: str = ""
 def flip_tensor_byte(folder: Path, name: str) -> None:
     """Flip one byte deep inside tensor ``name``: same size, same header, different weights."""
     shard = folder / "model.safetensors"
+    begin, end = tensor_location(str(shard), name)
+    offset = begin + (end - begin) // 2
     with open(shard, "r+b") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        begin, end = json.loads(handle.read(length))[name]["data_offsets"]
-        offset = 8 + length + begin + (end - begin) // 2
         handle.seek(offset)
         byte = handle.read(1)[0]
         handle.seek(offset)

@@ -1,4 +1,6 @@
-"""Fine-tune a published base model with PublishCallback, so every checkpoint names its base (used by ``make demo``).
+"""Fine-tune a published base model with PublishCallback, so every checkpoint names its base.
+
+Used by ``make demo``.
 
 Why it exists: the usual job is not training from scratch but fine-tuning a model
 someone published. When the base folder has a ``ckptpub.json``, each checkpoint's

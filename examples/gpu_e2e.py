@@ -85,14 +85,19 @@ def start_daemon(model: str, socket_dir: str, env: dict | None = None) -> subpro
         str(ENGINE["max_model_len"]),
         "--enforce-eager",
     ]
-    log = open(os.path.join(socket_dir, "preload.log"), "w")
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
-    )
+    log = os.path.join(socket_dir, "preload.log")
+    with open(log, "w") as output:  # the daemon keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            cmd,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 300
     while not glob.glob(os.path.join(socket_dir, "*.sock")):  # bound only after loading
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"gpu_e2e: vllm preload did not come up; see {log.name}")
+            raise SystemExit(f"gpu_e2e: vllm preload did not come up; see {log}")
         time.sleep(1)
     return proc
 

@@ -52,17 +52,10 @@ DAEMON_ARGS = [
 
 
 def append_index(run_dir: str, step: int, rel: str, identity: str) -> None:
-    """One line of ``ckptpub-index.jsonl``, as the Trainer callback writes it."""
-    line = (
-        json.dumps(
-            {"step": step, "path": rel, "identity": identity, "time": time.time()},
-            sort_keys=True,
-            separators=(",", ":"),
-        )
-        + "\n"
-    )
-    with open(os.path.join(run_dir, "ckptpub-index.jsonl"), "a") as handle:
-        handle.write(line)
+    """One line of ``ckptpub-index.jsonl``, written as the Trainer callback writes it."""
+    from ckptpub import run_index  # imported where ckptpub is (main): not in the engine children
+
+    run_index.append(run_dir, step=step, path=rel, identity=identity, time=time.time())
 
 
 def status(state_dir: str) -> dict:
@@ -73,14 +66,6 @@ def status(state_dir: str) -> dict:
         return json.loads(proc.stdout)
     except ValueError:
         return {}
-
-
-def decisions(state_dir: str) -> list[dict]:
-    try:
-        with open(os.path.join(state_dir, "decisions.jsonl")) as handle:
-            return [json.loads(line) for line in handle if line.strip()]
-    except OSError:
-        return []
 
 
 def wait_ready(state_dir: str, identity: str, sup: subprocess.Popen, timeout: float = 600) -> dict:
@@ -99,24 +84,24 @@ def wait_ready(state_dir: str, identity: str, sup: subprocess.Popen, timeout: fl
 
 
 def start_supervisor(run_dir: str, state_dir: str, log_path: str) -> subprocess.Popen:
-    log = open(log_path, "a")
-    return subprocess.Popen(
-        [
-            "ckptpub",
-            "preload",
-            "--follow",
-            run_dir,
-            "--state-dir",
-            state_dir,
-            "--interval",
-            "1",
-            "--",
-            *DAEMON_ARGS,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    with open(log_path, "a") as log:  # the supervisor keeps its own copy of the descriptor
+        return subprocess.Popen(
+            [
+                "ckptpub",
+                "preload",
+                "--follow",
+                run_dir,
+                "--state-dir",
+                state_dir,
+                "--interval",
+                "1",
+                "--",
+                *DAEMON_ARGS,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def alive(pid: int) -> bool:
@@ -134,6 +119,7 @@ def main() -> int:
     if not cuda_available("gpu_e2e_preload"):
         return 2
 
+    from ckptpub_vllm.preload.status import read_decisions
     from ckptpub_vllm.testing import build_tiny_qwen3
 
     import ckptpub
@@ -162,7 +148,8 @@ def main() -> int:
     try:
         st10 = wait_ready(state_dir, id10, sup)
         pid10 = st10["held"]["pid"]
-        daemon_log = open(st10["held"]["log"]).read()
+        with open(st10["held"]["log"]) as handle:
+            daemon_log = handle.read()
         checks.append(
             (
                 "the daemon process reported step 10's manifest identity",
@@ -177,7 +164,7 @@ def main() -> int:
         st20 = wait_ready(state_dir, id20, sup)
         why = [
             e["why"]
-            for e in decisions(state_dir)
+            for e in read_decisions(state_dir)
             if e.get("event") == "decision" and e.get("action") == "replace"
         ]
         checks.append(("re-preloaded for step 20 because its weights changed", why == ["weights-changed"]))
@@ -194,7 +181,7 @@ def main() -> int:
         ckptpub.publish(s30)  # re-publish: same identity
         time.sleep(5)
         s = status(state_dir)
-        whys = [e["why"] for e in decisions(state_dir) if e.get("event") == "decision"][-2:]
+        whys = [e["why"] for e in read_decisions(state_dir) if e.get("event") == "decision"][-2:]
         checks.append(
             (
                 "a copy at a new path and a re-publish do not re-preload",
@@ -207,7 +194,7 @@ def main() -> int:
         second = start_supervisor(run_dir, state_dir, sup_log)
         time.sleep(5)
         s = wait_ready(state_dir, id20, second)
-        adopted = [e for e in decisions(state_dir) if e.get("why") == "adopted"]
+        adopted = [e for e in read_decisions(state_dir) if e.get("why") == "adopted"]
         checks.append(
             ("a restarted supervisor adopts the running daemon", s["held"]["pid"] == pid20 and adopted)
         )

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"checkpoint: {folder}")
     print(f"identity:   {identity}")
     print(f"prompt:     {args.prompt!r}")
-    for load_format, (text, tokens) in answers.items():
+    for load_format, (text, _) in answers.items():
         note = "  (every tensor verified against ckptpub.json)" if load_format == "manifest_cache" else ""
         print(f"{load_format:<15} {text!r}{note}")
     same = answers["manifest_cache"][1] == answers["auto"][1]

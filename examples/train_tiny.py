@@ -17,7 +17,41 @@ import os
 import random
 
 SEQ_LEN = 32
-_WORDS = ["the", "a", "one", "cat", "dog", "bird", "fish", "model", "token", "weight", "layer", "step", "run", "save", "load", "hash", "byte", "reads", "writes", "trains", "serves", "keeps", "sees", "finds", "makes", "small", "big", "fast", "slow", "red", "blue", "new", "old"]
+_WORDS = [
+    "the",
+    "a",
+    "one",
+    "cat",
+    "dog",
+    "bird",
+    "fish",
+    "model",
+    "token",
+    "weight",
+    "layer",
+    "step",
+    "run",
+    "save",
+    "load",
+    "hash",
+    "byte",
+    "reads",
+    "writes",
+    "trains",
+    "serves",
+    "keeps",
+    "sees",
+    "finds",
+    "makes",
+    "small",
+    "big",
+    "fast",
+    "slow",
+    "red",
+    "blue",
+    "new",
+    "old",
+]
 
 
 def corpus(n: int = 800, seed: int = 0) -> list[str]:

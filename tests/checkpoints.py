@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from ckptpub_vllm.testing import tensor_location
 from safetensors.numpy import save_file
 
 CONFIG = {
@@ -94,12 +95,8 @@ def sparse_shard(path: Path, tensors: int, tensor_bytes: int) -> None:
 
 
 def tensor_range(shard: Path, name: str) -> tuple[int, int]:
-    """Absolute byte range of ``name`` in ``shard``, read from its header."""
-    with open(shard, "rb") as handle:
-        (length,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(length))
-    begin, end = header[name]["data_offsets"]
-    return 8 + length + begin, 8 + length + end
+    """Absolute byte range of ``name`` in ``shard``, read from its header (``KeyError`` if absent)."""
+    return tensor_location(str(shard), name)
 
 
 def locate(folder: Path, name: str) -> tuple[Path, int, int]:

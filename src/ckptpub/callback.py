@@ -33,6 +33,7 @@ import ckptpub
 from ckptpub import run_index
 from ckptpub.accelerate_helper import publish_accelerate_state
 from ckptpub.distributed import DEFAULT_TIMEOUT_S, DistributedHasher, new_group, publish_on_ranks
+from ckptpub.signing import Signer
 
 __all__ = ["PublishCallback", "Published", "publish_accelerate_state"]
 
@@ -173,9 +174,12 @@ class _Publisher:
     it can hash slows down rather than piling up memory or stale work.
     """
 
-    def __init__(self, *, background: bool, max_pending: int, require: str | None) -> None:
+    def __init__(
+        self, *, background: bool, max_pending: int, require: str | None, signer: Signer | None = None
+    ) -> None:
         self.background = background
         self.require = require
+        self.signer = signer
         self.rotation_lock = threading.Lock()
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max(1, max_pending))
         self._thread: threading.Thread | None = None
@@ -286,7 +290,11 @@ class _Publisher:
         if self.require and self.require not in before:
             raise _SkippedError(f"folder is incomplete (no {self.require}); not publishing it")
         # A Trainer checkpoint is the right folder by construction; weights may be .bin or FSDP shards.
-        options: dict[str, Any] = {"provenance": job.provenance, "allow_no_weights": True}
+        options: dict[str, Any] = {
+            "provenance": job.provenance,
+            "allow_no_weights": True,
+            "sign": self.signer,
+        }
         try:
             if hasher is None:
                 return ckptpub.publish(job.folder, **options), before
@@ -331,6 +339,9 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
       other ranks (it must cover one rank's share of the hashing); a rank that dies
       or stalls fails that save's publish with a warning, and later saves are hashed
       by the saving rank alone.
+    * ``sign`` (default None): a private key's path (or a ``ckptpub.signing.SigningKey``):
+      sign every checkpoint (``model.sig``, see ``docs/security.md``). The key is
+      loaded here, so a key that cannot sign fails before training starts.
 
     ``published`` lists what was published (filled on the main thread),
     ``failures`` the skipped saves with their reasons. The final
@@ -342,6 +353,7 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
         background: bool = True,
         max_pending: int = 1,
         index: bool = True,
+        sign: object = None,
         distributed: bool = True,
         rank_timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
@@ -349,7 +361,10 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
         self.index = index
         self.distributed = distributed
         self.rank_timeout_s = rank_timeout_s
-        self._pub = _Publisher(background=background, max_pending=max_pending, require=_DONE_MARKER)
+        signer = None if sign is None else Signer.load(sign)
+        self._pub = _Publisher(
+            background=background, max_pending=max_pending, require=_DONE_MARKER, signer=signer
+        )
         self._holding = False
         self._base_identity: str | None = None
         self._warned_base = False  # once per callback, however many times train() is called

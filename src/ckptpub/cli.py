@@ -308,6 +308,9 @@ class PublishArguments:
     allow_nested: bool
     base: str | None
     adapter: str | None
+    sign: str | None
+    signing_certificate: str | None
+    certificate_chain: list[str] | None
     json: bool
     rank_timeout: float
 
@@ -317,6 +320,8 @@ class VerifyArguments:
     folder: str
     quiet: bool
     expect_identity: str | None
+    public_key: str | None
+    certificate_chain: list[str] | None
     threads: int | None
     no_mmap: bool
     json: bool
@@ -426,7 +431,18 @@ def _add_publish(parser: argparse.ArgumentParser) -> None:
         metavar="DIR|ID",
         help="record the adapter merged into this model (a published folder or an identity)",
     )
+    parser.add_argument(
+        "--sign", metavar="KEY", help="also write model.sig, signed with this ECDSA private key (PEM)"
+    )
+    parser.add_argument(
+        "--signing-certificate", metavar="CERT", help="with --sign: sign as this certificate's holder (PEM)"
+    )
+    _add_certificate_chain(parser, "with --signing-certificate: the certificates up to the trusted root")
     _add_json(parser)
+
+
+def _add_certificate_chain(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--certificate-chain", metavar="PEM", action="append", help=f"{help} (repeatable)")
 
 
 def _add_verify(parser: argparse.ArgumentParser) -> None:
@@ -435,6 +451,10 @@ def _add_verify(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--expect-identity", metavar="ID", help="also fail unless the manifest's identity is ID"
     )
+    parser.add_argument(
+        "--public-key", metavar="PUB", help="first check that model.sig signs exactly this manifest with PUB"
+    )
+    _add_certificate_chain(parser, "as --public-key, trusting certificates this chain vouches for")
     _add_hashing(parser)
     _add_json(parser)
 
@@ -461,6 +481,7 @@ def _add_ls(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_publish(args: PublishArguments) -> int:
+    sign = _signing_key(args)
     hasher = _join_ranks(args.rank_timeout)
     bar = ProgressBar("hashing")
     try:
@@ -473,6 +494,7 @@ def _cmd_publish(args: PublishArguments) -> int:
             allow_nested=args.allow_nested,
             base=args.base,
             adapter=args.adapter,
+            sign=sign,
         )
     finally:
         bar.close()
@@ -497,18 +519,23 @@ def _cmd_publish(args: PublishArguments) -> int:
 
 
 def _cmd_verify(args: VerifyArguments) -> int:
+    trusted = _trusted_key(args)
     hasher = _join_ranks(args.rank_timeout)
     bar = ProgressBar("verifying")
+    options: dict[str, Any] = {
+        "expect_identity": args.expect_identity,
+        "threads": args.threads,
+        "use_mmap": not args.no_mmap,
+        "on_progress": bar,
+    }
     try:
-        with contextlib.nullcontext() if hasher is None else hasher.taking_part():
-            report = verify(
-                args.folder,
-                expect_identity=args.expect_identity,
-                threads=args.threads,
-                use_mmap=not args.no_mmap,
-                on_progress=bar,
-                hasher=hasher,
-            )
+        if trusted is None:
+            with contextlib.nullcontext() if hasher is None else hasher.taking_part():
+                report = verify(args.folder, hasher=hasher, **options)
+        else:  # the signature first: it must cover exactly the manifest verified (each rank hashes all)
+            from .signing import verify_signed
+
+            report = verify_signed(args.folder, trusted, **options)
     finally:
         bar.close()
     if args.json:
@@ -528,6 +555,30 @@ def _cmd_verify(args: VerifyArguments) -> int:
         f"({plural(changed, 'tensor')} changed) in {plural(len(report.checked), 'file')}"
     )
     return ExitCode.MISMATCH
+
+
+def _signing_key(args: PublishArguments) -> Any:
+    """``--sign KEY`` (with ``--signing-certificate``/``--certificate-chain``) as ``publish(sign=...)``."""
+    if args.sign is None:
+        if args.signing_certificate is not None or args.certificate_chain:
+            raise UsageError(
+                "--signing-certificate and --certificate-chain need --sign KEY", "ckptpub publish"
+            )
+        return None
+    from .signing import SigningKey  # only a signing run imports it
+
+    return SigningKey(args.sign, args.signing_certificate, tuple(args.certificate_chain or ()))
+
+
+def _trusted_key(args: VerifyArguments) -> Any:
+    """``--public-key PUB`` or ``--certificate-chain PEM`` as a ``signing.TrustedKey``; None for neither."""
+    if args.public_key is None and not args.certificate_chain:
+        return None
+    if args.public_key is not None and args.certificate_chain:
+        raise UsageError("give --public-key or --certificate-chain, not both", "ckptpub verify")
+    from .signing import TrustedKey
+
+    return TrustedKey(args.public_key, tuple(args.certificate_chain or ()))
 
 
 def _cmd_show(args: ShowArguments) -> int:

@@ -23,14 +23,14 @@ from .explain import (
     tensor_change,
 )
 from .hashing import ProgressCallback, Span, hash_spans
-
-if TYPE_CHECKING:
-    from .distributed import SpanHasher
-from .manifest import MANIFEST_NAME, Manifest, TensorRecord, is_digest
+from .manifest import MANIFEST_NAME, Manifest, TensorRecord, check_identity
 from .model_files import claim_problems, is_shard_path
 from .read import read_manifest
 from .safetensors import ShardLayout, read_layout
 from .scan import FolderEntry, as_path, resolve_folder, scan_folder
+
+if TYPE_CHECKING:
+    from .distributed import SpanHasher
 
 
 class Problem(NamedTuple):
@@ -108,8 +108,8 @@ def verify(
     identity while an engine loads other tensors. ``hasher`` replaces
     ``hashing.hash_spans`` (a ``distributed.DistributedHasher`` spreads the work over a job's ranks).
     """
-    if expect_identity is not None and not is_digest(expect_identity):
-        raise CkptpubError(f"expected identity {expect_identity!r} is not of the form blake3:<64 hex>")
+    if expect_identity is not None:
+        check_identity(expect_identity, "expected identity")
     if threads is not None and (type(threads) is not int or threads < 1):
         raise CkptpubError(f"threads: expected a positive int or None, got {threads!r}")
     root = resolve_folder(folder)

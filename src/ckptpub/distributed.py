@@ -44,11 +44,12 @@ DIGEST_BYTES = 32
 #: Room for a rank's error message in each exchange (longer ones are cut).
 MESSAGE_BYTES = 512
 _FAILED = 1  # a row's status byte: 0 all went well
-# A plan row: status byte, span count (8 bytes), fingerprint, message.
+# A plan row: status byte, span count (8 bytes), fingerprint, "SHA-256 wanted" byte, message.
 _PLAN_SAME = slice(1, 9 + DIGEST_BYTES)  # span count and fingerprint: equal on every rank
-_PLAN_MESSAGE_AT = 9 + DIGEST_BYTES
+_PLAN_SHA256 = 9 + DIGEST_BYTES
+_PLAN_MESSAGE_AT = _PLAN_SHA256 + 1
 _PLAN_BYTES = _PLAN_MESSAGE_AT + MESSAGE_BYTES
-# A digest row: status byte, message, then DIGEST_BYTES per span.
+# A digest row: status byte, message, DIGEST_BYTES per span, then (when wanted) a SHA-256 per file.
 _DIGESTS_AT = 1 + MESSAGE_BYTES
 
 
@@ -62,6 +63,7 @@ class SpanHasher(Protocol):
         threads: int | None = ...,
         use_mmap: bool = ...,
         on_progress: ProgressCallback | None = ...,
+        file_sha256: list[str] | None = ...,
     ) -> list[str]: ...
 
 
@@ -158,10 +160,17 @@ class DistributedHasher:
         threads: int | None = None,
         use_mmap: bool = True,
         on_progress: ProgressCallback | None = None,
+        file_sha256: list[str] | None = None,
     ) -> list[str]:
+        """Every span's digest in order, as ``hash_spans`` returns them; ``file_sha256`` as it fills it.
+
+        When any rank asks for ``file_sha256`` (the writer, when it signs), every rank
+        computes the SHA-256 of the files it owns, so the rows keep one size.
+        """
         self._joined = True
         plan = bytearray(_PLAN_BYTES)
         plan[_PLAN_SAME] = len(spans).to_bytes(8, "little") + plan_fingerprint(spans)
+        plan[_PLAN_SHA256] = file_sha256 is not None
         plans = self._all_gather(plan)
         _raise_failures(plans, _PLAN_MESSAGE_AT)
         if any(other[_PLAN_SAME] != plan[_PLAN_SAME] for other in plans):
@@ -171,22 +180,43 @@ class DistributedHasher:
             )
         owners = assign_files(spans, self.world_size)
         mine = [i for i, owner in enumerate(owners) if owner == self.rank]
-        rows = bytearray(_DIGESTS_AT + DIGEST_BYTES * len(spans))
+        files = [first for first, _ in files_of(spans)]  # each file's first span
+        sha256_wanted = any(other[_PLAN_SHA256] for other in plans)
+        sha256_at = _DIGESTS_AT + DIGEST_BYTES * len(spans)
+        rows = bytearray(sha256_at + (DIGEST_BYTES * len(files) if sha256_wanted else 0))
+        my_sha256: list[str] | None = [] if sha256_wanted else None
         try:
             digests = hash_spans(
-                [spans[i] for i in mine], threads=threads, use_mmap=use_mmap, on_progress=on_progress
+                [spans[i] for i in mine],
+                threads=threads,
+                use_mmap=use_mmap,
+                on_progress=on_progress,
+                file_sha256=my_sha256,
             )
         except CkptpubError as error:
             _write_failure(rows, 1, str(error))
         else:
-            for index, digest in zip(mine, digests, strict=True):
-                at = _DIGESTS_AT + DIGEST_BYTES * index
-                rows[at : at + DIGEST_BYTES] = bytes.fromhex(digest.removeprefix(DIGEST_PREFIX))
+            places = [_DIGESTS_AT + DIGEST_BYTES * i for i in mine]
+            values = [digest.removeprefix(DIGEST_PREFIX) for digest in digests]
+            if my_sha256 is not None:
+                places += [
+                    sha256_at + DIGEST_BYTES * f
+                    for f, first in enumerate(files)
+                    if owners[first] == self.rank
+                ]
+                values += my_sha256
+            for at, value in zip(places, values, strict=True):
+                rows[at : at + DIGEST_BYTES] = bytes.fromhex(value)
         gathered = self._all_gather(rows)
         _raise_failures(gathered, 1)
+        if file_sha256 is not None:
+            file_sha256.extend(
+                gathered[owners[first]][at : at + DIGEST_BYTES].hex()
+                for at, first in zip(range(sha256_at, len(rows), DIGEST_BYTES), files, strict=True)
+            )
         return [
             DIGEST_PREFIX + gathered[owner][at : at + DIGEST_BYTES].hex()
-            for at, owner in zip(range(_DIGESTS_AT, len(rows), DIGEST_BYTES), owners, strict=True)
+            for at, owner in zip(range(_DIGESTS_AT, sha256_at, DIGEST_BYTES), owners, strict=True)
         ]
 
     @contextlib.contextmanager
@@ -250,13 +280,14 @@ def publish_on_ranks(folder: str | os.PathLike[str], hasher: DistributedHasher, 
 
     Every rank of the group calls it with the same folder (as each rank sees it) and
     options; all hash together, and rank 0's manifest is the one a single process
-    would write. ``base``/``adapter`` are resolved on rank 0 only.
+    would write. ``base``/``adapter`` are resolved, and ``sign`` signs, on rank 0 only
+    (the other ranks compute the SHA-256 of their files for that signature).
     """
     from .publishing import build_manifest, publish
 
     with hasher.taking_part():
         if hasher.rank == 0:
             return publish(folder, hasher=hasher, **options)
-        options.pop("base", None)
-        options.pop("adapter", None)
+        for rank_0_only in ("base", "adapter", "sign"):
+            options.pop(rank_0_only, None)
         return build_manifest(folder, hasher=hasher, **options)

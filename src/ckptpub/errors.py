@@ -38,3 +38,12 @@ class NoManifestError(CkptpubError):
     treat "not published" differently (for instance by refusing with another
     message) can never mistake an unusable manifest for an absent one.
     """
+
+
+def and_more(text: str, more: int) -> str:
+    """``text``, then `` (and N more)`` when ``more`` further items were left unsaid.
+
+    The one wording for "the first problem, and how many others" in messages of
+    the CLI, the vLLM plugin and the preload supervisor.
+    """
+    return f"{text} (and {more} more)" if more > 0 else text

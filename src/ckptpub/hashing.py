@@ -88,16 +88,26 @@ def hash_spans(
     threads: int | None = None,
     use_mmap: bool = True,
     on_progress: ProgressCallback | None = None,
+    file_sha256: list[str] | None = None,
 ) -> list[str]:
     """Return the digest of each span, in the order given.
 
     ``on_progress(done_bytes, total_bytes)`` is called after each piece is hashed
     (from worker threads, one call at a time). Raises ``CkptpubError`` naming the file when one cannot be
     read or is shorter than a span needs.
+
+    ``file_sha256``, when a list, receives the SHA-256 (hex) of each whole file, in
+    file order, computed from the very pieces BLAKE3 reads (what a signature needs,
+    see ``ckptpub.signing``). The spans must then come file by file, each file's
+    spans in offset order tiling it from 0 to its end, as ``publishing`` builds them;
+    a file is hashed in order by one worker, so work is parallel across files only.
     """
-    workers = min(threads or default_threads(), max(1, len(spans)))
     report = _progress_reporter(sum(s.size for s in spans), on_progress)
     digests: list[str] = [""] * len(spans)
+    if file_sha256 is not None:
+        file_sha256.extend(_hash_whole_files(spans, digests, threads, use_mmap, report))
+        return digests
+    workers = min(threads or default_threads(), max(1, len(spans)))
     # Largest first, so the last spans to finish are short ones and no core idles long.
     order = sorted(range(len(spans)), key=lambda i: spans[i].size, reverse=True)
     split_above = max(SPLIT_MIN_BYTES, sum(s.size for s in spans) // (2 * workers))
@@ -108,6 +118,40 @@ def hash_spans(
         rest = order[len(huge) :]
         _run_parallel(rest, lambda i: digests.__setitem__(i, _hash_span(spans[i], files, report)), workers)
     return digests
+
+
+def _hash_whole_files(
+    spans: Sequence[Span],
+    digests: list[str],
+    threads: int | None,
+    use_mmap: bool,
+    report: Callable[[int], None],
+) -> list[str]:
+    """Fill ``digests`` file by file, each file's pieces fed to a SHA-256 too; return those, by file."""
+    import hashlib  # only signing needs it: not on every publish's start-up
+
+    starts = [i for i, span in enumerate(spans) if span.start == 0] + [len(spans)]
+    if starts[0] != 0:
+        raise CkptpubError(f"{spans[0].name}: spans must start each file at offset 0")
+    groups = [spans[begin:end] for begin, end in zip(starts, starts[1:], strict=False)]
+    firsts = starts[:-1]
+    sha256: list[str] = [""] * len(groups)
+
+    def hash_file(group: int) -> None:
+        whole, end = hashlib.sha256(), 0
+        for index, span in enumerate(groups[group], firsts[group]):
+            if span.start != end or span.path != groups[group][0].path:
+                raise CkptpubError(f"{span.name}: spans of a file must tile it in order")
+            digests[index] = _hash_span(span, files, report, also=whole.update)
+            end = span.end
+        if end != files.size(groups[group][0]):
+            raise CkptpubError(f"{groups[group][0].name}: spans do not cover the whole file")
+        sha256[group] = whole.hexdigest()
+
+    largest_first = sorted(range(len(groups)), key=lambda g: groups[g][-1].end, reverse=True)
+    with _Files(use_mmap) as files:
+        _run_parallel(largest_first, hash_file, min(threads or default_threads(), max(1, len(groups))))
+    return sha256
 
 
 def _run_parallel(items: list[int], work: Callable[[int], None], workers: int) -> None:
@@ -162,10 +206,18 @@ def _progress_reporter(total: int, on_progress: ProgressCallback | None) -> Call
     return advance
 
 
-def _hash_span(span: Span, files: _Files, report: Callable[[int], None], all_cores: bool = False) -> str:
+def _hash_span(
+    span: Span,
+    files: _Files,
+    report: Callable[[int], None],
+    all_cores: bool = False,
+    also: Callable[[memoryview | bytes], object] | None = None,
+) -> str:
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO) if all_cores else blake3.blake3()
     for piece in files.pieces(span):
         hasher.update(piece)
+        if also is not None:
+            also(piece)
         report(len(piece))
     return DIGEST_PREFIX + hasher.hexdigest()
 
@@ -189,6 +241,10 @@ class _Files:
                     mapping.close()
             os.close(fd)
         self._open.clear()
+
+    def size(self, span: Span) -> int:
+        """The size of the span's file, as ``fstat`` saw it when it was opened."""
+        return self._get(span)[1]
 
     def pieces(self, span: Span) -> Iterator[memoryview | bytes]:
         fd, size, mapping = self._get(span)

@@ -34,6 +34,17 @@ def is_digest(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and _DIGEST.fullmatch(value) is not None
 
 
+def check_identity(value: object, what: str) -> str:
+    """``value`` when it is an identity (``blake3:`` and 64 lowercase hex digits), else ``CkptpubError``.
+
+    The one check for identities a person gives (``--expect-identity``, a serving
+    pin, ``publish(base=...)``): ``what`` names where the value came from.
+    """
+    if not is_digest(value):
+        raise CkptpubError(f"{what}: {value!r} is not of the form blake3:<64 lowercase hex digits>")
+    return value
+
+
 class TensorRecord(NamedTuple):
     """One tensor: where it lies (``file``, ``data_offsets`` relative to the data region) and its digest."""
 

@@ -1,38 +1,46 @@
 """Build a manifest from a folder's bytes and write it atomically next to them.
 
-Writing goes through a temporary file in the folder, fsync, rename and a directory
-fsync, so a reader (or a crash) sees either no manifest, the old one, or the
-complete new one. The folder's modification time is restored afterwards because
+Writing goes through ``jsonfiles.write_atomically`` (a temporary file in the folder,
+fsync, rename and a directory fsync), so a reader (or a crash) sees either no
+manifest, the old one, or the complete new one. The folder's modification time is restored afterwards because
 the Trainer's ``save_total_limit`` rotation orders checkpoints by it.
 """
 
 from __future__ import annotations
 
-import _signal  # what ``signal`` wraps; ``signal`` itself imports enum, 2 ms of every publish's start-up
 import os
 import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from . import __version__
 from .canonical import canonical_json
 from .errors import CkptpubError
-from .hashing import Span, hash_spans
-from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, FileRecord, Manifest, TensorRecord, compute_identity
+from .hashing import DIGEST_PREFIX, ProgressCallback, Span, hash_spans
+from .jsonfiles import write_atomically
+from .manifest import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    FileRecord,
+    Manifest,
+    TensorRecord,
+    check_identity,
+    compute_identity,
+)
 from .model_files import config_digests, is_shard_path, weight_files
+from .read import read_manifest
+from .run_index import INDEX_NAME
 from .safetensors import ShardLayout, read_layout
-from .scan import TEMP_PREFIX, TEMP_SUFFIX, FolderEntry, resolve_folder, restat, scan_folder
+from .scan import FolderEntry, as_path, resolve_folder, restat, scan_folder
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from .distributed import SpanHasher
+    from .signing import Signer, SigningKey
 
 #: Provenance nested deeper than this is refused (it is a record of facts, not a data store).
 MAX_PROVENANCE_DEPTH = 64
-#: Names that mark a training run's folder (or a folder of checkpoints), not one checkpoint.
-_RUN_INDEX_NAME = "ckptpub-index.jsonl"
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from typing import Any
-
-    from .distributed import SpanHasher
-    from .hashing import ProgressCallback
 
 
 def build_manifest(
@@ -58,16 +66,23 @@ def build_manifest(
     ``hashing.hash_spans`` (a ``distributed.DistributedHasher`` spreads the work over a job's ranks).
     """
     options = _Options.checked(
-        provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested, hasher
+        provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested, hasher=hasher
     )
     return _build(resolve_folder(folder), options)[0]
 
 
+@dataclass(frozen=True)
 class _Options:
     """The keyword arguments of ``publish``/``build_manifest``, checked once at the API boundary."""
 
-    def __init__(self, **values: Any) -> None:
-        self.__dict__.update(values)
+    provenance: Mapping[str, Any] | None
+    threads: int | None
+    use_mmap: bool
+    on_progress: ProgressCallback | None
+    allow_no_weights: bool
+    allow_nested: bool
+    signer: Signer | None = None  # a loaded signing key: checked before anything is hashed
+    hasher: SpanHasher | None = None  # instead of hash_spans (a distributed.DistributedHasher)
 
     @classmethod
     def checked(
@@ -78,6 +93,7 @@ class _Options:
         on_progress: Any,
         allow_no_weights: Any,
         allow_nested: Any,
+        sign: Any = None,
         hasher: Any = None,
     ) -> _Options:
         if provenance is not None and not hasattr(provenance, "items"):
@@ -97,18 +113,24 @@ class _Options:
             on_progress=on_progress,
             allow_no_weights=bool(allow_no_weights),
             allow_nested=bool(allow_nested),
-            hasher=hasher or hash_spans,
+            signer=None if sign is None else _load_signer(sign),
+            hasher=hasher,
         )
 
 
-def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
+def _load_signer(sign: Any) -> Signer:
+    from .signing import Signer  # model_signing only when signing
+
+    return Signer.load(sign)
+
+
+def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], list[str]]:
+    """The manifest, the files it lists, and (when signing) the SHA-256 of each of them, in order."""
     entries = scan_folder(root)
     if not options.allow_nested:
         _refuse_nested_checkpoints(root, entries)
     by_path = {e.path: e for e in entries}
-    layouts = {
-        e.path: read_layout(e.real_path, e.path, e.signature[:2]) for e in entries if is_shard_path(e.path)
-    }
+    layouts = {e.path: read_layout(e.real_path, e.path, e.file_id) for e in entries if is_shard_path(e.path)}
     for path, layout in layouts.items():
         if layout.header_size + (layout.tensors[-1].end if layout.tensors else 0) != by_path[path].size:
             raise CkptpubError(f"{path}: changed size while its header was read")
@@ -116,15 +138,21 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
     if not weights and not options.allow_no_weights:
         what = "is empty" if not entries else "has no weight files (no *.safetensors at its top level)"
         raise CkptpubError(
-            f"{root}: {what}, so it is probably not a model checkpoint; publish the checkpoint folder itself, "
+            f"{root}: {what}, so it is probably not a model checkpoint; "
+            "publish the checkpoint folder itself, "
             f"or pass --allow-no-weights (allow_no_weights=True) for a layout without safetensors weights"
         )
     config = config_digests(by_path)
     provenance = _provenance(options.provenance)
     spans = list(_spans(entries, layouts))
+    file_sha256: list[str] | None = [] if options.signer is not None else None
     digests = iter(
-        options.hasher(
-            spans, threads=options.threads, use_mmap=options.use_mmap, on_progress=options.on_progress
+        (options.hasher or hash_spans)(
+            spans,
+            threads=options.threads,
+            use_mmap=options.use_mmap,
+            on_progress=options.on_progress,
+            file_sha256=file_sha256,
         )
     )
     for entry in entries:
@@ -134,30 +162,30 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry]]:
             )
     files, tensors = [], []
     for entry in entries:
-        layout = layouts.get(entry.path)
-        files.append(
-            FileRecord(entry.path, entry.size, next(digests), layout.header_size if layout else None)
-        )
-        for t in layout.tensors if layout else ():
+        shard = layouts.get(entry.path)
+        files.append(FileRecord(entry.path, entry.size, next(digests), shard.header_size if shard else None))
+        for t in shard.tensors if shard else ():
             tensors.append(
                 TensorRecord(t.name, t.dtype, t.shape, entry.path, (t.begin, t.end), next(digests))
             )
     identity = compute_identity(tuple(tensors), tuple(files), weights, config)
-    return Manifest(identity, tuple(tensors), tuple(files), weights, config, provenance), entries
+    manifest = Manifest(identity, tuple(tensors), tuple(files), weights, config, provenance)
+    return manifest, entries, file_sha256 or []
 
 
 def _refuse_nested_checkpoints(root: str, entries: list[FolderEntry]) -> None:
-    """Refuse a folder that holds checkpoints (a run folder): publishing it would hide them in one manifest."""
+    """Refuse a folder that holds checkpoints (a run folder): one manifest would hide them."""
     for entry in entries:
         parts = entry.path.split("/")
         nested = (
             parts[-1] == MANIFEST_NAME
-            or entry.path == _RUN_INDEX_NAME
+            or entry.path == INDEX_NAME
             or (len(parts) > 1 and _is_checkpoint_name(parts[0]))
         )
         if nested:
             raise CkptpubError(
-                f"{root}: holds other checkpoints ({entry.path}); it looks like a training run's folder. Publish each "
+                f"{root}: holds other checkpoints ({entry.path}); "
+                f"it looks like a training run's folder. Publish each "
                 f"checkpoint folder instead, or pass --allow-nested (allow_nested=True) to publish it as one"
             )
 
@@ -179,9 +207,15 @@ def publish(
     allow_nested: bool = False,
     base: str | os.PathLike[str] | None = None,
     adapter: str | os.PathLike[str] | None = None,
+    sign: str | os.PathLike[str] | SigningKey | Signer | None = None,
     hasher: SpanHasher | None = None,
 ) -> Manifest:
     """Build the manifest of ``folder`` and write it to ``folder/ckptpub.json`` atomically.
+
+    ``sign`` (a private key's path, or a ``ckptpub.signing.SigningKey`` for a
+    certificate) also writes ``folder/model.sig``, a signature over every file and
+    the manifest that ``model_signing verify`` accepts (``pip install ckptpub[sign]``);
+    the key is loaded before anything is hashed or written.
 
     ``base`` and ``adapter`` record lineage for a merged or converted model: each
     is a published checkpoint folder or an identity (``blake3:<64 hex>``), recorded
@@ -199,21 +233,41 @@ def publish(
     """
     provenance = _with_lineage(provenance, base=base, adapter=adapter)
     options = _Options.checked(
-        provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested, hasher
+        provenance,
+        threads,
+        use_mmap,
+        on_progress,
+        allow_no_weights,
+        allow_nested,
+        sign,
+        hasher=hasher,
     )
     root = resolve_folder(folder)
     try:
         before = os.stat(root)
     except OSError as error:
         raise CkptpubError(f"{root}: {error.strerror or error}") from None
-    manifest, entries = _build(root, options)
+    manifest, entries, file_sha256 = _build(root, options)
     try:
         write_manifest(root, manifest, _file_mode(entries))
+        if options.signer is not None:
+            _sign(root, manifest, entries, file_sha256, options.signer)
     finally:  # a failed write created and removed a temp file: the folder's mtime is restored then too
         problem = _restore_mtime(root, before)
     if problem is not None:
         raise CkptpubError(f"{root}: {MANIFEST_NAME} was written, but {problem}")
     return manifest
+
+
+def _sign(
+    root: str, manifest: Manifest, entries: list[FolderEntry], file_sha256: list[str], signer: Signer
+) -> None:
+    """Write ``model.sig`` over the manifest just written, with the manifest's permissions."""
+    from .signing import sign_checkpoint
+
+    symlinks = any(e.real_path != os.path.join(root, *e.path.split("/")) for e in entries)
+    sha256 = dict(zip((e.path for e in entries), file_sha256, strict=True))
+    sign_checkpoint(root, manifest, sha256, signer, allow_symlinks=symlinks, mode=_file_mode(entries))
 
 
 def _with_lineage(provenance: Any, **links: Any) -> Any:
@@ -230,14 +284,8 @@ def _with_lineage(provenance: Any, **links: Any) -> Any:
 
 
 def _identity_of(value: Any, what: str) -> str:
-    from .manifest import is_digest
-    from .read import read_manifest
-    from .scan import as_path
-
-    if isinstance(value, str) and value.startswith("blake3:"):
-        if not is_digest(value):
-            raise CkptpubError(f"{what}: {value!r} is not of the form blake3:<64 hex>")
-        return value
+    if isinstance(value, str) and value.startswith(DIGEST_PREFIX):
+        return check_identity(value, what)
     path = as_path(value, what)
     try:
         return read_manifest(path).identity
@@ -246,12 +294,10 @@ def _identity_of(value: Any, what: str) -> str:
 
 
 def write_manifest(root: str, manifest: Manifest, mode: int) -> None:
-    """Write ``manifest`` into the real folder ``root``: temp file, fsync, rename, fsync the folder.
+    """Write ``manifest`` into the real folder ``root`` atomically (``jsonfiles.write_atomically``).
 
-    Refuses a manifest over the size readers accept before writing anything. In
-    the main thread, Ctrl-C (SIGINT) is held back while the temporary file exists:
-    it takes effect once the manifest is complete or the temporary file is
-    removed, so an interrupt never leaves one behind.
+    Refuses a manifest over the size readers accept before writing anything.
+    Ctrl-C in the main thread never leaves a temporary file behind.
     """
     data = manifest.to_json()
     if len(data) > MAX_MANIFEST_BYTES:
@@ -259,64 +305,14 @@ def write_manifest(root: str, manifest: Manifest, mode: int) -> None:
             f"{MANIFEST_NAME}: {len(data)} bytes would be over the {MAX_MANIFEST_BYTES}-byte manifest "
             f"limit readers accept; not written"
         )
-    with _interrupts_held():
-        _write_atomically(root, data, mode)
+    write_atomically(os.path.join(root, MANIFEST_NAME), data, mode)
 
 
-def _write_atomically(root: str, data: bytes, mode: int) -> None:
-    target = os.path.join(root, MANIFEST_NAME)
-    temp = os.path.join(root, f"{TEMP_PREFIX}{os.urandom(8).hex()}{TEMP_SUFFIX}")
-    try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    except OSError as error:
-        raise CkptpubError(f"{MANIFEST_NAME}: cannot write in {root}: {error.strerror or error}") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, target)
-        _fsync_folder(root)
-    except OSError as error:
-        _remove_quietly(temp)
-        raise CkptpubError(f"{MANIFEST_NAME}: cannot write in {root}: {error.strerror or error}") from None
-    except BaseException:
-        _remove_quietly(temp)
-        raise
-
-
-class _interrupts_held:
-    """Hold back SIGINT while the block runs, then act on it: its Python handler runs once the block is done.
-
-    Only the main thread can set signal handlers (and Python runs them there);
-    elsewhere (the Trainer callback's publishing thread) this does nothing.
-    """
-
-    def __enter__(self) -> None:
-        self.caught = False
-        try:
-            self.previous = _signal.signal(_signal.SIGINT, self._note)
-        except ValueError:  # not the main thread
-            self.previous = None
-
-    def _note(self, signum: int, frame: object) -> None:
-        self.caught = True
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self.previous is None:
-            return
-        _signal.signal(_signal.SIGINT, self.previous)
-        if self.caught and callable(self.previous):
-            self.previous(_signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt here
-        elif self.caught and self.previous == _signal.SIG_DFL:
-            os.kill(os.getpid(), _signal.SIGINT)  # what the interrupt would have done
-
-
-def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]):
-    """Per file: the whole file, or for a shard its header then each tensor (the order records are built in)."""
+def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]) -> Iterator[Span]:
+    """Per file: the whole file, or for a shard its header then each tensor (the records' order)."""
     for entry in entries:
         layout = layouts.get(entry.path)
-        identity = entry.signature[:2]
+        identity = entry.file_id
         if layout is None:
             yield Span(entry.real_path, 0, entry.size, entry.path, identity)
             continue
@@ -372,18 +368,3 @@ def _restore_mtime(root: str, before: os.stat_result) -> str | None:
     except OSError as error:
         return f"the folder's modification time could not be restored: {error.strerror or error}"
     return None
-
-
-def _fsync_folder(root: str) -> None:
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

@@ -13,9 +13,10 @@ Format (``ckptpub-index.jsonl`` in the Trainer's ``output_dir``), one object a l
 * ``path`` is relative to the folder holding the index, with ``/`` separators
   (``run-3/checkpoint-10`` under hyper-parameter search).
 * ``time`` is seconds since the epoch (float) when the manifest was written.
-* Lines are appended with one ``os.write`` of the whole line on an ``O_APPEND``
-  descriptor, then ``fsync``: a reader sees whole lines, and a crash can at worst
-  leave a final line without its newline, which readers skip.
+* Lines are appended as ``jsonfiles.append_line`` appends them (one ``write`` of the
+  whole line on an ``O_APPEND`` descriptor, then ``fsync``): a reader sees whole
+  lines, and a crash can at worst leave a final line without its newline, which
+  readers skip and the next append ends.
 * A line names a checkpoint that was published; the folder may since have been
   rotated away. Readers check the folder (and its manifest) before trusting it.
 * Unknown keys may be added later; readers ignore them.
@@ -30,24 +31,20 @@ Stdlib only, so ``import ckptpub`` stays light.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from typing import Any
 
-from .errors import CkptpubError
+from . import jsonfiles
 from .manifest import is_digest, is_safe_relative_path
-from .safe_open import open_regular
 from .scan import as_path
-from .strict_json import loads_strict, read_bounded
 
 INDEX_NAME = "ckptpub-index.jsonl"
 #: An index larger than this is refused unread (about 500k publishes).
 MAX_INDEX_BYTES = 64 << 20
-_APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def append(index_dir: str | os.PathLike, *, step: int, path: str, identity: str, time: float) -> None:
+def append(index_dir: str | os.PathLike[str], *, step: int, path: str, identity: str, time: float) -> None:
     """Append one record to ``index_dir/ckptpub-index.jsonl`` atomically (whole line, fsync)."""
     record = {
         "step": int(step),
@@ -55,23 +52,12 @@ def append(index_dir: str | os.PathLike, *, step: int, path: str, identity: str,
         "identity": identity,
         "time": float(time),
     }
-    line = (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
-    path = os.path.join(index_dir, INDEX_NAME)
-    fd, info = open_regular(path, path, flags=_APPEND_FLAGS)  # CkptpubError for a symlink, FIFO, folder
-    try:
-        size = info.st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            line = b"\n" + line  # a torn line from a crashed writer: keep ours whole and parseable
-        written = os.write(fd, line)
-        if written != len(line):  # regular files do not short-write in practice; fail loudly if one does
-            raise OSError(f"short write to {INDEX_NAME}: {written} of {len(line)} bytes")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    index = os.path.join(index_dir, INDEX_NAME)
+    jsonfiles.append_line(index, record, index)  # CkptpubError for a symlink, FIFO, folder
 
 
 def read(
-    index_dir: str | os.PathLike, on_skip: Callable[[int, str], None] | None = None
+    index_dir: str | os.PathLike[str], on_skip: Callable[[int, str], None] | None = None
 ) -> list[dict[str, Any]]:
     """Return the index records in order; a missing index is an empty list.
 
@@ -81,24 +67,9 @@ def read(
     lines. An index that is over ``MAX_INDEX_BYTES``, a symlink or not a regular
     file raises ``CkptpubError`` before it is read.
     """
-    path = os.path.join(as_path(index_dir, "run folder"), INDEX_NAME)
-    if not os.path.lexists(path):
-        return []
-    data = read_bounded(path, MAX_INDEX_BYTES, INDEX_NAME)
-    records = []
-    for number, raw in enumerate(data.split(b"\n"), 1):
-        if not raw.strip():
-            continue
-        try:
-            rec = loads_strict(raw, f"line {number}", "record")
-            why = _not_a_record(rec)
-        except CkptpubError as error:
-            why = str(error)
-        if why is None:
-            records.append(rec)
-        elif on_skip is not None:
-            on_skip(number, why)
-    return records
+    index = os.path.join(as_path(index_dir, "run folder"), INDEX_NAME)
+    lines = jsonfiles.read_lines(index, MAX_INDEX_BYTES, INDEX_NAME, on_skip, check=_not_a_record)
+    return [record for _, record in lines]
 
 
 def _not_a_record(rec: Any) -> str | None:

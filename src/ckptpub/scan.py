@@ -22,6 +22,10 @@ from .manifest import MANIFEST_NAME
 #: Prefix and suffix of the temporary files an atomic manifest write uses.
 TEMP_PREFIX = "." + MANIFEST_NAME + "."
 TEMP_SUFFIX = ".tmp"
+#: The signature ``publish --sign`` writes beside the manifest (see ``signing``).
+SIGNATURE_NAME = "model.sig"
+#: Top-level names that are never content: checked by whoever reads them, never hashed into a manifest.
+NOT_CONTENT = (MANIFEST_NAME, SIGNATURE_NAME)
 #: A folder with more files than this is refused rather than scanned without end.
 MAX_FILES = 200_000
 
@@ -70,8 +74,8 @@ def resolve_folder(folder: str | os.PathLike[str]) -> str:
 
 
 def is_ckptpub_file(name: str) -> bool:
-    """True for the manifest's name and that of ckptpub's own temporary files (top level only)."""
-    return name == MANIFEST_NAME or is_temp_name(name)
+    """True for the manifest's and signature's names and ckptpub's own temporary files' (top level only)."""
+    return name in NOT_CONTENT or is_temp_name(name)
 
 
 def is_temp_name(name: str) -> bool:
@@ -97,8 +101,8 @@ def scan_folder(root: str) -> list[FolderEntry]:
                 is_file = child.is_file(follow_symlinks=False)
             except OSError as error:
                 raise CkptpubError(f"{relative}: {error.strerror or error}") from None
-            if not prefix and (relative == MANIFEST_NAME or (is_file and is_temp_name(relative))):
-                continue  # the manifest (checked by whoever reads it) and our own temporary files
+            if not prefix and (relative in NOT_CONTENT or (is_file and is_temp_name(relative))):
+                continue  # manifest and signature (checked by whoever reads them), our own temporary files
             if is_dir:
                 pending.append((relative + "/", child.path))
                 continue

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from cbhelpers import free_port, run_group, torchrun
-from checkpoints import copy_checkpoint, flip_byte, tensor_range, write_checkpoint
+from checkpoints import copy_checkpoint, flip_byte, run_cli, tensor_range, write_checkpoint
 
 import ckptpub
 from ckptpub.distributed import assign_files
@@ -75,6 +75,26 @@ def test_publish_under_torchrun_writes_the_single_process_manifest(checkpoint, t
     # rank 0 prints the identity and its note; the other ranks print nothing
     assert r.stdout.split() == [ckptpub.read_manifest(alone).identity]
     assert r.stderr.count("ckptpub: published") == 1
+
+
+def test_a_signed_publish_under_torchrun_verifies_with_the_public_key(checkpoint, tmp_path):
+    """Rank 0 signs; every rank computes the SHA-256 of the files it hashes for that signature."""
+    sys.path.insert(0, str(HERE.parent / "signing"))
+    import signhelpers
+
+    key = signhelpers.make_key(tmp_path / "keys", "trainer")
+    # "-m --": torchrun would take --sign for an abbreviation of its own --signals-to-handle
+    command = torchrun(2, "-m", "--", "ckptpub", "publish", str(checkpoint), "--sign", str(key.private))
+    r = run_group(command, timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (checkpoint / "model.sig").is_file()
+    verified = run_cli("verify", checkpoint, "--public-key", key.public)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    alone = copy_checkpoint(checkpoint, tmp_path / "alone")
+    for ours in ("model.sig", ckptpub.MANIFEST_NAME):
+        (alone / ours).unlink()
+    ckptpub.publish(alone)
+    assert entries(checkpoint) == entries(alone)
 
 
 def test_each_rank_hashes_its_own_share(checkpoint, tmp_path):

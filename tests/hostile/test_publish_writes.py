@@ -1,4 +1,7 @@
-"""Publish writes only what verify accepts, or nothing: the cases the corpus cannot set up by damaging a folder."""
+"""Publish writes only what verify accepts, or nothing.
+
+These are the cases the corpus cannot set up by damaging a folder.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import ckptpub.publishing
 
 
 def test_folder_whose_mtime_cannot_be_restored(tmp_path: Path) -> None:
-    """A folder owned by someone else but writable: the manifest lands, its mtime cannot be put back (EPERM)."""
+    """A folder owned by someone else but writable: the manifest lands, its mtime stays changed (EPERM)."""
     prefix = without_privileges()
     if not prefix and os.geteuid() != 0:
         pytest.skip("needs root to give the folder to another user")
@@ -31,10 +34,9 @@ def test_folder_whose_mtime_cannot_be_restored(tmp_path: Path) -> None:
         timeout=60,
     )
     assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1
     assert (
-        result.stderr.count("\n") == 1
-        and "ckptpub.json was written, but the folder's modification time could not be restored"
-        in result.stderr
+        "ckptpub.json was written, but the folder's modification time could not be restored" in result.stderr
     )
     assert run_cli("verify", folder).returncode == 0  # what is left is a valid manifest
     assert [p.name for p in folder.iterdir() if p.name.startswith(".ckptpub.json.")] == []
@@ -75,8 +77,8 @@ def test_whatever_is_at_ckptpub_json_publish_leaves_a_plain_manifest(tmp_path: P
         os.mknod(manifest, 0o644 | (0o010000 if what == "FIFO" else 0o140000))
     result = run_cli("publish", folder, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert manifest.is_file() and not manifest.is_symlink()
+    assert manifest.is_file()
+    assert not manifest.is_symlink()
     assert run_cli("verify", folder).returncode == 0
-    assert outside.read_text() == "untouched" and (folder / "tokenizer.json").read_text().startswith(
-        '{"version"'
-    )
+    assert outside.read_text() == "untouched"
+    assert (folder / "tokenizer.json").read_text().startswith('{"version"')

@@ -8,7 +8,7 @@ write (the decision log, ``status.json``, the stand-in's record).
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import shlex
 import signal
@@ -20,6 +20,7 @@ from pathlib import Path
 from checkpoints import CONFIG, model_tensors, write_checkpoint
 
 import ckptpub
+from ckptpub import jsonfiles, run_index
 
 HERE = Path(__file__).parent
 STANDIN = HERE / "standin_daemon.py"
@@ -32,7 +33,7 @@ STANDIN_CMD = (
 def make_checkpoint(
     folder: Path, seed: int = 0, config: dict | None = None, provenance: dict | None = None
 ) -> str:
-    """A tiny checkpoint (real safetensors, numpy) published with ``ckptpub.publish``; returns its identity."""
+    """A tiny checkpoint (real safetensors, numpy), published with ``ckptpub.publish``; its identity."""
     write_checkpoint(folder, model_tensors(seed=seed, layers=1), config=config or CONFIG, extra_files=False)
     return ckptpub.publish(folder, provenance=provenance).identity
 
@@ -45,18 +46,7 @@ class Run:
         root.mkdir(parents=True, exist_ok=True)
 
     def append(self, step: int, rel: str, identity: str) -> None:
-        line = (
-            json.dumps(
-                {"step": step, "path": rel, "identity": identity, "time": time.time()},
-                sort_keys=True,
-                separators=(",", ":"),
-            )
-            + "\n"
-        )
-        with open(self.root / "ckptpub-index.jsonl", "a") as handle:
-            handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
+        run_index.append(self.root, step=step, path=rel, identity=identity, time=time.time())
 
 
 class SupervisorProc:
@@ -104,10 +94,10 @@ class SupervisorProc:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> SupervisorProc:
-        self._err = open(self.stderr_path, "ab")
-        self.proc = subprocess.Popen(
-            self.argv, stdout=subprocess.DEVNULL, stderr=self._err, env=self.env, start_new_session=True
-        )
+        with open(self.stderr_path, "ab") as stderr:  # the supervisor keeps its own copy
+            self.proc = subprocess.Popen(
+                self.argv, stdout=subprocess.DEVNULL, stderr=stderr, env=self.env, start_new_session=True
+            )
         return self
 
     def stderr(self) -> str:
@@ -140,12 +130,8 @@ class SupervisorProc:
         ]
         for pid in pids:
             if pid_alive(pid):
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(os.getpgid(pid), signal.SIGKILL)  # the daemon's whole group
-                except (ProcessLookupError, PermissionError):
-                    pass
-        if getattr(self, "_err", None):
-            self._err.close()
 
     # -- reading what it wrote -------------------------------------------
 
@@ -164,10 +150,8 @@ class SupervisorProc:
 
 
 def records(path: Path) -> list[dict]:
-    try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except FileNotFoundError:
-        return []
+    """The stand-in daemon's records (``jsonfiles`` lines), oldest first."""
+    return [entry for _, entry in jsonfiles.read_lines(str(path), 64 << 20, path.name)]
 
 
 def wait_for(predicate, timeout: float = 30, what: str = "condition", proc: SupervisorProc | None = None):

@@ -22,25 +22,20 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import json
 import os
 import signal
 import sys
 import time
+
+from ckptpub import jsonfiles
 
 
 def record(event: str, **data) -> None:
     path = os.environ.get("STANDIN_RECORD")
     if not path:
         return
-    line = (
-        json.dumps({"event": event, "pid": os.getpid(), "time": time.time(), **data}, sort_keys=True) + "\n"
-    )
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    entry = {"event": event, "pid": os.getpid(), "time": time.time(), **data}
+    jsonfiles.append_line(path, entry, os.path.basename(path))
 
 
 def main() -> int:
@@ -76,7 +71,8 @@ def main() -> int:
         env_identity=os.environ.get("CKPTPUB_PRELOAD_IDENTITY"),
     )
     print(
-        f"INFO [daemon.py:81] ckptpub: weight-cache daemon for {args.model} is keyed by checkpoint {identity}",
+        f"INFO [daemon.py:81] ckptpub: weight-cache daemon for {args.model} "
+        f"is keyed by checkpoint {identity}",
         flush=True,
     )
 

@@ -8,13 +8,12 @@ import shutil
 
 from checkpoints import flip_byte, locate
 from ckptpub_vllm.preload import daemon_process
-from ckptpub_vllm.preload.decide import (
-    Failure,
-    Held,
+from ckptpub_vllm.preload.decide import Failure, Held, Target, decide, explain_change
+from ckptpub_vllm.preload.observe import (
+    MAX_NOTE_CHARS,
+    MAX_SKIPPED_NOTES,
     ManifestCache,
-    Target,
-    decide,
-    explain_change,
+    manifests_to_compare,
     observe_folder,
     observe_run,
 )
@@ -82,8 +81,17 @@ def test_explain_change_from_manifests(tmp_path):
     ma, mb, mc = (ckptpub.read_manifest(p) for p in (a, b, c))
     assert explain_change(ma, mb)[0] == "config-changed"
     why, text = explain_change(ma, mc)
-    assert why == "weights-changed" and "model.norm.weight" in text
+    assert why == "weights-changed"
+    assert "model.norm.weight" in text
     assert explain_change(ma, None)[0] == "identity-changed"
+    # decide takes what observe read: the two manifests explain the replacement, no file is opened
+    cache = ManifestCache()
+    h = held(folder=str(a), identity=ma.identity, stamp=None)
+    t = observe_folder(str(c), cache)
+    decision = decide(h, t, held_manifest=ma, target_manifest=mc)
+    assert (decision.action, decision.why) == ("replace", "weights-changed")
+    assert manifests_to_compare(h, t, cache) == (ma, mc)
+    assert manifests_to_compare(held(folder=str(c), identity=mc.identity), t, cache) == (None, None)
 
 
 def test_observe_folder_follows_symlinks_and_reports_problems(tmp_path):
@@ -91,13 +99,33 @@ def test_observe_folder_follows_symlinks_and_reports_problems(tmp_path):
     identity = make_checkpoint(tmp_path / "m1", seed=1)
     os.symlink("m1", tmp_path / "current")
     t = observe_folder(str(tmp_path / "current"), cache)
-    assert t.error is None and t.identity == identity and t.folder == str((tmp_path / "m1").resolve())
+    assert t.error is None
+    assert t.identity == identity
+    assert t.folder == str((tmp_path / "m1").resolve())
     (tmp_path / "bare").mkdir()
     assert "no ckptpub.json" in observe_folder(str(tmp_path / "bare"), cache).error
     assert "no such folder" in observe_folder(str(tmp_path / "missing"), cache).error
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / ckptpub.MANIFEST_NAME).write_text("{not json")
     assert observe_folder(str(tmp_path / "bad"), cache).error
+
+
+def test_skipped_index_lines_are_noted_briefly_and_counted(tmp_path):
+    """Notes go into status.json on every poll: a hostile line's values are cut, extra lines counted."""
+    run = Run(tmp_path / "run")
+    identity = make_checkpoint(run.root / "checkpoint-10", seed=1)
+    run.append(10, "checkpoint-10", identity)
+    with open(run.root / "ckptpub-index.jsonl", "a") as handle:
+        handle.write(
+            json.dumps({"step": 11, "path": "x" * 1_000_000 + "/../..", "identity": identity}) + "\n"
+        )
+        handle.writelines("not json\n" for _ in range(MAX_SKIPPED_NOTES + 5))
+    t = observe_run(str(run.root), ManifestCache())
+    assert (t.step, t.identity) == (10, identity)
+    assert len(t.skipped) == MAX_SKIPPED_NOTES
+    assert t.skipped[0].startswith("run index line 2 skipped: path 'xxx")
+    assert max(len(note) for note in t.skipped) < MAX_NOTE_CHARS + 50
+    assert t.skipped[-1].endswith("(and 6 more)")
 
 
 def test_observe_run_newest_usable_step(tmp_path):
@@ -113,7 +141,8 @@ def test_observe_run_newest_usable_step(tmp_path):
     run.append(20, "checkpoint-20", i20)
     run.append(30, "checkpoint-30", "blake3:" + "3" * 64)  # rotated away / never written
     t = observe_run(str(run.root), cache)
-    assert (t.step, t.identity) == (20, i20) and any("skipped step 30" in n for n in t.notes)
+    assert (t.step, t.identity) == (20, i20)
+    assert any("skipped step 30" in n for n in t.notes)
     # --verified-only: a step whose bytes changed after publishing is skipped; verify runs once per manifest
     shard, start, _ = locate(run.root / "checkpoint-20", "model.norm.weight")
     flip_byte(shard, start)
@@ -168,7 +197,7 @@ def test_build_argv_placeholders_and_passthrough():
 
 
 def test_identity_pattern_matches_the_plugin_daemon_log_line():
-    """The default pattern matches what ckptpub_vllm.daemon.run_daemon logs (format copied from its source)."""
+    """The default pattern matches what ckptpub_vllm.daemon.run_daemon logs (the format from its source)."""
     import inspect
     import re
 

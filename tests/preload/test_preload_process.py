@@ -18,6 +18,7 @@ from ckptpub_vllm.preload.status import write_json
 from preload_helpers import SupervisorProc, make_checkpoint, pid_alive, ready_with, wait_for
 
 import ckptpub
+from ckptpub.safetensors import read_layout
 
 
 def _status_cli(state_dir, *extra):
@@ -41,7 +42,7 @@ def _outcomes(sup, why):
 
 def test_key_is_computed_inside_the_spawned_daemon_from_the_manifest(tmp_path):
     """Two checkpoints with byte-identical safetensors headers (vLLM's own key would be equal) and one
-    differing weight byte: the daemon process, spawned by the supervisor, keys them apart from the manifest."""
+    differing weight byte: the daemon process, spawned by the supervisor, keys them apart by manifest."""
     a = tmp_path / "a"
     ia = make_checkpoint(a, seed=1)
     b = tmp_path / "b"
@@ -49,10 +50,9 @@ def test_key_is_computed_inside_the_spawned_daemon_from_the_manifest(tmp_path):
     shard, start, _ = locate(b, "model.norm.weight")
     flip_byte(shard, start)
     ib = ckptpub.publish(b).identity
-    header = lambda p: open(p / "model.safetensors", "rb").read(
-        8 + int.from_bytes(open(p / "model.safetensors", "rb").read(8), "little")
-    )
-    assert header(a) == header(b) and ia != ib
+    header = slice(0, read_layout(str(a / "model.safetensors"), "a").header_size)  # length prefix too
+    assert (a / "model.safetensors").read_bytes()[header] == (b / "model.safetensors").read_bytes()[header]
+    assert ia != ib
 
     os.symlink("a", tmp_path / "serve")
     sup = SupervisorProc(
@@ -67,8 +67,9 @@ def test_key_is_computed_inside_the_spawned_daemon_from_the_manifest(tmp_path):
         sup.cleanup()
     starts = [r for r in sup.standin() if r["event"] == "start"]
     assert [r["identity"] for r in starts] == [ia, ib]
-    for rec, folder, identity in zip(starts, (a, b), (ia, ib)):
-        assert rec["pid"] != sup.proc.pid and rec["ppid"] == sup.proc.pid  # a separate process it spawned
+    for rec, folder, identity in zip(starts, (a, b), (ia, ib), strict=True):
+        assert rec["pid"] != sup.proc.pid
+        assert rec["ppid"] == sup.proc.pid
         assert rec["key_function"] == "ckptpub_vllm.key.checkpoint_key"
         assert rec["identity"] == ckptpub.read_manifest(folder).identity == identity
         assert rec["folder"] == str(
@@ -77,11 +78,9 @@ def test_key_is_computed_inside_the_spawned_daemon_from_the_manifest(tmp_path):
         assert rec["env_identity"] == identity
         assert rec["extra"] == ["--tensor-parallel-size", "1"]  # pass-through arguments reach the daemon
     replace = [e for e in sup.decisions() if e.get("action") == "replace"]
-    assert (
-        len(replace) == 1
-        and replace[0]["why"] == "weights-changed"
-        and "model.norm.weight" in replace[0]["reason"]
-    )
+    assert len(replace) == 1
+    assert replace[0]["why"] == "weights-changed"
+    assert "model.norm.weight" in replace[0]["reason"]
 
 
 def test_fixed_target_in_place_events(tmp_path):
@@ -136,10 +135,12 @@ def test_supervisor_killed_and_restarted_adopts_the_running_daemon(tmp_path):
             "ready after adoption",
             second,
         )
-        assert status["held"]["pid"] == daemon_pid and status["supervisor_pid"] == second.proc.pid
+        assert status["held"]["pid"] == daemon_pid
+        assert status["supervisor_pid"] == second.proc.pid
         time.sleep(0.5)  # a few polls: still the same daemon, nothing reloaded
         starts = [r for r in second.standin() if r["event"] == "start"]
-        assert len(starts) == 1 and starts[0]["pid"] == daemon_pid
+        assert len(starts) == 1
+        assert starts[0]["pid"] == daemon_pid
         assert "adopted, not reloaded" in _outcomes(second, "adopted")[0]["reason"]
         # SIGTERM to the new supervisor stops the adopted daemon (not its child) cleanly
         assert second.terminate() == 0
@@ -159,7 +160,8 @@ def _assert_not_adopted(tmp_path, model, identity, stranger, record, reason):
         write_json(str(tmp_path / "state" / "daemon.json"), record)
         sup = SupervisorProc(tmp_path, [str(model)]).start()
         status = wait_for(ready_with(sup, identity), 30, "fresh daemon", sup)
-        assert status["held"]["pid"] != stranger.pid and stranger.poll() is None  # not adopted, not signalled
+        assert status["held"]["pid"] != stranger.pid
+        assert stranger.poll() is None
         assert reason in _outcomes(sup, "not-adopted")[0]["reason"]
         assert sup.terminate() == 0
         return status
@@ -264,7 +266,8 @@ def test_daemon_that_dies_is_restarted_for_the_same_identity(tmp_path):
     starts = [r for r in sup.standin() if r["event"] == "start"]
     assert [r["identity"] for r in starts] == [identity] * 3
     deaths = _outcomes(sup, "daemon-exited")
-    assert "code 9" in deaths[0]["reason"] and "simulated crash" in deaths[0]["reason"]
+    assert "code 9" in deaths[0]["reason"]
+    assert "simulated crash" in deaths[0]["reason"]
     assert "code -9" in deaths[1]["reason"]
     restarts = [e for e in sup.decisions() if e.get("action") == "restart"]
     assert [e["why"] for e in restarts] == ["daemon-died", "daemon-died"]
@@ -282,15 +285,21 @@ def test_failed_preload_keeps_old_daemon_and_says_so(tmp_path):
         old_pid = status["held"]["pid"]
         _flip_link(tmp_path / "serve", "b")
         status = wait_for(lambda: (s := sup.status()).get("state") == "failed" and s, 30, "failed state", sup)
-        assert status["held"]["identity"] == ia and status["held"]["pid"] == old_pid and pid_alive(old_pid)
+        assert status["held"]["identity"] == ia
+        assert status["held"]["pid"] == old_pid
+        assert pid_alive(old_pid)
         assert status["target"]["identity"] == ib
         assert "simulated load failure" in status["last_error"]
         human = _status_cli(sup.state_dir)
-        assert human.returncode == 1 and "state:      failed" in human.stdout and "simulated" in human.stdout
+        assert human.returncode == 1
+        assert "state:      failed" in human.stdout
+        assert "simulated" in human.stdout
         as_json = _status_cli(sup.state_dir, "--json")
-        assert as_json.returncode == 1 and json.loads(as_json.stdout)["held"]["identity"] == ia
+        assert as_json.returncode == 1
+        assert json.loads(as_json.stdout)["held"]["identity"] == ia
         failed = _outcomes(sup, "failed")
-        assert len(failed) == 1 and f"still holds the previous identity {ia}" in failed[0]["reason"]
+        assert len(failed) == 1
+        assert f"still holds the previous identity {ia}" in failed[0]["reason"]
         time.sleep(0.5)  # back-off: no retry storm
         assert len([r for r in sup.standin() if r["event"] == "start"]) == 2
         _flip_link(tmp_path / "serve", "a")  # back to what is held: nothing to load
@@ -303,7 +312,7 @@ def test_failed_preload_keeps_old_daemon_and_says_so(tmp_path):
 
 
 def test_one_at_a_time_with_a_fixed_socket_dir(tmp_path):
-    """With one socket directory, the old daemon must be gone before the new one binds (vLLM's per-GPU lock)."""
+    """With one socket directory, the old daemon must be gone before the new one binds (vLLM's GPU lock)."""
     a, b = tmp_path / "a", tmp_path / "b"
     ia, ib = make_checkpoint(a, seed=1), make_checkpoint(b, seed=2)
     os.symlink("a", tmp_path / "serve")
@@ -315,7 +324,8 @@ def test_one_at_a_time_with_a_fixed_socket_dir(tmp_path):
         wait_for(ready_with(sup, ia), 30, "first", sup)
         _flip_link(tmp_path / "serve", "b")
         wait_for(ready_with(sup, ib), 30, "second", sup)
-        assert sup.status()["mode"] == "one-at-a-time" and sup.status()["socket_dir"] == str(sockets)
+        assert sup.status()["mode"] == "one-at-a-time"
+        assert sup.status()["socket_dir"] == str(sockets)
         assert sup.terminate() == 0
     finally:
         sup.cleanup()
@@ -336,10 +346,12 @@ def test_sigterm_while_loading_and_cli_errors(tmp_path):
         pid = sup.standin()[0]["pid"]
         assert sup.terminate() == 0
         assert not pid_alive(pid)
-        assert sup.status()["state"] == "stopped" and not os.path.exists(sup.state_dir / "loading.json")
+        assert sup.status()["state"] == "stopped"
+        assert not os.path.exists(sup.state_dir / "loading.json")
     finally:
         sup.cleanup()
-    assert sup.standin()[-1]["event"] == "stop" and sup.standin()[-1]["during"] == "load"
+    assert sup.standin()[-1]["event"] == "stop"
+    assert sup.standin()[-1]["during"] == "load"
 
     def cli(*args):
         return subprocess.run(
@@ -365,7 +377,8 @@ def test_sigterm_while_loading_and_cli_errors(tmp_path):
         result = cli(*args)
         assert result.returncode == 2, (args, result)
         lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("ckptpub preload: error:"), (args, result.stderr)
+        assert len(lines) == 1, (args, result.stderr)
+        assert lines[0].startswith("ckptpub preload: error:"), (args, result.stderr)
         assert "Traceback" not in result.stderr
     assert identity
 
@@ -378,7 +391,8 @@ def test_second_supervisor_on_the_same_state_dir_is_refused(tmp_path):
         wait_for(ready_with(sup, identity), 30, "ready", sup)
         other = SupervisorProc(tmp_path, [str(m)], state_dir=sup.state_dir)
         result = subprocess.run(other.argv, capture_output=True, text=True, env=other.env, timeout=60)
-        assert result.returncode == 2 and "another supervisor" in result.stderr
+        assert result.returncode == 2
+        assert "another supervisor" in result.stderr
         human = _status_cli(sup.state_dir)
         assert human.returncode == 0, human
         for text in (
@@ -391,7 +405,9 @@ def test_second_supervisor_on_the_same_state_dir_is_refused(tmp_path):
         ):
             assert text in human.stdout, (text, human.stdout)
         data = json.loads(_status_cli(sup.state_dir, "--json").stdout)
-        assert data["supervisor_alive"] and data["held"]["identity"] == identity and data["socket_dir"]
+        assert data["supervisor_alive"]
+        assert data["held"]["identity"] == identity
+        assert data["socket_dir"]
         assert data["last_decision"]["why"] == "first-preload"
         assert sup.terminate() == 0
         assert _status_cli(sup.state_dir).returncode == 1  # stopped: nothing held
@@ -440,7 +456,8 @@ def test_hostile_run_index_lines_are_skipped_and_a_fatal_error_stops_the_daemon(
         assert sup.proc.wait(timeout=30) == 2
         assert not pid_alive(pid), "the supervisor exited and left its daemon running"
         lines = sup.stderr().strip().splitlines()
-        assert lines[-1].startswith("ckptpub preload: error:") and "Traceback" not in sup.stderr(), lines[-3:]
+        assert lines[-1].startswith("ckptpub preload: error:"), lines[-3:]
+        assert "Traceback" not in sup.stderr()
         assert "supervisor stopping on an error" in " ".join(
             e["reason"] for e in _outcomes(sup, "supervisor-stop")
         )

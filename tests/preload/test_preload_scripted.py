@@ -10,6 +10,7 @@ record) and checks the decision log's ``why`` for every event.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -110,14 +111,14 @@ class Script:
         return self._record("reshard-new-path", rel, identity, "same-identity-new-path")
 
     def rotate_away_oldest(self, keep=3):
-        """``save_total_limit``: old folders disappear; the newest is untouched (no event for the supervisor)."""
+        """``save_total_limit``: old folders go; the newest is untouched (no event for the supervisor)."""
         steps = sorted(int(p.name.split("-")[1]) for p in self.root.glob("checkpoint-*"))
         for step in steps[:-keep]:
             shutil.rmtree(self.root / self._folder(step))
 
 
 def _decision_for(sup, folder, stamp, after):
-    """The first decision logged at index >= ``after`` for this exact observation (folder + manifest stamp)."""
+    """The first decision logged at index >= ``after`` for this observation (folder + manifest stamp)."""
 
     def find():
         entries = sup.decisions()
@@ -184,7 +185,9 @@ def test_scripted_run_zero_unnecessary_zero_missed(tmp_path):
     assert len(events) >= 20
     # 1. Every event got the decision it deserved, with its reason.
     wrong = []
-    for (number, kind, entry), (_, expected_why, preload, identity) in zip(outcomes, script.expected):
+    for (number, kind, entry), (_, expected_why, preload, identity) in zip(
+        outcomes, script.expected, strict=True
+    ):
         expected_action = ("start" if expected_why == "first-preload" else "replace") if preload else "keep"
         # "config_change" with unchanged values is not an identity change: keep, same identity at a new path
         if kind == "config-only" and not preload:
@@ -202,7 +205,7 @@ def test_scripted_run_zero_unnecessary_zero_missed(tmp_path):
     starts = [r for r in sup.standin() if r["event"] == "start"]
     expected_preloads = [identity for (_, _, preload, identity) in script.expected if preload]
     assert [r["identity"] for r in starts] == expected_preloads
-    unnecessary = sum(1 for a, b in zip(starts, starts[1:]) if a["identity"] == b["identity"])
+    unnecessary = sum(1 for a, b in itertools.pairwise(starts) if a["identity"] == b["identity"])
     assert unnecessary == 0
     # every event whose identity differs from the previously held one caused a start (zero missed)
     assert len(starts) == sum(1 for e in script.expected if e[2])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import pytest
@@ -19,7 +20,7 @@ def stream(folder):
     manifest = ckptpub.read_manifest(folder)
     for shard in manifest.weights:
         with safe_open(os.path.join(folder, shard), framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 - safetensors' safe_open has keys() but no __iter__
                 yield name, f.get_tensor(name)
 
 
@@ -27,10 +28,18 @@ def verifier(folder, **kw):
     return StreamVerifier(folder, ckptpub.read_manifest(folder), **kw)
 
 
+def _verify_all(v, tensors):
+    """Pass every tensor through the verifier, as vLLM's loader would, then finish."""
+    for _ in v.wrap(tensors):
+        pass
+    v.finish()
+
+
 def test_options_are_taken_out_and_the_rest_is_left_for_vllm(monkeypatch):
     monkeypatch.delenv("CKPTPUB_REQUIRE_MANIFEST", raising=False)
     opts, rest = split_extra_config({"verify": False, "hash_threads": 3, "mode": "copy", "fallback": False})
-    assert opts == Options(verify=False, hash_threads=3) and rest == {"mode": "copy", "fallback": False}
+    assert opts == Options(verify=False, hash_threads=3)
+    assert rest == {"mode": "copy", "fallback": False}
     assert split_extra_config(None)[0].require_manifest is True  # manifest_cache asks for the guarantee
     assert split_extra_config({"require_manifest": False})[0].require_manifest is False
     with pytest.raises(ValueError, match="verify"):
@@ -39,24 +48,44 @@ def test_options_are_taken_out_and_the_rest_is_left_for_vllm(monkeypatch):
         split_extra_config({"hash_threads": 0})
 
 
+@pytest.mark.parametrize(
+    "identity",
+    [
+        "blake3:" + "g" * 64,  # 71 characters, not hex: was accepted before the one identity check
+        "blake3:" + "A" * 64,  # upper case: never what ckptpub writes, so it would match nothing
+        "blake3:" + "0" * 63 + " ",
+        "blake3:" + "0" * 63,
+        "sha256:" + "0" * 64,
+        7,
+    ],
+)
+def test_a_malformed_expect_identity_is_refused_with_a_clear_message(identity):
+    expected = (
+        f"manifest_cache option 'expect_identity': {identity!r} is not of the form blake3:<64 lowercase hex"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)} digits>$"):
+        split_extra_config({"expect_identity": identity})
+
+
+def test_a_wellformed_expect_identity_is_kept():
+    identity = "blake3:" + "0123456789abcdef" * 4
+    assert split_extra_config({"expect_identity": identity})[0].expect_identity == identity
+
+
 def test_clean_stream_verifies(models):
     v = verifier(models["v1"], threads=2, max_pending_mib=1)  # tiny window: exercises back-pressure
-    for _ in v.wrap(stream(models["v1"])):
-        pass
-    v.finish()
+    _verify_all(v, stream(models["v1"]))
     assert v.verified_tensors == 25
 
 
 def test_tampered_bytes_are_named(models):
     v = verifier(models["tampered"])
     with pytest.raises(RefusedError, match="'model.norm.weight' differs from the manifest"):
-        for _ in v.wrap(stream(models["tampered"])):
-            pass
-        v.finish()
+        _verify_all(v, stream(models["tampered"]))
 
 
 @pytest.mark.parametrize(
-    "change, message",
+    ("change", "message"),
     [
         (lambda n, t: (n, t.double()), "has dtype F64, the manifest says F32"),
         (lambda n, t: (n, t.reshape(-1)), "has shape"),
@@ -93,7 +122,7 @@ def test_duplicate_and_missing_tensors_are_refused(models):
 
 
 @pytest.mark.parametrize(
-    "path, read",
+    ("path", "read"),
     [
         ("config.json", True),
         ("generation_config.json", True),
@@ -139,11 +168,34 @@ def test_engine_files_are_checked_whole_and_unlisted_ones_refused(models, tmp_pa
     ], problems
 
 
+def test_an_engine_config_is_read_as_strictly_as_publish_reads_it(models, tmp_path):
+    """A forged manifest lists config bytes with a duplicate key (json.loads: last wins, same meaning).
+
+    publish never records such a config (its reader refuses duplicate keys), so the
+    engine-file check, which reads configs with the same strict reader, refuses it.
+    """
+    folder = shutil.copytree(models["v1"], tmp_path / "c")
+    config = (folder / "config.json").read_bytes()
+    first_key = config.split(b'"')[1]
+    forged = config.replace(b"{", b'{"' + first_key + b'": "overwritten", ', 1)
+    (folder / "config.json").write_bytes(forged)
+    manifest = ckptpub.read_manifest(str(folder))
+    files = tuple(
+        r._replace(size=len(forged), digest=ckptpub.tensor_digest(forged)) if r.path == "config.json" else r
+        for r in manifest.files
+    )
+    forged_manifest = manifest._replace(files=files)
+    (folder / ckptpub.MANIFEST_NAME).write_bytes(forged_manifest.to_json())
+    assert ckptpub.read_manifest(str(folder)).identity == manifest.identity  # a valid manifest, same identity
+    assert engine_file_problems(str(folder), forged_manifest) == [
+        "config.json: the manifest records another config meaning (forged manifest?)"
+    ]
+
+
 def test_every_refusal_is_one_line_of_one_shape_and_keeps_paths_exact():
     error = RefusedError("/ckpt/step  1\n2", "tensor 'x' differs", more=2, hint="run `ckptpub verify`")
-    assert (
-        str(error)
-        == "ckptpub: refusing to serve /ckpt/step  1\\n2: tensor 'x' differs (and 2 more); run `ckptpub verify`"
+    assert str(error) == (
+        "ckptpub: refusing to serve /ckpt/step  1\\n2: tensor 'x' differs (and 2 more); run `ckptpub verify`"
     )
     assert (error.folder, error.reason) == ("/ckpt/step  1\n2", "tensor 'x' differs")
     assert str(RefusedError.for_problems("/c", ["a", "b"])) == "ckptpub: refusing to serve /c: a (and 1 more)"

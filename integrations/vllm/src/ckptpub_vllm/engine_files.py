@@ -17,10 +17,10 @@ and read per engine file, the same for 16 shards or 163.
 
 from __future__ import annotations
 
-import json
 import os
 
 import ckptpub
+from ckptpub.strict_json import loads_strict
 
 from .errors import RefusedError
 from .folder_reads import Unreadable, read_prefix
@@ -72,7 +72,7 @@ def engine_file_problems(folder: str, manifest: ckptpub.Manifest) -> list[str]:
             problems.append(f"{path} has {len(data)} bytes, the manifest says {record.size}")
         elif ckptpub.tensor_digest(data) != record.digest:
             problems.append(f"{path}: bytes differ from the manifest")
-        elif path in manifest.config and _config_meaning(data) != manifest.config[path]:
+        elif path in manifest.config and _config_meaning(path, data) != manifest.config[path]:
             problems.append(f"{path}: the manifest records another config meaning (forged manifest?)")
     return problems
 
@@ -100,15 +100,16 @@ def _present_engine_files(folder: str) -> list[str]:
     return sorted(paths)
 
 
-def _config_meaning(data: bytes) -> str | None:
+def _config_meaning(path: str, data: bytes) -> str | None:
     """The config digest of ``data``, or None for a config no manifest can record.
 
-    That covers text that is not a JSON object and values canonical JSON cannot
-    write (NaN, or ``1e400`` read as Infinity): a forged manifest may list such a
-    config with matching bytes, and it must be refused like any other mismatch.
+    Read by the strict reader publishing reads configs with, so that covers text
+    that is not a JSON object and what canonical JSON cannot write (NaN, ``1e400``,
+    duplicate keys, nesting too deep): a forged manifest may list such a config
+    with matching bytes, and it must be refused like any other mismatch.
     """
     try:
-        document = json.loads(data)
+        document = loads_strict(data, path, "config")
         return ckptpub.config_digest(document) if isinstance(document, dict) else None
-    except ValueError:
+    except (ckptpub.CkptpubError, ValueError, RecursionError):
         return None

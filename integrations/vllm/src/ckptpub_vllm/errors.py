@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ckptpub.errors import and_more
+
 
 class RefusedError(RuntimeError):
     """The checkpoint does not match its manifest (or has none where one is required)."""
@@ -18,9 +20,7 @@ class RefusedError(RuntimeError):
     def __init__(self, folder: str, reason: str, *, more: int = 0, hint: str = "") -> None:
         self.folder = folder
         self.reason = reason
-        text = f"ckptpub: refusing to serve {folder}: {reason}"
-        if more:
-            text += f" (and {more} more)"
+        text = and_more(f"ckptpub: refusing to serve {folder}: {reason}", more)
         if hint:
             text += f"; {hint}"
         # One line whatever a path holds; everything else is kept exactly.

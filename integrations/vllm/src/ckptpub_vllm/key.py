@@ -28,6 +28,7 @@ import ckptpub
 from .errors import RefusedError
 from .log import logger
 from .options import REQUIRE_MANIFEST_ENV, require_manifest_from_env
+from .signature import signed_manifest, trusted_from_env
 
 _PATCH_MARK = "_ckptpub_original"
 _logged: set[tuple[str, str]] = set()
@@ -60,7 +61,12 @@ def read_folder_manifest(folder: str) -> ckptpub.Manifest | None:
 
     The manifest file is read directly (no separate look at the folder first); only
     when that fails does a ``lstat`` tell "absent" from "present but unusable".
+    With ``CKPTPUB_PUBLIC_KEY``/``CKPTPUB_CERTIFICATE_CHAIN`` set (daemons, plain
+    ``ipc_cache`` engines) only the manifest that key signed is returned.
     """
+    public_key, chain = trusted_from_env()
+    if public_key is not None or chain:
+        return signed_manifest(folder, public_key, chain)
     path = os.path.join(folder, ckptpub.MANIFEST_NAME)
     try:
         return ckptpub.read_manifest(path)

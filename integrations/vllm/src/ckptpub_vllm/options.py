@@ -17,10 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ckptpub import CkptpubError
+from ckptpub.manifest import check_identity
+
 REQUIRE_MANIFEST_ENV = "CKPTPUB_REQUIRE_MANIFEST"
 
 
 def require_manifest_from_env() -> bool:
+    """Whether ``CKPTPUB_REQUIRE_MANIFEST`` asks every process to refuse folders without a manifest."""
     return os.environ.get(REQUIRE_MANIFEST_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
@@ -34,6 +38,8 @@ class Options:
     ``expect_identity``: refuse unless the manifest's identity is this one. Pinned
     from somewhere the checkpoint's writers cannot change, it turns "matches its
     manifest" into "is this model" (a manifest is not a signature).
+    ``public_key`` (a PEM file) or ``certificate_chain`` (PEM files): refuse unless
+    ``model.sig`` signs exactly this manifest with that key (see ``signature``).
     """
 
     verify: bool = True
@@ -41,6 +47,15 @@ class Options:
     hash_threads: int = 2
     max_pending_mib: int = 2048
     expect_identity: str | None = None
+    public_key: str | None = None
+    certificate_chain: tuple[str, ...] = ()
+
+    @property
+    def trusted(self) -> tuple[str | None, tuple[str, ...]] | None:
+        """``(public_key, certificate_chain)`` to check signatures with, or None when neither is set."""
+        if self.public_key is None and not self.certificate_chain:
+            return None
+        return self.public_key, self.certificate_chain
 
 
 _KEYS = {f.name: f.type for f in fields(Options)}
@@ -56,10 +71,22 @@ def split_extra_config(extra: Mapping[str, Any] | None) -> tuple[Options, dict[s
         value = rest.pop(name)
         default = getattr(Options, name)
         if name == "expect_identity":
-            if not (isinstance(value, str) and value.startswith("blake3:") and len(value) == 71):
+            try:
+                check_identity(value, "manifest_cache option 'expect_identity'")
+            except CkptpubError as error:  # vLLM reports a bad option as a ValueError, like the others here
+                raise ValueError(str(error)) from None
+        elif name == "public_key":
+            if not (isinstance(value, str) and value):
                 raise ValueError(
-                    f"manifest_cache option 'expect_identity' must be blake3:<64 hex>, got {value!r}"
+                    f"manifest_cache option 'public_key' must be a PEM file's path, got {value!r}"
                 )
+        elif name == "certificate_chain":
+            value = [value] if isinstance(value, str) else value
+            if not (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
+                raise ValueError(
+                    f"manifest_cache option 'certificate_chain' must be a PEM path or a list, got {value!r}"
+                )
+            value = tuple(value)
         elif isinstance(default, bool):
             if not isinstance(value, bool):
                 raise ValueError(f"manifest_cache option {name!r} must be true or false, got {value!r}")

@@ -6,6 +6,9 @@ or streamed from disk, and none of them opens, reads or ``stat``-s a weight shar
 * the manifest (``key.read_folder_manifest``): required unless the user opted out;
   with an identity pinned it is required whatever the options say, since a pin that
   a deleted manifest could bypass would pin nothing;
+* with a trusted key (``public_key``/``certificate_chain``, or their environment
+  variables), the signature over that manifest (``signature``): the manifest then
+  comes from the bytes the signature covers, and anything unsigned is refused;
 * the pinned identity, if any;
 * the files the engine reads itself (``engine_files``).
 
@@ -23,6 +26,7 @@ from .errors import RefusedError
 from .key import read_folder_manifest
 from .log import logger
 from .options import Options
+from .signature import signed_manifest
 
 
 def check_before_start(folder: str, options: Options) -> ckptpub.Manifest | None:
@@ -31,7 +35,8 @@ def check_before_start(folder: str, options: Options) -> ckptpub.Manifest | None
     Returns None only for a folder without a manifest when ``require_manifest`` is
     off and no identity is pinned (vLLM's own key and an unverified load then apply).
     """
-    manifest = read_folder_manifest(folder)
+    trusted = options.trusted
+    manifest = signed_manifest(folder, *trusted) if trusted else read_folder_manifest(folder)
     expected = options.expect_identity
     if manifest is None:
         if expected is not None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
+
+from ckptpub.safetensors import read_layout
 
 _CORPUS = [
     "the quick brown fox jumps over the lazy dog",
@@ -84,12 +85,13 @@ def build_tiny_qwen3(
 
 
 def tensor_location(path: str, name: str) -> tuple[int, int]:
-    """Absolute byte range ``[start, end)`` of tensor ``name`` in a safetensors file."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    start, end = header[name]["data_offsets"]
-    return 8 + n + start, 8 + n + end
+    """Absolute byte range ``[start, end)`` of tensor ``name`` in a safetensors file; ``KeyError`` if absent.
+
+    The header is read by ckptpub's own strict, bounded parser, the one publishing uses.
+    """
+    layout = read_layout(path, os.path.basename(path))
+    tensor = {t.name: t for t in layout.tensors}[name]
+    return layout.header_size + tensor.begin, layout.header_size + tensor.end
 
 
 def find_tensor_file(folder: str, name: str) -> str:

@@ -8,10 +8,11 @@ manifest identity changes.
 
 Modules (imports go downwards only; none of them imports vLLM):
 
-* :mod:`.decide`: pure functions. What the target is now (:func:`observe_folder`,
-  :func:`observe_run`) and what to do about it (:func:`decide`).
+* :mod:`.decide`: pure functions: what to do about the target (:func:`decide`).
+* :mod:`.observe`: what the target is now (:func:`observe_folder`, :func:`observe_run`):
+  the manifests, the run index and ``ckptpub verify`` results ``decide`` is given.
 * :mod:`.daemon_process`: start, confirm, stop and adopt one daemon command.
 * :mod:`.status`: the state directory (status file, decision log, daemon records).
-* :mod:`.supervisor`: the loop that ties them together (a small state machine).
+* :mod:`.supervisor`: the loop that ties them together (a state machine over ``State``).
 * :mod:`.cli`: ``ckptpub preload`` (an entry point of ``ckptpub.commands``).
 """

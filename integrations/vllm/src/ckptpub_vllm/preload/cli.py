@@ -22,9 +22,10 @@ import os
 import re
 from dataclasses import dataclass
 
-from ckptpub import CkptpubError, read_manifest
+from ckptpub import CkptpubError
 from ckptpub.cli import Command, ExitCode, UsageError
 
+from ..signature import CERTIFICATE_CHAIN_ENV, PUBLIC_KEY_ENV, read_trusted_manifest
 from . import status as st
 from .daemon_process import DEFAULT_COMMAND, IDENTITY_PATTERN, READY_PATTERN
 
@@ -36,6 +37,8 @@ class PreloadArguments:
     model_dir: str | None
     follow: str | None
     verified_only: bool
+    public_key: str | None
+    certificate_chain: list[str] | None
     daemon_cmd: str
     state_dir: str | None
     interval: float
@@ -73,6 +76,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--verified-only",
         action="store_true",
         help="only preload checkpoints that pass 'ckptpub verify' (a full re-hash, once per publish)",
+    )
+    p.add_argument(
+        "--public-key",
+        metavar="PUB",
+        help=f"only preload checkpoints whose model.sig this key signed (and set ${PUBLIC_KEY_ENV})",
+    )
+    p.add_argument(
+        "--certificate-chain",
+        metavar="PEM",
+        action="append",
+        help=f"as --public-key, trusting certificates this chain vouches for (${CERTIFICATE_CHAIN_ENV})",
     )
     p.add_argument(
         "--daemon-cmd",
@@ -156,6 +170,19 @@ COMMAND = Command(
 )
 
 
+def _trust(args: PreloadArguments) -> None:
+    """``--public-key``/``--certificate-chain`` into the environment: the supervisor's observations read it,
+    and every daemon it starts inherits it (the plugin checks the signature in the daemon too)."""
+    if args.public_key is not None and args.certificate_chain:
+        raise UsageError("give --public-key or --certificate-chain, not both")
+    if args.public_key is not None:
+        os.environ[PUBLIC_KEY_ENV] = os.path.abspath(args.public_key)
+    if args.certificate_chain:
+        os.environ[CERTIFICATE_CHAIN_ENV] = os.pathsep.join(
+            os.path.abspath(p) for p in args.certificate_chain
+        )
+
+
 def _supervise(args: PreloadArguments) -> int:
     from .supervisor import Config, Supervisor
 
@@ -171,13 +198,14 @@ def _supervise(args: PreloadArguments) -> int:
             raise UsageError(f"--{name.replace('_', '-')}: {error}") from None
         if name == "identity_pattern" and not compiled.groups:
             raise UsageError("--identity-pattern needs a group that captures the identity: (?P<identity>...)")
+    _trust(args)
     if args.follow:
         if not os.path.isdir(args.follow):
             raise UsageError(f"--follow {args.follow}: not a directory")
     elif args.model_dir:
         if not os.path.isdir(args.model_dir):
             raise UsageError(f"{args.model_dir}: not a directory")
-        read_manifest(args.model_dir)  # CkptpubError: no/invalid manifest -> exit 2
+        read_trusted_manifest(args.model_dir)  # CkptpubError: no/invalid (or unsigned) manifest -> exit 2
     if "{folder}" not in args.daemon_cmd:
         raise UsageError("--daemon-cmd must contain {folder}")
     if any(

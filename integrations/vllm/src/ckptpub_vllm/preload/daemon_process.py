@@ -32,6 +32,7 @@ children on ``SIGTERM``), ``SIGKILL`` to the group after ``stop_timeout``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import re
 import shlex
@@ -43,7 +44,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: ``vllm preload`` through :mod:`.vllm_launcher` (vLLM's own CLI, plus logging in the daemon children).
-DEFAULT_COMMAND = "{python} -m ckptpub_vllm.preload.vllm_launcher preload --model {folder} --weight-cache-socket-dir {socket_dir}"
+DEFAULT_COMMAND = (
+    "{python} -m ckptpub_vllm.preload.vllm_launcher preload --model {folder} "
+    "--weight-cache-socket-dir {socket_dir}"
+)
 IDENTITY_PATTERN = r"ckptpub: weight-cache daemon for .* is keyed by checkpoint (?P<identity>\S+)"
 READY_PATTERN = r"Weight cache daemon READY"
 IDENTITY_ENV = "CKPTPUB_PRELOAD_IDENTITY"
@@ -144,7 +148,7 @@ class LogWatch:
     partial: bytes = b""
     identities: list[str] = field(default_factory=list)
     ready: bool = False
-    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=5))
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=5))
 
     def poll(self) -> None:
         try:
@@ -187,7 +191,7 @@ class Daemon:
     start_ticks: int | None
     since: float
     watch: LogWatch
-    popen: subprocess.Popen | None = None  # None when adopted
+    popen: subprocess.Popen[bytes] | None = None  # None when adopted
     ready_at: float | None = None
     exit_code: int | None = None
     log_offset: int = 0  # where this daemon's output starts in its log file
@@ -295,10 +299,8 @@ class Daemon:
             while self._running() and time.monotonic() < deadline:
                 time.sleep(0.05)
         if self.popen is not None:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.exit_code = self.popen.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                pass
         return how
 
     def _signal(self, sig: int) -> None:
@@ -307,10 +309,8 @@ class Daemon:
         except ProcessLookupError:
             pass
         except PermissionError:  # pragma: no cover - a group we cannot signal; try the leader
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(self.pid, sig)
-            except OSError:
-                pass
 
     def _running(self) -> bool:
         if self.popen is not None:

@@ -9,9 +9,9 @@ and nothing else, so
   ``config.json`` re-formatted keeps its identity: **no re-preload**;
 * any changed weight byte or config value changes it: **re-preload**.
 
-Everything here is a function of its arguments (plus, for the observers, the
-manifest files they read), so the supervisor's choices can be tested without
-processes and replayed from the decision log.
+Everything here is a function of its arguments (no file, process or clock is
+read: :mod:`.observe` reads the target and hands it over), so the supervisor's
+choices can be tested without processes and replayed from the decision log.
 
 ``why`` codes used in decisions (the decision log's ``why`` field):
 
@@ -36,12 +36,13 @@ why                         action     when
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import ckptpub
+
+#: ``(inode, mtime_ns, size)`` of a folder's ``ckptpub.json``: changes on every publish (atomic rename).
+Stamp = tuple[int, int, int]
 
 
 @dataclass(frozen=True)
@@ -50,17 +51,18 @@ class Target:
 
     folder: str | None = None  # real path (symlinks resolved) the daemon is given
     identity: str | None = None
-    stamp: tuple[int, int, int] | None = None  # (inode, mtime_ns, size) of ckptpub.json
+    stamp: Stamp | None = None
     step: int | None = None
     error: str | None = None
     notes: tuple[str, ...] = ()
-    skipped: tuple[str, ...] = ()  # run-index lines that are not records (the first MAX_SKIPPED_NOTES)
+    skipped: tuple[str, ...] = ()  # run-index lines that are not records (observe.MAX_SKIPPED_NOTES at most)
 
-    def fingerprint(self) -> tuple:
+    def fingerprint(self) -> tuple[object, ...]:
         """Changes whenever anything a person would call a new publish event changed."""
         return (self.folder, self.identity, self.stamp, self.step, self.error)
 
     def to_json(self) -> dict[str, Any]:
+        """The observation as ``status.json`` and the decision log record it (empty fields left out)."""
         data = asdict(self)
         data["stamp"] = list(self.stamp) if self.stamp else None
         data["notes"] = list(self.notes)
@@ -74,7 +76,7 @@ class Held:
 
     identity: str
     folder: str
-    stamp: tuple[int, int, int] | None
+    stamp: Stamp | None
     pid: int
     since: float
     alive: bool = True
@@ -93,162 +95,21 @@ class Failure:
 
 @dataclass(frozen=True)
 class Decision:
+    """What to do (``action``), its ``why`` code (the table above) and the ``reason`` in words."""
+
     action: str  # start | replace | restart | keep | wait
     why: str
     reason: str
 
     @property
     def preloads(self) -> bool:
+        """Whether acting on it starts a daemon."""
         return self.action in ("start", "replace", "restart")
 
 
-# ---------------------------------------------------------------------------
-# Observing the target
-
-#: Run-index lines that are not records are named, up to this many, then counted.
-MAX_SKIPPED_NOTES = 50
-
-
-@dataclass
-class ManifestCache:
-    """Parsed manifests and verify verdicts, keyed by (folder, manifest stamp).
-
-    Polling re-reads nothing that has not been re-published; ``verify`` (a full
-    re-hash) runs once per published manifest, not once per poll.
-    """
-
-    manifests: dict[tuple, Any] = field(default_factory=dict)
-    verdicts: dict[tuple, str | None] = field(default_factory=dict)
-    verify: Callable[[str], Any] = ckptpub.verify
-
-    def manifest(self, folder: str, stamp: tuple) -> Any:
-        key = (folder, stamp)
-        if key not in self.manifests:
-            if len(self.manifests) > 64:
-                self.manifests.clear()
-            self.manifests[key] = ckptpub.read_manifest(folder)
-        return self.manifests[key]
-
-    def verify_problem(self, folder: str, stamp: tuple) -> str | None:
-        """``None`` when ``ckptpub verify`` passes, else its first problem (cached)."""
-        key = (folder, stamp)
-        if key not in self.verdicts:
-            try:
-                report = self.verify(folder)
-                self.verdicts[key] = None if report.ok else _first_problem(report)
-            except ckptpub.CkptpubError as error:
-                self.verdicts[key] = str(error)
-        return self.verdicts[key]
-
-
-def _first_problem(report: Any) -> str:
-    problems = list(getattr(report, "problems", ()) or ())
-    if not problems:
-        return "verify failed"
-    first = problems[0]
-    parts = (getattr(first, "path", ""), getattr(first, "tensor", None), getattr(first, "detail", ""))
-    text = ": ".join(str(part) for part in parts if part) or str(first)
-    return text + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-
-
-def manifest_stamp(folder: str) -> tuple[int, int, int]:
-    """``(inode, mtime_ns, size)`` of the folder's manifest: changes on every publish (atomic rename)."""
-    info = os.stat(os.path.join(folder, ckptpub.MANIFEST_NAME))
-    return (info.st_ino, info.st_mtime_ns, info.st_size)
-
-
-def observe_folder(
-    path: str,
-    cache: ManifestCache,
-    *,
-    verified_only: bool = False,
-    step: int | None = None,
-    notes: tuple[str, ...] = (),
-) -> Target:
-    """The target ``path`` as it is now (symlinks resolved: the daemon gets a stable folder)."""
-    folder = os.path.realpath(path)
-    try:
-        stamp = manifest_stamp(folder)
-        manifest = cache.manifest(folder, stamp)
-    except FileNotFoundError:
-        kind = "no such folder" if not os.path.isdir(folder) else f"no {ckptpub.MANIFEST_NAME}"
-        return Target(folder=folder, step=step, error=f"{path}: {kind}", notes=notes)
-    except (OSError, ckptpub.CkptpubError) as error:
-        return Target(folder=folder, step=step, error=f"{path}: {error}", notes=notes)
-    if verified_only:
-        problem = cache.verify_problem(folder, stamp)
-        if problem is not None:
-            return Target(
-                folder=folder,
-                identity=manifest.identity,
-                stamp=stamp,
-                step=step,
-                error=f"{path}: ckptpub verify failed: {problem}",
-                notes=notes,
-            )
-    return Target(folder=folder, identity=manifest.identity, stamp=stamp, step=step, notes=notes)
-
-
-def observe_run(run_dir: str, cache: ManifestCache, *, verified_only: bool = False) -> Target:
-    """The newest usable published step of a training run (``ckptpub-index.jsonl``).
-
-    Candidates are taken newest first (highest step; for equal steps the later
-    record); a record whose folder was rotated away, whose manifest is unusable,
-    or (with ``verified_only``) that fails ``ckptpub verify`` is skipped and noted.
-    Index lines that are not records (``"step": 1e999``, wrong types, an unsafe
-    path) are skipped and listed in ``skipped`` (the supervisor warns about each).
-    """
-    skipped: list[str] = []
-
-    def skip(number: int, why: str) -> None:
-        if len(skipped) < MAX_SKIPPED_NOTES:
-            skipped.append(f"run index line {number} skipped: {why}")
-        elif len(skipped) == MAX_SKIPPED_NOTES:
-            skipped.append("more run index lines skipped (not listed)")
-
-    try:
-        records = ckptpub.read_run_index(run_dir, skip)
-    except (OSError, ckptpub.CkptpubError) as error:
-        return Target(error=f"{run_dir}: cannot read the run index: {error}")
-    if not records:
-        return Target(error=f"{run_dir}: no published step yet", skipped=tuple(skipped))
-    notes: list[str] = []
-    order = sorted(range(len(records)), key=lambda i: (records[i]["step"], i), reverse=True)
-    seen: set[str] = set()
-    for i in order:
-        record = records[i]
-        path = os.path.join(run_dir, *str(record["path"]).split("/"))
-        if path in seen:
-            continue
-        seen.add(path)
-        target = observe_folder(path, cache, verified_only=verified_only, step=record["step"])
-        if target.error is None:
-            if target.identity != record.get("identity"):
-                notes.append(
-                    f"step {record['step']}: index says {record.get('identity')}, "
-                    f"the folder's manifest says {target.identity} (the manifest wins)"
-                )
-            return Target(
-                folder=target.folder,
-                identity=target.identity,
-                stamp=target.stamp,
-                step=target.step,
-                notes=tuple(notes[-5:]),
-                skipped=tuple(skipped),
-            )
-        notes.append(f"skipped step {record['step']}: {target.error}")
-    return Target(
-        error=f"{run_dir}: no usable published step ({notes[0] if notes else 'none'})",
-        notes=tuple(notes[-5:]),
-        skipped=tuple(skipped),
-    )
-
-
-# ---------------------------------------------------------------------------
-# Deciding
-
-
-def explain_change(held_manifest: Any | None, target_manifest: Any | None) -> tuple[str, str]:
+def explain_change(
+    held_manifest: ckptpub.Manifest | None, target_manifest: ckptpub.Manifest | None
+) -> tuple[str, str]:
     """(why, human text) for two different identities, from the manifests alone."""
     if held_manifest is None or target_manifest is None:
         return "identity-changed", "the held checkpoint's manifest is not available to compare"
@@ -281,12 +142,13 @@ def decide(
     previous: Target | None = None,
     failure: Failure | None = None,
     now: float = 0.0,
-    manifests: Callable[[str, Any], Any] | None = None,
+    held_manifest: ckptpub.Manifest | None = None,
+    target_manifest: ckptpub.Manifest | None = None,
 ) -> Decision:
     """What to do now, given what is held, what the target is, and the last observation.
 
-    ``manifests(folder, stamp)`` returns a parsed manifest (or ``None``) and is used
-    only to explain an identity change; the decision itself looks at identities.
+    ``held_manifest`` and ``target_manifest`` (``observe.manifests_to_compare``) only
+    explain an identity change; the decision itself looks at identities.
     """
     if target.error is not None:
         kept = f"; keeping the daemon holding {held.identity}" if held and held.alive else ""
@@ -294,21 +156,20 @@ def decide(
 
     short = _short(target.identity)
     where = f"{target.folder}" + (f" (step {target.step})" if target.step is not None else "")
-    failed = failure is not None and failure.identity == target.identity
-    if failed and now < failure.retry_at:
+    failed = failure if failure is not None and failure.identity == target.identity else None
+    if failed is not None and now < failed.retry_at:
         return Decision(
             "wait",
             "backoff",
-            f"{short} failed {failure.count} time(s) in a row ({failure.error}); "
-            f"next try in {max(0.0, failure.retry_at - now):.0f}s",
+            f"{short} failed {failed.count} time(s) in a row ({failed.error}); "
+            f"next try in {max(0.0, failed.retry_at - now):.0f}s",
         )
-    if failed and (held is None or (held.alive and held.identity != target.identity)):
+    if failed is not None and (held is None or (held.alive and held.identity != target.identity)):
         action = "replace" if held else "start"
         return Decision(
             action,
             "retry",
-            f"retrying the preload of {short} from {where} "
-            f"after {failure.count} failure(s) ({failure.error})",
+            f"retrying the preload of {short} from {where} after {failed.count} failure(s) ({failed.error})",
         )
 
     if held is None:
@@ -320,7 +181,8 @@ def decide(
             return Decision(
                 "restart",
                 "daemon-died",
-                f"daemon pid {held.pid} holding {short} exited{code}; restarting the same identity from {where}",
+                f"daemon pid {held.pid} holding {short} exited{code}; "
+                f"restarting the same identity from {where}",
             )
         return Decision(
             "start",
@@ -330,10 +192,6 @@ def decide(
         )
 
     if held.identity != target.identity:
-        held_manifest = target_manifest = None
-        if manifests is not None:
-            held_manifest = manifests(held.folder, held.stamp)
-            target_manifest = manifests(target.folder, target.stamp)
         why, detail = explain_change(held_manifest, target_manifest)
         return Decision("replace", why, f"identity {_short(held.identity)} -> {short} at {where}: {detail}")
 

@@ -10,19 +10,24 @@ Layout of ``--state-dir`` (one supervisor per directory, enforced by a lock)::
     logs/daemon-G.log  stdout and stderr of generation G's daemon command
     sockets/gG/        generation G's weight-cache socket directory (overlap mode)
 
-Every JSON file is written to a temporary file, fsynced and renamed, so a reader
-(``ckptpub preload --status``, a health check, the next supervisor) never sees half
-a file. The decision log is append-only; each line is written with one ``write``.
+Every JSON file is replaced atomically and the decision log appended a whole line
+at a time, both by :mod:`ckptpub.jsonfiles` (the manifest's and the run index's
+writer): a reader (``ckptpub preload --status``, a health check, the next
+supervisor) never sees half a file, and a crash leaves at worst a torn last log
+line, which readers skip.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
-import json
 import os
 import time
 from typing import Any
+
+from ckptpub import jsonfiles
+from ckptpub.errors import CkptpubError
 
 STATUS = "status.json"
 DECISIONS = "decisions.jsonl"
@@ -31,6 +36,10 @@ LOADING = "loading.json"
 LOCK = "supervisor.lock"
 
 STATE_DIR_ENV = "CKPTPUB_PRELOAD_STATE_DIR"
+#: A status or daemon record larger than this is treated as unusable (it holds notes, not data).
+MAX_FILE_BYTES = 64 << 20
+#: A decision log larger than this is refused unread by :func:`read_decisions`.
+MAX_LOG_BYTES = 256 << 20
 
 
 def default_state_dir() -> str:
@@ -43,57 +52,33 @@ def default_state_dir() -> str:
 
 
 def write_json(path: str, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (temp file, fsync, rename)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    """Replace ``path`` by ``data`` as JSON, atomically."""
+    jsonfiles.write_json(path, data)
 
 
 def read_json(path: str) -> Any | None:
-    """The JSON in ``path``; ``None`` when it is missing or unreadable."""
+    """The JSON in ``path``; ``None`` when it is missing or unusable (too large, not JSON, not a file)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
+        return jsonfiles.read_json(path, MAX_FILE_BYTES, os.path.basename(path))
+    except CkptpubError:
         return None
 
 
 def remove(path: str) -> None:
-    try:
+    """Remove ``path`` if it is there."""
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def append_decision(state_dir: str, entry: dict[str, Any]) -> None:
-    """Append one entry to the decision log (a whole line in one ``write``)."""
-    line = (json.dumps(entry, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
-    fd = os.open(os.path.join(state_dir, DECISIONS), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    """Append one entry to the decision log (a whole line in one ``write``, fsynced)."""
+    jsonfiles.append_line(os.path.join(state_dir, DECISIONS), entry, DECISIONS)
 
 
 def read_decisions(state_dir: str) -> list[dict[str, Any]]:
-    """Every complete entry of the decision log, oldest first."""
-    try:
-        with open(os.path.join(state_dir, DECISIONS), "rb") as handle:
-            data = handle.read()
-    except FileNotFoundError:
-        return []
-    entries = []
-    for raw in data.split(b"\n"):
-        if raw.strip():
-            try:
-                entries.append(json.loads(raw))
-            except ValueError:
-                continue
-    return entries
+    """Every complete entry of the decision log, oldest first (a torn or corrupt line is skipped)."""
+    lines = jsonfiles.read_lines(os.path.join(state_dir, DECISIONS), MAX_LOG_BYTES, DECISIONS)
+    return [entry for _, entry in lines if isinstance(entry, dict)]
 
 
 class SupervisorLock:
@@ -161,7 +146,8 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
     alive = "running" if status.get("supervisor_alive") else "not running"
     lines = [
         f"state:      {status.get('state', '?')}",
-        f"supervisor: pid {status.get('supervisor_pid', '?')} ({alive}), updated {_when(status.get('updated'), now)}",
+        f"supervisor: pid {status.get('supervisor_pid', '?')} ({alive}), "
+        f"updated {_when(status.get('updated'), now)}",
         f"held:       {held.get('identity') or '(nothing)'}",
     ]
     if held:

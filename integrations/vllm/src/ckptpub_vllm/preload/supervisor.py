@@ -33,18 +33,31 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from enum import Enum
+from types import FrameType
 from typing import Any
-
-import ckptpub
 
 from . import status as st
 from .daemon_process import DEFAULT_COMMAND, IDENTITY_PATTERN, READY_PATTERN, Daemon, build_argv
-from .decide import Decision, Failure, Held, ManifestCache, Target, decide, observe_folder, observe_run
+from .decide import Decision, Failure, Held, Target, decide
+from .observe import ManifestCache, manifests_to_compare, observe_folder, observe_run
 
 #: A daemon that ran at least this long after READY is "healthy": its death restarts at once.
 HEALTHY_S = 60.0
 #: ``vllm_weight_cache_<32 hex>_draft.sock`` (vLLM's socket name, draft role), and sun_path's usable size.
 SOCKET_NAME_LEN, AF_UNIX_MAX = 61, 107
+
+
+class State(str, Enum):
+    """The supervisor's state, as ``status.json`` writes it (see the module docstring)."""
+
+    STARTING = "starting"
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    NO_TARGET = "no-target"
+    DEGRADED = "degraded"
+    STOPPED = "stopped"
 
 
 @dataclass
@@ -72,6 +85,8 @@ class Config:
 
 
 class Supervisor:
+    """Keeps one daemon holding the target's identity; :meth:`run` until ``SIGTERM``/``SIGINT``."""
+
     def __init__(self, config: Config) -> None:
         self.cfg = config
         self.state_dir = os.path.abspath(config.state_dir)
@@ -87,10 +102,18 @@ class Supervisor:
         self.target: Target | None = None
         self.failure: Failure | None = None
         self.generation = 0
-        self.state = "starting"
+        self.state = State.STARTING
         self.last_decision: dict[str, Any] | None = None
-        self.last_logged: tuple | None = None
+        self.last_logged: tuple[str, str] | None = None
         self.last_error: str | None = None
+
+    # ---------------------------------------------------------------- state
+
+    def _move_to(self, state: State) -> None:
+        """The one place the state changes. Nothing leaves ``stopped``: the supervisor is done then."""
+        if self.state is State.STOPPED and state is not State.STOPPED:
+            raise RuntimeError(f"supervisor state {state.value} after stopped")
+        self.state = state
 
     # ------------------------------------------------------------------ run
 
@@ -100,13 +123,13 @@ class Supervisor:
         previous_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             self._outcome(
-                "supervisor-start", "info", f"supervisor pid {os.getpid()} started: {self._describe()}"
+                "info", "supervisor-start", f"supervisor pid {os.getpid()} started: {self._describe()}"
             )
             longest = self.cfg.socket_dir or os.path.join(self.state_dir, "sockets", "g99999")
             if len(longest) + 1 + SOCKET_NAME_LEN > AF_UNIX_MAX:
                 self._outcome(
-                    "warning",
                     "info",
+                    "warning",
                     f"socket paths under {longest} may exceed the AF_UNIX limit of "
                     f"{AF_UNIX_MAX} bytes; use a shorter --state-dir or --socket-dir",
                 )
@@ -126,7 +149,7 @@ class Supervisor:
                 signal.signal(sig, handler)
             self.lock.release()
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stop_event.set()
 
     def _describe(self) -> str:
@@ -142,12 +165,6 @@ class Supervisor:
             return observe_run(self.cfg.follow, self.cache, verified_only=self.cfg.verified_only)
         return observe_folder(self.cfg.model_dir or "", self.cache, verified_only=self.cfg.verified_only)
 
-    def _manifest_for(self, folder: str, stamp: Any) -> Any:
-        try:
-            return self.cache.manifest(folder, tuple(stamp) if stamp else None)
-        except (OSError, ckptpub.CkptpubError):
-            return None
-
     def held_view(self) -> Held | None:
         d = self.held
         if d is None:
@@ -155,7 +172,7 @@ class Supervisor:
         return Held(
             identity=d.identity,
             folder=d.folder,
-            stamp=tuple(d.stamp) if d.stamp else None,
+            stamp=(d.stamp[0], d.stamp[1], d.stamp[2]) if d.stamp and len(d.stamp) == 3 else None,
             pid=d.pid,
             since=d.ready_at or d.since,
             alive=not self.held_dead,
@@ -173,14 +190,17 @@ class Supervisor:
         seen = set(self.previous.skipped) if self.previous is not None else set()
         for note in target.skipped:
             if note not in seen:
-                self._outcome("warning", "info", f"{self.cfg.follow}: {note}")
+                self._outcome("info", "warning", f"{self.cfg.follow}: {note}")
+        held = self.held_view()
+        held_manifest, target_manifest = manifests_to_compare(held, target, self.cache)
         decision = decide(
-            self.held_view(),
+            held,
             target,
             previous=self.previous,
             failure=self.failure,
             now=now,
-            manifests=self._manifest_for,
+            held_manifest=held_manifest,
+            target_manifest=target_manifest,
         )
         changed = self.previous is None or target.fingerprint() != self.previous.fingerprint()
         key = (decision.action, decision.why)
@@ -197,16 +217,16 @@ class Supervisor:
 
     def _settle_state(self, decision: Decision) -> None:
         if decision.why == "target-unusable":
-            self.state = "no-target"
+            self._move_to(State.NO_TARGET)
         elif decision.why == "backoff":
-            self.state = "degraded" if self.held_dead else "failed"
+            self._move_to(State.DEGRADED if self.held_dead else State.FAILED)
         elif (
             self.held is not None
             and not self.held_dead
             and self.target
             and self.held.identity == self.target.identity
         ):
-            self.state = "ready"
+            self._move_to(State.READY)
 
     def _held_died(self, now: float) -> None:
         d = self.held
@@ -222,17 +242,18 @@ class Supervisor:
             count = self.failure.count + 1
         delay = 0.0 if count == 1 else self._backoff(count - 1)
         self.failure = Failure(d.identity, count, now + delay, f"daemon exited{code}")
-        self.state = "degraded"
-        self._outcome("daemon-exited", "exited", error, held=d)
+        self._move_to(State.DEGRADED)
+        self._outcome("exited", "daemon-exited", error, held=d)
         st.remove(os.path.join(self.state_dir, st.DAEMON))
 
     def _backoff(self, count: int) -> float:
-        return min(self.cfg.max_retry_delay, self.cfg.retry_delay * (2 ** max(0, count - 1)))
+        return min(self.cfg.max_retry_delay, self.cfg.retry_delay * 2.0 ** max(0, count - 1))
 
     # -------------------------------------------------------------- preload
 
     def _preload(self, target: Target, decision: Decision) -> None:
-        assert target.identity is not None and target.folder is not None
+        assert target.identity is not None
+        assert target.folder is not None
         self.generation += 1
         gen = self.generation
         socket_dir = self.cfg.socket_dir or os.path.join(self.state_dir, "sockets", f"g{gen}")
@@ -241,15 +262,15 @@ class Supervisor:
         if old is not None and (self.held_dead or not self.cfg.overlap):
             if not self.held_dead:
                 self._outcome(
-                    "stopping-old",
                     "stopping",
+                    "stopping-old",
                     f"one at a time: stopping daemon pid {old.pid} ({old.identity}) before loading "
                     f"{target.identity}",
                     held=old,
                 )
             how = old.stop(self.cfg.stop_timeout)
             if not self.held_dead:
-                self._outcome("stopped-old", "stopped", f"daemon pid {old.pid} {how}", held=old)
+                self._outcome("stopped", "stopped-old", f"daemon pid {old.pid} {how}", held=old)
             self._forget(old)
             self.held, self.held_dead, old = None, False, None
         argv = build_argv(
@@ -276,11 +297,11 @@ class Supervisor:
             self._failed(target, f"cannot start the daemon command {argv[0]!r}: {error.strerror or error}")
             return
         self.loading = new
-        self.state = "loading"
+        self._move_to(State.LOADING)
         st.write_json(os.path.join(self.state_dir, st.LOADING), new.record())
         self._outcome(
-            "launched",
             "loading",
+            "launched",
             f"daemon pid {new.pid} loading {target.identity} from {target.folder} (log {log_path})",
             held=new,
         )
@@ -293,8 +314,8 @@ class Supervisor:
             self._cleanup_sockets(new)
             if verdict == "interrupted":
                 self._outcome(
-                    "interrupted",
                     "stopped",
+                    "interrupted",
                     f"stop requested while loading; daemon pid {new.pid} {how}",
                     held=new,
                 )
@@ -312,13 +333,13 @@ class Supervisor:
         if old is not None:
             how = old.stop(self.cfg.stop_timeout)
             self._outcome(
-                "stopped-old",
                 "stopped",
+                "stopped-old",
                 f"previous daemon pid {old.pid} ({old.identity}) {how} after the new one was confirmed",
                 held=old,
             )
             self._cleanup_sockets(old)
-        self.state = "ready"
+        self._move_to(State.READY)
         self._write_status()
 
     def _wait_ready(self, daemon: Daemon) -> tuple[str, str]:
@@ -344,7 +365,7 @@ class Supervisor:
         count = self.failure.count + 1 if self.failure and self.failure.identity == target.identity else 1
         self.failure = Failure(target.identity or "", count, time.time() + self._backoff(count), error)
         self.last_error = error
-        self.state = "failed"
+        self._move_to(State.FAILED)
         kept = ""
         if self.held is not None and not self.held_dead:
             kept = f"; daemon pid {self.held.pid} still holds the previous identity {self.held.identity}"
@@ -379,8 +400,8 @@ class Supervisor:
             if daemon is not None:
                 how = daemon.stop(self.cfg.stop_timeout)
                 self._outcome(
-                    "cleanup",
                     "stopped",
+                    "cleanup",
                     f"a previous supervisor left daemon pid {daemon.pid} loading "
                     f"{daemon.identity} unconfirmed: {how}",
                     held=daemon,
@@ -394,7 +415,7 @@ class Supervisor:
         daemon, why = Daemon.adopt(record, self.identity_re, self.ready_re)
         if daemon is not None and not why:
             self.held, self.held_dead = daemon, False
-            self.state = "ready"
+            self._move_to(State.READY)
             self._outcome(
                 "adopted",
                 "adopted",
@@ -422,14 +443,13 @@ class Supervisor:
             if self.held_dead:
                 parts.append(f"daemon pid {self.held.pid} had already exited")
             else:
-                parts.append(
-                    f"daemon pid {self.held.pid} ({self.held.identity}) {self.held.stop(self.cfg.stop_timeout)}"
-                )
+                how = self.held.stop(self.cfg.stop_timeout)
+                parts.append(f"daemon pid {self.held.pid} ({self.held.identity}) {how}")
             self._forget(self.held)
         self.held = None
-        self.state = "stopped"
+        self._move_to(State.STOPPED)
         self._outcome(
-            "supervisor-stop", "stopped", f"{why}: " + ("; ".join(parts) or "no daemon was running")
+            "stopped", "supervisor-stop", f"{why}: " + ("; ".join(parts) or "no daemon was running")
         )
         self._write_status()
 
@@ -450,31 +470,41 @@ class Supervisor:
         }
 
     def _log_decision(self, decision: Decision, target: Target) -> None:
-        entry = {
-            "time": time.time(),
-            "event": "decision",
-            "action": decision.action,
-            "why": decision.why,
-            "reason": decision.reason,
-            "target": target.to_json(),
-            "held": self._held_json(self.held, not self.held_dead),
-        }
-        self.last_decision = entry
+        self.last_decision = self._record(
+            "decision",
+            decision.action,
+            decision.why,
+            decision.reason,
+            target=target.to_json(),
+            held=self._held_json(self.held, not self.held_dead),
+        )
         self.last_logged = (decision.action, decision.why)
-        st.append_decision(self.state_dir, entry)
-        self._say(f"{decision.action} [{decision.why}] {decision.reason}")
 
-    def _outcome(self, why: str, action: str, reason: str, held: Daemon | None = None) -> None:
-        entry = {"time": time.time(), "event": "outcome", "action": action, "why": why, "reason": reason}
+    def _outcome(self, action: str, why: str, reason: str, held: Daemon | None = None) -> None:
+        """Record what happened (``event: outcome``), fields in ``Decision``'s order: action, why, reason."""
+        details: dict[str, Any] = {}
         if held is not None:
-            entry["daemon"] = {
+            details["daemon"] = {
                 "pid": held.pid,
                 "identity": held.identity,
                 "folder": held.folder,
                 "generation": held.generation,
             }
+        self._record("outcome", action, why, reason, **details)
+
+    def _record(self, event: str, action: str, why: str, reason: str, **details: Any) -> dict[str, Any]:
+        """Append one entry to the decision log and say it on stderr; return the entry."""
+        entry = {
+            "time": time.time(),
+            "event": event,
+            "action": action,
+            "why": why,
+            "reason": reason,
+            **details,
+        }
         st.append_decision(self.state_dir, entry)
         self._say(f"{action} [{why}] {reason}")
+        return entry
 
     def _say(self, line: str) -> None:
         if not self.cfg.quiet:
@@ -488,7 +518,7 @@ class Supervisor:
 
     def _write_status(self) -> None:
         data = {
-            "state": self.state,
+            "state": self.state.value,
             "supervisor_pid": os.getpid(),
             "updated": time.time(),
             "generation": self.generation,

@@ -62,7 +62,7 @@ def _has_handler(logger: logging.Logger) -> bool:
             return True
         if not current.propagate:
             return False
-        current = current.parent  # type: ignore[assignment]
+        current = current.parent
     return False
 
 
@@ -93,8 +93,8 @@ def _vllm_version_lookup() -> None:
         answer += "+cpu"
     original = metadata.version
 
-    def version(name: str) -> str:
-        return answer if name == "vllm" else original(name)
+    def version(distribution_name: str) -> str:
+        return answer if distribution_name == "vllm" else original(distribution_name)
 
     metadata.version = version
 

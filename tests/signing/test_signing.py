@@ -1,0 +1,353 @@
+"""Signatures ckptpub writes are model_signing's own: its real CLI accepts them and refuses any change.
+
+Every case runs the real ``model_signing`` command line as a subprocess and
+``ckptpub``'s own check (the signature, then the usual byte-for-byte verify) on the
+same folder: both must accept the untouched checkpoint and both must refuse each change.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import signhelpers
+from checkpoints import flip_byte, locate, run_cli
+
+import ckptpub
+from ckptpub import signing
+from ckptpub.hashing import Span, hash_spans
+
+
+def ckptpub_check(folder: Path, public_key: Path) -> list[str]:
+    """What ckptpub finds wrong: the signature's problems, then (if it holds) verify's; [] if nothing."""
+    report = signing.verify_signed(folder, signing.TrustedKey(public_key=str(public_key)))
+    return [f"{problem.path}: {problem.detail}" for problem in report.problems]
+
+
+def test_a_signed_checkpoint_verifies_with_both(signed: Path, keys: dict) -> None:
+    result = signhelpers.model_signing_verify(signed, keys["trainer"].public)
+    assert result.returncode == 0, result.stderr
+    assert "Verification succeeded" in result.stdout
+    check = signing.check_signature(signed, signing.TrustedKey(public_key=str(keys["trainer"].public)))
+    assert check.ok, check.problems
+    assert check.manifest == ckptpub.read_manifest(signed)
+    assert ckptpub_check(signed, keys["trainer"].public) == []
+
+
+def _edit_tensor(folder: Path) -> None:
+    shard, begin, _ = locate(folder, "model.layers.1.mlp.up_proj.weight")
+    flip_byte(shard, begin + 3)
+
+
+def _edit_last_byte(name: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        flip_byte(folder / name, (folder / name).stat().st_size - 1)
+
+    return edit
+
+
+def _republish(folder: Path) -> None:
+    """Change a weight and publish again without the key: a manifest that matches the bytes, unsigned."""
+    _edit_tensor(folder)
+    ckptpub.publish(folder)
+
+
+def _edit_manifest(folder: Path) -> None:
+    path = folder / "ckptpub.json"
+    manifest = json.loads(path.read_bytes())
+    manifest["provenance"]["step"] = 21
+    path.write_text(json.dumps(manifest))
+
+
+def _add_file(folder: Path) -> None:
+    (folder / "README.md").write_text("a file added after signing\n")
+
+
+def _remove_file(folder: Path) -> None:
+    (folder / "optimizer.pt").unlink()
+
+
+CHANGES = {
+    "tensor byte": _edit_tensor,
+    "shard header byte": lambda folder: flip_byte(folder / "model-00001-of-00002.safetensors", 20),
+    "config.json byte": _edit_last_byte("config.json"),
+    "optimizer.pt byte": _edit_last_byte("optimizer.pt"),
+    "subfolder file byte": _edit_last_byte("logs/train.txt"),
+    "index byte": _edit_last_byte("model.safetensors.index.json"),
+    "manifest re-published": _republish,
+    "manifest edited": _edit_manifest,
+    "file added": _add_file,
+    "file removed": _remove_file,
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_any_change_fails_both(signed: Path, keys: dict, change: str) -> None:
+    CHANGES[change](signed)
+    result = signhelpers.model_signing_verify(signed, keys["trainer"].public)
+    assert result.returncode != 0, f"model_signing verify accepted: {change}"
+    assert "Verification failed" in result.stderr or "Signature mismatch" in result.stderr
+    assert ckptpub_check(signed, keys["trainer"].public) != []
+    cli = run_cli("verify", signed, "--public-key", keys["trainer"].public, "--quiet")
+    assert cli.returncode == 1, cli.stdout + cli.stderr
+    assert "FAILED" in cli.stdout
+    assert "Traceback" not in cli.stderr
+
+
+def test_the_cli_signs_and_verifies(tmp_path: Path, keys: dict) -> None:
+    """``ckptpub publish --sign`` then ``ckptpub verify --public-key``: real subprocesses, exit codes."""
+    folder = signhelpers.write_signable_checkpoint(tmp_path / "checkpoint")
+    published = run_cli("publish", folder, "--sign", keys["trainer"].private)
+    assert published.returncode == 0, published.stderr
+    assert signhelpers.model_signing_verify(folder, keys["trainer"].public).returncode == 0
+    ok = run_cli("verify", folder, "--public-key", keys["trainer"].public)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "model.sig" not in ok.stdout  # the signature is not content: never "added"
+    assert run_cli("verify", folder).returncode == 0
+    stranger = run_cli("verify", folder, "--public-key", keys["stranger"].public)
+    assert stranger.returncode == 1
+    assert "model.sig: FAILED (signature: signature does not verify" in stranger.stdout
+    (folder / "model.sig").unlink()
+    unsigned = run_cli("verify", folder, "--public-key", keys["trainer"].public)
+    assert unsigned.returncode == 2
+    assert unsigned.stderr.strip().splitlines() == [
+        f"ckptpub: error: {folder}: no model.sig, so it is not signed; publish it with --sign KEY (sign=...)"
+    ]
+    bad_key = run_cli("publish", folder, "--sign", keys["trainer"].public)
+    assert bad_key.returncode == 2
+    assert "cannot sign with this key" in bad_key.stderr
+    assert not (folder / "model.sig").exists()
+
+
+def test_the_wrong_key_fails_both(signed: Path, keys: dict) -> None:
+    result = signhelpers.model_signing_verify(signed, keys["stranger"].public)
+    assert result.returncode != 0
+    check = signing.check_signature(signed, signing.TrustedKey(public_key=str(keys["stranger"].public)))
+    assert not check.ok
+    assert check.manifest is None
+    assert check.problems[0].path == "model.sig"
+    assert "signature does not verify" in check.problems[0].detail
+
+
+def test_a_removed_signature_fails_both(signed: Path, keys: dict) -> None:
+    (signed / "model.sig").unlink()
+    assert signhelpers.model_signing_verify(signed, keys["trainer"].public).returncode != 0
+    with pytest.raises(ckptpub.CkptpubError, match=r"no model\.sig, so it is not signed"):
+        signing.check_signature(signed, signing.TrustedKey(public_key=str(keys["trainer"].public)))
+
+
+def test_a_signature_byte_edit_fails_both(signed: Path, keys: dict) -> None:
+    bundle = json.loads((signed / "model.sig").read_bytes())
+    raw = bytearray(base64.b64decode(bundle["dsseEnvelope"]["signatures"][0]["sig"]))
+    raw[-1] ^= 1
+    bundle["dsseEnvelope"]["signatures"][0]["sig"] = base64.b64encode(bytes(raw)).decode()
+    (signed / "model.sig").write_text(json.dumps(bundle))
+    assert signhelpers.model_signing_verify(signed, keys["trainer"].public).returncode != 0
+    assert "signature does not verify" in ckptpub_check(signed, keys["trainer"].public)[0]
+
+
+def test_a_signature_that_leaves_the_manifest_out_is_refused(signed: Path, keys: dict) -> None:
+    """model_signing's own signature with ckptpub.json ignored verifies there; ckptpub refuses it,
+    since a re-published manifest would then pass."""
+    result = signhelpers.model_signing_cli(
+        "sign", "key", signed, "--signature", signed / "model.sig",
+        "--private_key", keys["trainer"].private, "--ignore-paths", signed / "ckptpub.json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    check = signing.check_signature(signed, signing.TrustedKey(public_key=str(keys["trainer"].public)))
+    assert [(p.path, p.detail) for p in check.problems] == [("ckptpub.json", "is not among the signed files")]
+
+
+def test_model_signing_own_signature_of_a_published_folder_is_accepted(signed: Path, keys: dict) -> None:
+    """Interoperability the other way: ``model_signing sign key`` over a published folder (it signs
+    ckptpub.json like any file) passes ckptpub's check."""
+    result = signhelpers.model_signing_cli(
+        "sign", "key", signed, "--signature", signed / "model.sig", "--private_key", keys["trainer"].private
+    )
+    assert result.returncode == 0, result.stderr
+    assert ckptpub_check(signed, keys["trainer"].public) == []
+
+
+def _statement_and_rest(bundle_bytes: bytes) -> tuple[dict, dict]:
+    """The bundle's in-toto statement (ignored paths as a set) and the bundle without it and its signature."""
+    bundle = json.loads(bundle_bytes)
+    envelope = bundle["dsseEnvelope"]
+    statement = json.loads(base64.b64decode(envelope.pop("payload")))
+    serialization = statement["predicate"]["serialization"]
+    serialization["ignore_paths"] = sorted(serialization["ignore_paths"])
+    assert len(envelope.pop("signatures")) == 1
+    return statement, bundle
+
+
+def test_the_bundle_holds_what_model_signing_sign_writes(signed: Path, keys: dict) -> None:
+    """The same statement, the same bundle around it, the same verification material; the ECDSA
+    signature differs (random by design). Compared as data: model_signing's own output is not
+    byte-stable (two ``model_signing sign`` runs over one folder order JSON keys differently, even
+    under one PYTHONHASHSEED: protobuf orders them)."""
+    ours_bytes = (signed / "model.sig").read_bytes()
+    result = signhelpers.model_signing_cli(
+        "sign", "key", signed, "--signature", signed / "model.sig", "--private_key", keys["trainer"].private
+    )
+    assert result.returncode == 0, result.stderr
+    theirs_bytes = (signed / "model.sig").read_bytes()
+    assert _statement_and_rest(ours_bytes) == _statement_and_rest(theirs_bytes)
+    statement = _statement_and_rest(ours_bytes)[0]
+    names = [resource["name"] for resource in statement["predicate"]["resources"]]
+    assert names == sorted(names)
+    assert {"ckptpub.json", "logs/train.txt", "model-00002-of-00002.safetensors"} <= set(names)
+    assert not {".gitattributes", "model.sig"} & set(names)
+
+
+def test_certificate_chain(signed: Path, certificates: dict) -> None:
+    company, other = certificates["company"], certificates["other"]
+    (signed / "model.sig").unlink()
+    manifest = ckptpub.read_manifest(signed)
+    sha256 = {r.path: hashlib.sha256((signed / r.path).read_bytes()).hexdigest() for r in manifest.files}
+    key = signing.SigningKey(str(company.private), str(company.certificate), (str(company.root),))
+    signing.sign_checkpoint(str(signed), manifest, sha256, signing.Signer(key))
+    for root, accepted in ((company.root, True), (other.root, False)):
+        result = signhelpers.model_signing_cli(
+            "verify", "certificate", signed, "--signature", signed / "model.sig", "--certificate_chain", root
+        )
+        assert (result.returncode == 0) is accepted, result.stderr
+        check = signing.check_signature(signed, signing.TrustedKey(certificate_chain=(str(root),)))
+        assert check.ok is accepted, check.problems
+
+
+def test_the_check_reads_only_the_signature_and_the_manifest(signed: Path, keys: dict) -> None:
+    """An audit hook records every file the check opens in a fresh interpreter (model_signing imported
+    first, so its own module files are not counted)."""
+    program = (
+        "import os, sys, ckptpub.signing as s, ckptpub.signing_backend; opened = []; "
+        "sys.addaudithook(lambda e, a: opened.append(os.fsdecode(a[0])) "
+        "if e in ('open', 'os.listdir', 'os.scandir') and a and isinstance(a[0], (str, bytes)) else None); "
+        "check = s.check_signature(sys.argv[1], s.TrustedKey(public_key=sys.argv[2])); "
+        "print(check.ok); print('\\n'.join(opened))"
+    )
+    result = signhelpers.run_python(program, signed, keys["trainer"].public)
+    assert result.returncode == 0, result.stderr
+    ok, *opened = result.stdout.splitlines()
+    assert ok == "True"
+    in_folder = sorted(os.path.relpath(p, signed) for p in opened if p.startswith(str(signed)))
+    assert in_folder == ["ckptpub.json", "model.sig"]
+    assert str(keys["trainer"].public) in opened
+
+
+def test_import_ckptpub_does_not_import_model_signing() -> None:
+    program = (
+        "import sys, ckptpub, ckptpub.cli; ckptpub.publish; ckptpub.verify; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('model_signing', 'cryptography')))"
+    )
+    result = signhelpers.run_python(program)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_without_the_extra_signing_says_how_to_install_it(signed: Path, keys: dict) -> None:
+    """``sys.modules['model_signing'] = None`` makes every import of it fail, as on a machine without it."""
+    program = (
+        "import sys; sys.modules['model_signing'] = None; import ckptpub; from ckptpub import signing; "
+        "signing.check_signature(sys.argv[1], signing.TrustedKey(public_key=sys.argv[2]))"
+    )
+    result = signhelpers.run_python(program, signed, keys["trainer"].public)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1].endswith("pip install 'ckptpub[sign]'")
+
+
+def test_whole_file_sha256_comes_from_the_blake3_pass(signed: Path) -> None:
+    """The hook's SHA-256 equals hashlib's of each file, and the BLAKE3 digests are the ones without it."""
+    manifest = ckptpub.read_manifest(signed)
+    spans: list[Span] = []
+    for record in manifest.files:
+        path = str(signed / record.path)
+        if record.header_size is None:
+            spans.append(Span(path, 0, record.size, record.path))
+            continue
+        spans.append(Span(path, 0, record.header_size, record.path))
+        spans.extend(
+            Span(path, record.header_size + t.data_offsets[0], record.header_size + t.data_offsets[1], t.name)
+            for t in manifest.tensors
+            if t.file == record.path
+        )
+    for threads in (1, 3):
+        sha256: list[str] = []
+        digests = hash_spans(spans, threads=threads, file_sha256=sha256)
+        assert digests == hash_spans(spans, threads=threads)
+        assert sha256 == [hashlib.sha256((signed / r.path).read_bytes()).hexdigest() for r in manifest.files]
+    last = max(i for i, span in enumerate(spans) if span.path.endswith("model-00001-of-00002.safetensors"))
+    with pytest.raises(ckptpub.CkptpubError, match="spans do not cover the whole file"):
+        hash_spans(spans[:last] + spans[last + 1 :], file_sha256=[])
+
+
+@pytest.mark.parametrize("kind", ["missing", "public key", "not PEM", "secp256k1"])
+def test_a_key_that_cannot_sign_fails_before_anything_is_written(
+    tmp_path: Path, keys: dict, kind: str
+) -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    folder = signhelpers.write_signable_checkpoint(tmp_path / "checkpoint")
+    before = sorted(p.name for p in folder.iterdir())
+    key = {
+        "missing": tmp_path / "absent.pem",
+        "public key": keys["trainer"].public,
+        "not PEM": folder / "tokenizer.json",
+        "secp256k1": signhelpers.make_key(tmp_path / "k1", "k1", ec.SECP256K1()).private,
+    }[kind]
+    with pytest.raises(ckptpub.CkptpubError, match=str(key)):
+        ckptpub.publish(folder, sign=key)
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_a_folder_with_a_symlink_inside(tmp_path: Path, keys: dict) -> None:
+    """A symlink to a file inside counts as that file (ckptpub's rule); the signature records
+    allow_symlinks, and model_signing verifies it with --allow_symlinks (its CLI ignores the flag
+    stored in the signature), and only with it."""
+    folder = signhelpers.write_signable_checkpoint(tmp_path / "checkpoint")
+    (folder / "tokenizer_config.json").symlink_to("tokenizer.json")
+    ckptpub.publish(folder, sign=keys["trainer"].private)
+    command = (
+        "verify",
+        "key",
+        folder,
+        "--signature",
+        folder / "model.sig",
+        "--public_key",
+        keys["trainer"].public,
+    )
+    assert signhelpers.model_signing_cli(*command, "--allow_symlinks").returncode == 0
+    assert signhelpers.model_signing_cli(*command).returncode != 0
+    assert ckptpub_check(folder, keys["trainer"].public) == []
+
+
+def test_the_cli_signs_with_a_certificate(tmp_path: Path, certificates: dict) -> None:
+    company, other = certificates["company"], certificates["other"]
+    folder = signhelpers.write_signable_checkpoint(tmp_path / "checkpoint")
+    published = run_cli(
+        "publish", folder, "--sign", company.private,
+        "--signing-certificate", company.certificate, "--certificate-chain", company.root,
+    )  # fmt: skip
+    assert published.returncode == 0, published.stderr
+    assert run_cli("verify", folder, "--certificate-chain", company.root).returncode == 0
+    assert run_cli("verify", folder, "--certificate-chain", other.root).returncode == 1
+
+
+@pytest.mark.parametrize("sign", [123, "", b"a\0b", ["key.pem"], signing.SigningKey("k.pem")])
+def test_bad_sign_arguments_are_one_line_errors(tmp_path: Path, sign: object) -> None:
+    folder = signhelpers.write_signable_checkpoint(tmp_path / "checkpoint")
+    with pytest.raises(ckptpub.CkptpubError) as raised:
+        ckptpub.publish(folder, sign=sign)
+    assert "\n" not in str(raised.value)
+    assert not (folder / "ckptpub.json").exists()
+
+
+def test_trusted_key_takes_exactly_one_of_key_or_chain() -> None:
+    with pytest.raises(ckptpub.CkptpubError, match="either a public key or a certificate chain"):
+        signing.TrustedKey()
+    with pytest.raises(ckptpub.CkptpubError, match="either a public key or a certificate chain"):
+        signing.TrustedKey("key.pub", ("root.pem",))
+    assert signing.TrustedKey(certificate_chain=[Path("root.pem")]).certificate_chain == ("root.pem",)

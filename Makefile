@@ -29,7 +29,8 @@ $(STAMP): $(INPUTS)
 demo: setup
 	$(PYTHON) examples/demo.py
 
-test: setup
+# The linters first: a finding fails the run before the long test suite starts.
+test: setup lint
 	$(PYTHON) -m pytest
 
 lint: setup

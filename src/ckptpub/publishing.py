@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .canonical import canonical_json
@@ -34,7 +34,6 @@ from .run_index import INDEX_NAME
 from .safetensors import ShardLayout, read_layout
 from .scan import FolderEntry, as_path, resolve_folder, restat, scan_folder
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from .distributed import SpanHasher
     from .signing import Signer, SigningKey

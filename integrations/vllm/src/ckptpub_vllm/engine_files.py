@@ -23,7 +23,7 @@ import ckptpub
 from ckptpub.strict_json import loads_strict
 
 from .errors import RefusedError
-from .folder_reads import Unreadable, read_prefix
+from .folder_reads import UnreadableError, read_prefix
 
 #: Names read by vLLM's config code and by transformers' tokenizer and processor loaders.
 _EXACT_NAMES = frozenset({"merges.txt", "vocab.txt", "params.json", "tekken.json"})
@@ -65,7 +65,7 @@ def engine_file_problems(folder: str, manifest: ckptpub.Manifest) -> list[str]:
     for path, record in sorted(listed.items()):
         try:
             data, _ = read_prefix(folder, path, record.size + 1)
-        except Unreadable as error:
+        except UnreadableError as error:
             problems.append(f"{path} {error}")
             continue
         if len(data) != record.size:

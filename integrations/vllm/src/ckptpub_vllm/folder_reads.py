@@ -17,7 +17,7 @@ import stat
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-class Unreadable(Exception):  # noqa: N818  (named for its message: "<path> is missing", ...)
+class UnreadableError(Exception):
     """Why a file of the folder cannot be read; the message completes "<path> ..."."""
 
 
@@ -25,7 +25,7 @@ def resolve_inside(folder: str, path: str) -> str:
     """Where the symlink ``path`` of ``folder`` leads, refused unless that is inside the folder."""
     target, root = os.path.realpath(os.path.join(folder, path)), os.path.realpath(folder)
     if os.path.commonpath([root, target]) != root:
-        raise Unreadable("is a symlink out of the folder")
+        raise UnreadableError("is a symlink out of the folder")
     return target
 
 
@@ -35,11 +35,11 @@ def read_prefix(folder: str, path: str, limit: int) -> tuple[bytes, int]:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise Unreadable("is not a regular file")
+            raise UnreadableError("is not a regular file")
         with os.fdopen(fd, "rb", closefd=False) as handle:
             return handle.read(limit), info.st_size
     except OSError as error:
-        raise Unreadable(f"cannot be read ({error.strerror or error})") from None
+        raise UnreadableError(f"cannot be read ({error.strerror or error})") from None
     finally:
         os.close(fd)
 
@@ -54,5 +54,5 @@ def _open_inside(folder: str, path: str) -> int:
         return os.open(resolve_inside(folder, path), _READ_FLAGS)
     except OSError as error:
         if error.errno == errno.ENOENT:
-            raise Unreadable("is missing") from None
-        raise Unreadable(f"cannot be read ({error.strerror or error})") from None
+            raise UnreadableError("is missing") from None
+        raise UnreadableError(f"cannot be read ({error.strerror or error})") from None

@@ -26,7 +26,7 @@ import torch
 import ckptpub
 
 from .errors import RefusedError
-from .folder_reads import Unreadable, read_prefix, resolve_inside
+from .folder_reads import UnreadableError, read_prefix, resolve_inside
 
 # safetensors dtype codes (what the manifest records) of torch dtypes.
 _DTYPE_CODES = {
@@ -196,7 +196,7 @@ def check_shards_are_files(folder: str) -> None:
                     mode = os.stat(resolve_inside(folder, entry.name)).st_mode
                 else:
                     mode = entry.stat(follow_symlinks=False).st_mode
-            except Unreadable as error:
+            except UnreadableError as error:
                 problems.append(f"shard {entry.name} {error}")
                 continue
             except OSError as error:
@@ -219,7 +219,7 @@ def shard_problems(folder: str, manifest: ckptpub.Manifest) -> list[str]:
         record = records[shard]
         try:
             header, size = read_prefix(folder, shard, record.header_size or 0)
-        except Unreadable as error:
+        except UnreadableError as error:
             problems.append(f"shard {shard} {error}")
             continue
         if size != record.size:

@@ -9,6 +9,9 @@ every ``stat`` and path lookup, ``open``, ``read``, ``release``, ``opendir``,
 so it also counts the opens and reads that safetensors makes from Rust, which
 Python's audit hooks never see.
 
+``bandwidth_bps`` caps the bytes the mount serves per second (all readers together),
+a stand-in for one node's link to shared storage.
+
     with SlowFS(source, mountpoint, latency_s=0.02) as fs:
         fs.reset()
         os.listdir(mountpoint)
@@ -115,10 +118,12 @@ class SlowFS:
         mountpoint: str,
         latency_s: float = DEFAULT_LATENCY_S,
         start_timeout_s: float = 30.0,
+        bandwidth_bps: float | None = None,
     ) -> None:
         self.source = os.path.abspath(source)
         self.mountpoint = os.path.abspath(mountpoint)
         self.latency_s = latency_s
+        self.bandwidth_bps = bandwidth_bps
         self.start_timeout_s = start_timeout_s
         self._server: subprocess.Popen | None = None
         self._stderr = None
@@ -142,7 +147,14 @@ class SlowFS:
         os.makedirs(self.mountpoint, exist_ok=True)
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115  (the server's stderr, closed by close())
         self._server = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), self.source, self.mountpoint, repr(self.latency_s)],
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                self.source,
+                self.mountpoint,
+                repr(self.latency_s),
+                repr(self.bandwidth_bps or 0.0),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -208,8 +220,21 @@ class SlowFS:
 # -- the server process ------------------------------------------------------------------------
 
 
-def _serve(source: str, mountpoint: str, latency_s: float) -> None:
+def _serve(source: str, mountpoint: str, latency_s: float, bandwidth_bps: float = 0.0) -> None:
     import mfusepy
+
+    link_free_at = [0.0]  # when the capped link has sent every byte asked of it so far
+    link_lock = threading.Lock()
+
+    def through_link(size: int) -> None:
+        """Wait until ``size`` more bytes could have crossed the capped link (shared by all reads)."""
+        if bandwidth_bps <= 0:
+            return
+        with link_lock:
+            start = max(time.monotonic(), link_free_at[0])
+            link_free_at[0] = start + size / bandwidth_bps
+            done = link_free_at[0]
+        time.sleep(max(0.0, done - time.monotonic()))
 
     counts: dict[str, Counter[str]] = {}
     counts_lock = threading.Lock()
@@ -302,7 +327,9 @@ def _serve(source: str, mountpoint: str, latency_s: float) -> None:
 
         @request("read")
         def read(self, path, size, offset, fh):
-            return os.pread(fh, size, offset)
+            data = os.pread(fh, size, offset)
+            through_link(len(data))
+            return data
 
         @request("release")
         def release(self, path, fh):
@@ -377,4 +404,4 @@ def _serve(source: str, mountpoint: str, latency_s: float) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1], sys.argv[2], float(sys.argv[3]))
+    _serve(sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]) if len(sys.argv) > 4 else 0.0)

@@ -32,6 +32,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 import ckptpub
 from ckptpub import run_index
 from ckptpub.accelerate_helper import publish_accelerate_state
+from ckptpub.distributed import DEFAULT_TIMEOUT_S, DistributedHasher, new_group, publish_on_ranks
 from ckptpub.signing import Signer
 
 __all__ = ["PublishCallback", "Published", "publish_accelerate_state"]
@@ -45,12 +46,13 @@ _PRODUCER_PACKAGES = ("transformers", "torch", "accelerate", "peft", "safetensor
 
 @dataclass(frozen=True)
 class Published:
-    """One manifest this callback wrote: where, for which step, with which identity."""
+    """One manifest this callback wrote: where, for which step, its identity, how many ranks hashed it."""
 
     step: int
     folder: str
     identity: str
     time: float
+    ranks: int = 1
 
 
 @dataclass(frozen=True)
@@ -184,8 +186,24 @@ class _Publisher:
         self._done: list[Published] = []
         self._done_lock = threading.Lock()
         self.failures: list[str] = []
+        self.hasher: DistributedHasher | None = None  # set when every rank of the job hashes
+        self.writer = True  # this rank writes the manifest (``args.should_save``)
 
     # -- main thread -------------------------------------------------------------
+    def set_writer(self, writer: bool) -> None:
+        """Whether this rank writes the manifests; called at train start, when no worker runs.
+
+        A rank that only helps hash gets an unbounded queue: if it could block in
+        ``on_save`` while its worker waits in a collective for the writer's worker,
+        and the writer's main thread (holding the rotation lock) waited for this rank
+        in a collective save (FSDP, DeepSpeed), nothing would move until the rank
+        timeout. Its backlog stays small anyway: its worker keeps pace with the
+        writer's through the collectives, and the writer's bounded queue slows the job.
+        """
+        self.writer = writer
+        if not writer:
+            self._queue = queue.Queue()
+
     def submit(self, job: _Job) -> None:
         if not self.background:
             self._run_safely(job, locked=False)
@@ -222,23 +240,17 @@ class _Publisher:
             self._fail(job, f"unexpected error: {exc!r}")
 
     def _run(self, job: _Job, *, locked: bool) -> None:
-        guard = self.rotation_lock if locked else contextlib.nullcontext()
-        if os.path.islink(job.folder):  # the Trainer never saves through a link; we never write through one
-            return self._fail(job, "checkpoint folder is a symlink; not publishing through it")
-        with guard:
-            before = _list_files(job.folder)
-        if before is None:
-            return self._fail(job, "folder was removed before it could be published (rotated away?)")
-        if self.require and self.require not in before:
-            return self._fail(job, f"folder is incomplete (no {self.require}); not publishing it")
+        hasher = self.hasher if self.hasher is not None and self.hasher.broken is None else None
+        if hasher is None and not self.writer:
+            return  # no distributed hashing (or it failed earlier): the writing rank publishes alone
         try:
-            # A Trainer checkpoint is the right folder by construction; weights may be .bin or FSDP shards.
-            manifest = ckptpub.publish(
-                job.folder, provenance=job.provenance, allow_no_weights=True, sign=self.signer
-            )
-        except (ckptpub.CkptpubError, OSError) as exc:
-            gone = not os.path.isdir(job.folder)
-            return self._fail(job, ("folder was rotated away while hashing: " if gone else "") + str(exc))
+            with contextlib.nullcontext() if hasher is None else hasher.taking_part():
+                manifest, before = self._hash(job, locked=locked, hasher=hasher)
+        except _SkippedError as skipped:
+            return self._fail(job, str(skipped))
+        if not self.writer:
+            return
+        guard = self.rotation_lock if locked else contextlib.nullcontext()
         with guard:
             after = _list_files(job.folder)
             missing = sorted(set(before) - set(after or ()))
@@ -261,12 +273,46 @@ class _Publisher:
                     log.warning("ckptpub: could not append to the run index in %s: %s", job.index_dir, exc)
         log.info("ckptpub: published step %d %s identity %s", job.step, job.folder, manifest.identity)
         with self._done_lock:
-            self._done.append(Published(job.step, job.folder, manifest.identity, now))
+            ranks = 1 if hasher is None else hasher.world_size
+            self._done.append(Published(job.step, job.folder, manifest.identity, now, ranks))
+
+    def _hash(
+        self, job: _Job, *, locked: bool, hasher: DistributedHasher | None
+    ) -> tuple[ckptpub.Manifest, list[str]]:
+        """The manifest (written on the writing rank) and the files listed; ``_SkippedError`` says why not."""
+        guard = self.rotation_lock if locked else contextlib.nullcontext()
+        if os.path.islink(job.folder):  # the Trainer never saves through a link; we never write through one
+            raise _SkippedError("checkpoint folder is a symlink; not publishing through it")
+        with guard:
+            before = _list_files(job.folder)
+        if before is None:
+            raise _SkippedError("folder was removed before it could be published (rotated away?)")
+        if self.require and self.require not in before:
+            raise _SkippedError(f"folder is incomplete (no {self.require}); not publishing it")
+        # A Trainer checkpoint is the right folder by construction; weights may be .bin or FSDP shards.
+        options: dict[str, Any] = {
+            "provenance": job.provenance,
+            "allow_no_weights": True,
+            "sign": self.signer,
+        }
+        try:
+            if hasher is None:
+                return ckptpub.publish(job.folder, **options), before
+            return publish_on_ranks(job.folder, hasher, **options), before
+        except (ckptpub.CkptpubError, OSError) as exc:
+            gone = not os.path.isdir(job.folder)
+            raise _SkippedError(
+                ("folder was rotated away while hashing: " if gone else "") + str(exc)
+            ) from None
 
     def _fail(self, job: _Job, why: str) -> None:
         msg = f"ckptpub: step {job.step} {job.folder}: {why}"
         log.warning(msg)
         self.failures.append(msg)
+
+
+class _SkippedError(Exception):
+    """A save that is skipped, with the reason (logged as a warning)."""
 
 
 def _withdraw(folder: str) -> None:
@@ -287,6 +333,12 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
     * ``max_pending`` (default 1): saves that may wait behind the one being hashed
       before ``on_save`` blocks.
     * ``index`` (default True): append to ``output_dir/ckptpub-index.jsonl``.
+    * ``distributed`` (default True): in a multi-process run, every rank hashes its
+      share of each checkpoint (through a gloo group made at train start) and the
+      saving rank writes the manifest. ``rank_timeout_s`` bounds each wait for the
+      other ranks (it must cover one rank's share of the hashing); a rank that dies
+      or stalls fails that save's publish with a warning, and later saves are hashed
+      by the saving rank alone.
     * ``sign`` (default None): a private key's path (or a ``ckptpub.signing.SigningKey``):
       sign every checkpoint (``model.sig``, see ``docs/security.md``). The key is
       loaded here, so a key that cannot sign fails before training starts.
@@ -297,10 +349,18 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
     """
 
     def __init__(
-        self, background: bool = True, max_pending: int = 1, index: bool = True, sign: object = None
+        self,
+        background: bool = True,
+        max_pending: int = 1,
+        index: bool = True,
+        sign: object = None,
+        distributed: bool = True,
+        rank_timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.background = background
         self.index = index
+        self.distributed = distributed
+        self.rank_timeout_s = rank_timeout_s
         signer = None if sign is None else Signer.load(sign)
         self._pub = _Publisher(
             background=background, max_pending=max_pending, require=_DONE_MARKER, signer=signer
@@ -337,6 +397,11 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
         **kwargs: Any,
     ) -> None:
         self._producer = producer_versions()
+        # Every rank is here at the same point: the one safe place to make the hashing group.
+        spread = self.distributed and args.world_size > 1 and not args.save_on_each_node
+        if spread and self._pub.hasher is None:
+            self._pub.hasher = _rank_hasher(self.rank_timeout_s)
+        self._pub.set_writer(bool(args.should_save))
         self._base_identity = base_identity_of(model) if model is not None else None
         folder = unpublished_base(model) if model is not None and self._base_identity is None else None
         if folder is not None and not self._warned_base and args.should_save:
@@ -377,7 +442,7 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
     ) -> None:
         if args.world_size > 1:
             _barrier()
-        if not args.should_save:
+        if not args.should_save and self._pub.hasher is None:
             return
         final = state.max_steps and state.global_step >= state.max_steps
         try:
@@ -462,6 +527,19 @@ def _is_training_log(logs: object) -> TypeGuard[dict[str, Any]]:
         and "train_runtime" not in logs
         and not any(str(k).startswith(("eval_", "test_", "predict_")) for k in logs)
     )
+
+
+def _rank_hasher(timeout_s: float) -> DistributedHasher | None:
+    """A hasher over every rank of the job (its own gloo group), or None when that is not possible."""
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        return DistributedHasher(new_group(timeout_s))
+    except Exception as exc:  # training goes on; the saving rank hashes alone
+        log.warning("ckptpub: cannot hash over the job's ranks (%r); the saving rank hashes alone", exc)
+        return None
 
 
 def _barrier() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import enum
+import functools
 import io
 import os
 import sys
@@ -28,6 +29,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 from . import __version__
 from .compare import diff_manifests, verify
+from .distributed import DEFAULT_TIMEOUT_S, DistributedHasher, env_world, init_from_env, publish_on_ranks
 from .errors import CkptpubError, one_line
 from .explain import base_of, is_adapter
 from .manifest import MANIFEST_NAME
@@ -310,6 +312,7 @@ class PublishArguments:
     signing_certificate: str | None
     certificate_chain: list[str] | None
     json: bool
+    rank_timeout: float
 
 
 @dataclass(frozen=True)
@@ -322,6 +325,7 @@ class VerifyArguments:
     threads: int | None
     no_mmap: bool
     json: bool
+    rank_timeout: float
 
 
 @dataclass(frozen=True)
@@ -352,6 +356,29 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 1e7:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _join_ranks(timeout_s: float) -> DistributedHasher | None:
+    """Under ``torchrun`` with several processes: join its group; ranks other than 0 then print nothing."""
+    if env_world() is None:
+        return None
+    hasher = init_from_env(timeout_s)
+    if hasher.rank != 0:  # rank 0 reports for all of them, including every rank's failure
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(devnull, fd)
+        os.close(devnull)
+    return hasher
+
+
 def _add_folder(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folder", metavar="FOLDER", help="the checkpoint folder")
 
@@ -369,6 +396,15 @@ def _add_hashing(parser: argparse.ArgumentParser) -> None:
         "--no-mmap",
         action="store_true",
         help="read with pread instead of mmap (spinning disks, some network file systems)",
+    )
+    parser.add_argument(
+        "--rank-timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help="under torchrun (the work is spread over its ranks, rank 0 writes and prints): fail when a "
+        f"rank has not answered within SECONDS (default {DEFAULT_TIMEOUT_S:.0f}; it must cover one rank's "
+        "hashing)",
     )
 
 
@@ -446,9 +482,10 @@ def _add_ls(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_publish(args: PublishArguments) -> int:
     sign = _signing_key(args)
+    hasher = _join_ranks(args.rank_timeout)
     bar = ProgressBar("hashing")
     try:
-        manifest = publish(
+        manifest = (publish if hasher is None else functools.partial(publish_on_ranks, hasher=hasher))(
             args.folder,
             threads=args.threads,
             use_mmap=not args.no_mmap,
@@ -483,6 +520,7 @@ def _cmd_publish(args: PublishArguments) -> int:
 
 def _cmd_verify(args: VerifyArguments) -> int:
     trusted = _trusted_key(args)
+    hasher = _join_ranks(args.rank_timeout)
     bar = ProgressBar("verifying")
     options: dict[str, Any] = {
         "expect_identity": args.expect_identity,
@@ -492,8 +530,9 @@ def _cmd_verify(args: VerifyArguments) -> int:
     }
     try:
         if trusted is None:
-            report = verify(args.folder, **options)
-        else:  # the signature first: it must cover exactly the manifest verified
+            with contextlib.nullcontext() if hasher is None else hasher.taking_part():
+                report = verify(args.folder, hasher=hasher, **options)
+        else:  # the signature first: it must cover exactly the manifest verified (each rank hashes all)
             from .signing import verify_signed
 
             report = verify_signed(args.folder, trusted, **options)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .errors import CkptpubError
 from .explain import (
@@ -28,6 +28,9 @@ from .model_files import claim_problems, is_shard_path
 from .read import read_manifest
 from .safetensors import ShardLayout, read_layout
 from .scan import FolderEntry, as_path, resolve_folder, scan_folder
+
+if TYPE_CHECKING:
+    from .distributed import SpanHasher
 
 
 class Problem(NamedTuple):
@@ -95,6 +98,7 @@ def verify(
     threads: int | None = None,
     use_mmap: bool = True,
     on_progress: ProgressCallback | None = None,
+    hasher: SpanHasher | None = None,
 ) -> VerifyReport:
     """Re-hash every byte of ``folder`` and compare with its ``ckptpub.json``.
 
@@ -103,7 +107,8 @@ def verify(
     The manifest's claims about which files are shards and weights, and about the
     config, are checked against the folder with the rules ``publish`` applies
     (``model_files.claim_problems``), so a forged manifest cannot keep a pinned
-    identity while an engine loads other tensors.
+    identity while an engine loads other tensors. ``hasher`` replaces
+    ``hashing.hash_spans`` (a ``distributed.DistributedHasher`` spreads the work over a job's ranks).
     """
     if expect_identity is not None:
         check_identity(expect_identity, "expected identity")
@@ -132,7 +137,9 @@ def verify(
             checks.extend(_shard_checks(tensors, record.path, record.header_size, entry, layouts, problems))
     for path in entries.keys() - {f.path for f in manifest.files}:
         problems.append(Problem(path, "added", "in the folder but not in the manifest"))
-    digests = hash_spans([s for s, _ in checks], threads=threads, use_mmap=use_mmap, on_progress=on_progress)
+    digests = (hasher or hash_spans)(
+        [s for s, _ in checks], threads=threads, use_mmap=use_mmap, on_progress=on_progress
+    )
     expected = _expected_digests(manifest, checks)
     problems.extend(p for (_, p), got, want in zip(checks, digests, expected, strict=True) if got != want)
     if not problems:

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .canonical import canonical_json
@@ -27,8 +27,8 @@ from .safetensors import ShardLayout, read_layout
 from .scan import FolderEntry, as_path, resolve_folder, restat, scan_folder
 from .tables import FileRecord, check_name, encode_tables, line
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    from .distributed import SpanHasher
     from .signing import Signer, SigningKey
 
 #: Provenance nested deeper than this is refused (it is a record of facts, not a data store).
@@ -44,6 +44,7 @@ def build_manifest(
     on_progress: ProgressCallback | None = None,
     allow_no_weights: bool = False,
     allow_nested: bool = False,
+    hasher: SpanHasher | None = None,
 ) -> Manifest:
     """Hash every tensor and file of ``folder`` and return its manifest, writing nothing.
 
@@ -53,9 +54,12 @@ def build_manifest(
     for what is probably the wrong folder: one with no weight files (an empty
     folder, a run folder; pass ``allow_no_weights=True`` for an FSDP or DeepSpeed
     layout) or one holding other checkpoints (``checkpoint-N`` folders, manifests,
-    a run index; ``allow_nested=True`` to publish it anyway).
+    a run index; ``allow_nested=True`` to publish it anyway). ``hasher`` replaces
+    ``hashing.hash_spans`` (a ``distributed.DistributedHasher`` spreads the work over a job's ranks).
     """
-    options = _Options.checked(provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested)
+    options = _Options.checked(
+        provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested, hasher=hasher
+    )
     return _build(resolve_folder(folder), options)[0]
 
 
@@ -70,6 +74,7 @@ class _Options:
     allow_no_weights: bool
     allow_nested: bool
     signer: Signer | None = None  # a loaded signing key: checked before anything is hashed
+    hasher: SpanHasher | None = None  # instead of hash_spans (a distributed.DistributedHasher)
 
     @classmethod
     def checked(
@@ -81,6 +86,7 @@ class _Options:
         allow_no_weights: Any,
         allow_nested: Any,
         sign: Any = None,
+        hasher: Any = None,
     ) -> _Options:
         if provenance is not None and not hasattr(provenance, "items"):
             raise CkptpubError(
@@ -90,6 +96,8 @@ class _Options:
             raise CkptpubError(f"threads: expected a positive int or None, got {threads!r}")
         if on_progress is not None and not callable(on_progress):
             raise CkptpubError(f"on_progress: expected a callable, got {type(on_progress).__name__}")
+        if hasher is not None and not callable(hasher):
+            raise CkptpubError(f"hasher: expected a callable like hash_spans, got {type(hasher).__name__}")
         return cls(
             provenance=provenance,
             threads=threads,
@@ -98,6 +106,7 @@ class _Options:
             allow_no_weights=bool(allow_no_weights),
             allow_nested=bool(allow_nested),
             signer=None if sign is None else _load_signer(sign),
+            hasher=hasher,
         )
 
 
@@ -132,7 +141,7 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
     spans = list(_spans(entries, layouts))
     file_sha256: list[str] | None = [] if options.signer is not None else None
     digests = iter(
-        hash_spans(
+        (options.hasher or hash_spans)(
             spans,
             threads=options.threads,
             use_mmap=options.use_mmap,
@@ -195,6 +204,7 @@ def publish(
     base: str | os.PathLike[str] | None = None,
     adapter: str | os.PathLike[str] | None = None,
     sign: str | os.PathLike[str] | SigningKey | Signer | None = None,
+    hasher: SpanHasher | None = None,
 ) -> Manifest:
     """Build the manifest of ``folder`` and write it to ``folder/ckptpub.json`` atomically.
 
@@ -219,7 +229,14 @@ def publish(
     """
     provenance = _with_lineage(provenance, base=base, adapter=adapter)
     options = _Options.checked(
-        provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested, sign
+        provenance,
+        threads,
+        use_mmap,
+        on_progress,
+        allow_no_weights,
+        allow_nested,
+        sign,
+        hasher=hasher,
     )
     root = resolve_folder(folder)
     try:

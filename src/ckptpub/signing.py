@@ -27,6 +27,7 @@ import os
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .compare import Problem
 from .errors import CkptpubError, NoManifestError
@@ -35,7 +36,6 @@ from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifes
 from .safe_open import READ_FLAGS, kind_of, open_failure
 from .scan import SIGNATURE_NAME, as_path
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see records.py)
 if TYPE_CHECKING:
     from .compare import VerifyReport
     from .hashing import ProgressCallback

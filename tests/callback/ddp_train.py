@@ -28,6 +28,7 @@ def main(out: str) -> None:
         "world_size": trainer.args.world_size,
         "should_save": trainer.args.should_save,
         "published": [p.step for p in cb.published],
+        "ranks": [p.ranks for p in cb.published],
         "failures": cb.failures,
     }
     Path(out, f"rank-{rank}.json").write_text(json.dumps(report))

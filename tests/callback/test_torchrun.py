@@ -1,14 +1,14 @@
 """Two processes (``torchrun --nproc_per_node 2``, gloo on CPU): one manifest per
-checkpoint, written by the saving rank only, and it verifies."""
+checkpoint, hashed by both ranks, written by the saving rank only: the manifest a
+single process builds from the same folder, and it verifies."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
-from cbhelpers import assert_verifies, checkpoints, free_port, run_group
+from cbhelpers import assert_verifies, checkpoints, manifest_json, run_group, torchrun
 
 import ckptpub
 from ckptpub import run_index
@@ -18,19 +18,7 @@ HERE = Path(__file__).resolve().parent
 
 def test_two_process_run_publishes_once_per_checkpoint(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(HERE / "ddp_train.py"),
-        str(tmp_path),
-    ]
+    cmd = torchrun(2, str(HERE / "ddp_train.py"), str(tmp_path))
     r = run_group(cmd, timeout=240, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
@@ -41,6 +29,7 @@ def test_two_process_run_publishes_once_per_checkpoint(tmp_path):
     assert reports[0]["should_save"]
     assert not reports[1]["should_save"]
     assert reports[0]["published"] == [4, 8, 12]
+    assert reports[0]["ranks"] == [2, 2, 2]  # every checkpoint was hashed by both ranks
     assert reports[0]["failures"] == []
     assert reports[1]["published"] == []
     assert reports[1]["failures"] == []
@@ -55,5 +44,35 @@ def test_two_process_run_publishes_once_per_checkpoint(tmp_path):
         assert ours == [ckptpub.MANIFEST_NAME], ours  # exactly one manifest, no stray temp file
         assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in folder.iterdir()}
         assert_verifies(folder)
+        written = manifest_json(folder)
+        alone = json.loads(ckptpub.build_manifest(folder, allow_no_weights=True, allow_nested=True).to_json())
+        for manifest in (written, alone):
+            del manifest["provenance"]["created"]
+        assert {k: v for k, v in written.items() if k != "provenance"} == {
+            k: v for k, v in alone.items() if k != "provenance"
+        }
+        assert written["identity"] == alone["identity"]
     # one index line per checkpoint: the non-saving rank appended nothing
     assert [rec["path"] for rec in run_index.read(tmp_path)] == names
+
+
+def test_a_stalled_rank_costs_one_checkpoint_its_manifest_and_never_hangs_training(tmp_path):
+    """Rank 1 starts hashing 8 s late, the rank timeout is 3 s: the first save is not
+    published (a warning, no manifest), later saves are hashed by rank 0 alone, training ends."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    cmd = torchrun(2, str(HERE / "ddp_stall_train.py"), str(tmp_path), "8", "3")
+    r = run_group(cmd, timeout=240, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    writer, stalled = (json.loads((tmp_path / f"rank-{i}.json").read_text()) for i in (0, 1))
+    assert writer["published"] == [8, 12]
+    assert writer["ranks"] == [1, 1]  # after the failure the saving rank hashes alone
+    (failure,) = writer["failures"]
+    assert "step 4" in failure, failure
+    assert "timed out" in failure.lower(), failure
+    assert len(stalled["failures"]) == 1, stalled  # the late rank gave up too, once
+    assert stalled["published"] == []
+    assert not (tmp_path / "checkpoint-4" / ckptpub.MANIFEST_NAME).exists()
+    assert [p.name for p in (tmp_path / "checkpoint-4").iterdir() if "ckptpub" in p.name] == []
+    for name in ("checkpoint-8", "checkpoint-12"):
+        assert_verifies(tmp_path / name)
+    assert [rec["step"] for rec in run_index.read(tmp_path)] == [8, 12]

@@ -1,0 +1,55 @@
+"""Run under ``torchrun --nproc_per_node 2``: the tiny model with DDP (gloo) and
+PublishCallback(rank_timeout_s=TIMEOUT), where rank 1 is a stalled node: its part of
+every distributed hash starts STALL seconds late (the one thing this script changes,
+in its own process). Each rank writes OUT/rank-{rank}.json: what it published (with
+how many ranks hashed it) and its warnings.
+
+    python ddp_stall_train.py OUT STALL TIMEOUT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import train_tiny
+
+from ckptpub import distributed
+from ckptpub.callback import PublishCallback
+
+
+def stall_rank_1(seconds: float) -> None:
+    hash_on_ranks = distributed.DistributedHasher.__call__
+
+    def late(self: distributed.DistributedHasher, *args: object, **kwargs: object) -> list[str]:
+        time.sleep(seconds)
+        return hash_on_ranks(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    distributed.DistributedHasher.__call__ = late  # type: ignore[method-assign]
+
+
+def main(out: str, stall: float, timeout: float) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 1:
+        stall_rank_1(stall)
+    cb = PublishCallback(rank_timeout_s=timeout)
+    trainer = train_tiny.make_trainer(
+        out, callbacks=[cb], max_steps=12, save_steps=4, ddp_backend="gloo", logging_steps=100
+    )
+    started = time.monotonic()
+    trainer.train()
+    report = {
+        "rank": rank,
+        "published": [p.step for p in cb.published],
+        "ranks": [p.ranks for p in cb.published],
+        "failures": cb.failures,
+        "train_seconds": time.monotonic() - started,
+    }
+    Path(out, f"rank-{rank}.json").write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], float(sys.argv[2]), float(sys.argv[3]))

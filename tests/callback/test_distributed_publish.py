@@ -1,0 +1,194 @@
+"""Publishing and verifying spread over real ranks (gloo processes on this machine).
+
+The distributed publish must write the manifest a single process writes (every
+entry, the identity), each rank must hash its own share, a flipped byte in a file a
+non-zero rank hashes must be found, and a rank that stalls or dies must make the
+publish fail within the timeout, with no manifest left, never a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from cbhelpers import free_port, run_group, torchrun
+from checkpoints import copy_checkpoint, flip_byte, run_cli, tensor_range, write_checkpoint
+
+import ckptpub
+from ckptpub.distributed import assign_files
+from ckptpub.hashing import Span
+
+HERE = Path(__file__).resolve().parent
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def entries(folder: Path) -> dict:
+    """The manifest without its creation time: what must be equal however it was hashed."""
+    manifest = json.loads((folder / ckptpub.MANIFEST_NAME).read_text())
+    del manifest["provenance"]["created"]
+    return manifest
+
+
+def our_files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if "ckptpub" in p.name)
+
+
+def rank_exits(stderr: str) -> dict[int, int]:
+    """Each rank's exit code, from torchrun's failure summary (none was stopped by the other)."""
+    found = re.findall(r"rank\s*: (\d+) \(local_rank: \d+\)\s*exitcode\s*: (-?\d+)", stderr)
+    return {int(rank): int(code) for rank, code in found}
+
+
+def rank_reports(out: Path, ranks: int) -> list[dict]:
+    return [json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(ranks)]
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    return write_checkpoint(tmp_path / "source", shards=4)
+
+
+def test_files_go_whole_to_ranks_balanced_by_bytes():
+    sizes = {"a": [50, 30], "b": [40], "c": [30], "d": [10, 10]}  # spans of each file, in order
+    spans = [Span(f"/mnt/{name}", 0, size, name) for name, parts in sizes.items() for size in parts]
+    owners = assign_files(spans, 2)
+    by_file = {name: {o for s, o in zip(spans, owners, strict=True) if s.name == name} for name in sizes}
+    assert all(len(ranks) == 1 for ranks in by_file.values()), by_file  # a file is never split
+    loads = [sum(s.size for s, o in zip(spans, owners, strict=True) if o == rank) for rank in (0, 1)]
+    assert loads == [80, 90]  # largest first to the least-loaded rank: a to 0; b, c, then d to 1
+    assert assign_files(spans, 2) == owners  # every rank computes the same assignment
+    assert set(assign_files(spans, 8)) == {0, 1, 2, 3}  # more ranks than files: some hash nothing
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_publish_under_torchrun_writes_the_single_process_manifest(checkpoint, tmp_path, ranks):
+    alone = copy_checkpoint(checkpoint, tmp_path / "alone")
+    spread = copy_checkpoint(checkpoint, tmp_path / "spread")
+    ckptpub.publish(alone)
+    r = run_group(torchrun(ranks, "-m", "ckptpub", "publish", str(spread)), timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert entries(spread) == entries(alone)
+    # rank 0 prints the identity and its note; the other ranks print nothing
+    assert r.stdout.split() == [ckptpub.read_manifest(alone).identity]
+    assert r.stderr.count("ckptpub: published") == 1
+
+
+def test_a_signed_publish_under_torchrun_verifies_with_the_public_key(checkpoint, tmp_path):
+    """Rank 0 signs; every rank computes the SHA-256 of the files it hashes for that signature."""
+    sys.path.insert(0, str(HERE.parent / "signing"))
+    import signhelpers
+
+    key = signhelpers.make_key(tmp_path / "keys", "trainer")
+    # "-m --": torchrun would take --sign for an abbreviation of its own --signals-to-handle
+    command = torchrun(2, "-m", "--", "ckptpub", "publish", str(checkpoint), "--sign", str(key.private))
+    r = run_group(command, timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (checkpoint / "model.sig").is_file()
+    verified = run_cli("verify", checkpoint, "--public-key", key.public)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    alone = copy_checkpoint(checkpoint, tmp_path / "alone")
+    for ours in ("model.sig", ckptpub.MANIFEST_NAME):
+        (alone / ours).unlink()
+    ckptpub.publish(alone)
+    assert entries(checkpoint) == entries(alone)
+
+
+def test_each_rank_hashes_its_own_share(checkpoint, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    script = torchrun(2, str(HERE / "dist_publish.py"), str(checkpoint), str(out))
+    r = run_group(script, timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    reports = rank_reports(out, 2)
+    total = sum(f.size for f in ckptpub.read_manifest(checkpoint).files)
+    assert [rep["identity"] for rep in reports] == [ckptpub.read_manifest(checkpoint).identity] * 2
+    assert all(rep["hashed_bytes"] > 0 for rep in reports), reports
+    assert sum(rep["hashed_bytes"] for rep in reports) == total
+
+
+def test_ranks_may_see_the_folder_at_different_paths_but_not_different_folders(checkpoint, tmp_path):
+    """Each node mounts the storage where it likes; a rank that sees other files refuses with the rest."""
+    for rank in (0, 1):
+        copy_checkpoint(checkpoint, tmp_path / f"view-{rank}")
+    out = tmp_path / "out"
+    out.mkdir()
+    script = torchrun(2, str(HERE / "dist_publish.py"), str(tmp_path / "view-{rank}"), str(out))
+    r = run_group(script, timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert entries(tmp_path / "view-0")["identity"] == ckptpub.build_manifest(checkpoint).identity
+    assert our_files(tmp_path / "view-1") == []  # only rank 0 writes
+
+    (tmp_path / "view-0" / ckptpub.MANIFEST_NAME).unlink()
+    (tmp_path / "view-1" / "notes.txt").write_text("only rank 1 sees this file")
+    r = run_group(script, timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for report in rank_reports(out, 2):
+        assert "the ranks see different checkpoints" in report["error"], report
+    assert our_files(tmp_path / "view-0") == []
+
+
+def test_verify_under_torchrun_finds_a_byte_flipped_in_a_file_rank_1_hashes(checkpoint):
+    ckptpub.publish(checkpoint)
+    manifest = ckptpub.read_manifest(checkpoint)
+    files = [Span(f.path, 0, f.size, f.path) for f in manifest.files]
+    owners = dict(zip((f.path for f in manifest.files), assign_files(files, 2), strict=True))
+    tensor = next(t for t in manifest.tensors if owners[t.file] == 1)
+    start, _ = tensor_range(checkpoint / tensor.file, tensor.name)
+    r = run_group(torchrun(2, "-m", "ckptpub", "verify", str(checkpoint)), timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    flip_byte(checkpoint / tensor.file, start)
+    r = run_group(torchrun(2, "-m", "ckptpub", "verify", str(checkpoint)), timeout=120, env=ENV)
+    assert r.returncode == 1, r.stderr[-3000:]  # torchrun: a rank exited 1
+    assert rank_exits(r.stderr) == {0: 1, 1: 1}, r.stderr[-3000:]  # the same verdict on both ranks
+    failed = [line for line in r.stdout.splitlines() if "FAILED" in line]
+    assert len(failed) == 1, r.stdout  # printed once, by rank 0
+    assert tensor.name in failed[0]
+
+
+def test_unusable_input_under_torchrun_is_one_error_line_and_exit_2_on_every_rank(checkpoint):
+    r = run_group(torchrun(2, "-m", "ckptpub", "verify", str(checkpoint)), timeout=120, env=ENV)
+    assert r.returncode != 0
+    assert rank_exits(r.stderr) == {0: 2, 1: 2}, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("ckptpub: error:")]
+    assert len(errors) == 1, r.stderr[-3000:]  # said once, by rank 0
+    assert "no ckptpub.json" in errors[0]
+
+
+def test_a_stalled_rank_fails_the_publish_within_the_timeout(checkpoint, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    script = torchrun(2, str(HERE / "dist_publish.py"), str(checkpoint), str(out), "--timeout", "3")
+    r = run_group([*script, "--stall", "8"], timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    writer, stalled = rank_reports(out, 2)
+    assert "timed out" in writer["error"].lower(), writer
+    assert "error" in stalled, stalled  # the late rank fails too instead of waiting forever
+    assert our_files(checkpoint) == []  # no manifest, no temporary file
+
+
+def test_a_killed_rank_fails_the_publish_at_once(checkpoint, tmp_path):
+    """Started by hand with torchrun's environment: torchrun itself stops every rank when one dies."""
+    import subprocess
+
+    out = tmp_path / "out"
+    out.mkdir()
+    port = str(free_port())
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "dist_publish.py"), str(checkpoint), str(out), "--kill"],
+            env=dict(
+                ENV, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port
+            ),
+        )
+        for r in (0, 1)
+    ]
+    codes = [rank.wait(timeout=120) for rank in ranks]
+    assert codes[1] == -9
+    assert codes[0] == 0
+    (writer,) = rank_reports(out, 1)
+    assert "distributed hashing failed" in writer["error"], writer
+    assert our_files(checkpoint) == []

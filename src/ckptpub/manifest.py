@@ -335,14 +335,15 @@ def parse_manifest(data: bytes, display_name: str = MANIFEST_NAME) -> Manifest:
         )
     validator = _Validator(display_name)
     newline = data.find(b"\n")
-    head, rest = (data, b"") if newline < 0 else (data[:newline], data[newline + 1 :])
+    # A view: the tables are copied once, each into its own bytes, not first as one remainder.
+    head, rest = (data, memoryview(b"")) if newline < 0 else (data[:newline], memoryview(data)[newline + 1 :])
     try:
         document = loads_strict(head, display_name, "manifest")
     except CkptpubError:  # a ckptpub/1 document over several lines, or no JSON at all
         return validator.manifest_v1(loads_strict(data, display_name, "manifest"))
     if isinstance(document, dict) and document.get("format") == FORMAT:
         return validator.manifest_v2(document, rest)
-    if rest.strip():
+    if bytes(rest).strip():
         document = loads_strict(data, display_name, "manifest")
     return validator.manifest_v1(document)
 
@@ -378,7 +379,7 @@ class _Validator:
             "recorded identity does not match the manifest's own entries (edited or corrupt manifest)"
         )
 
-    def manifest_v2(self, document: Any, rest: bytes) -> Manifest:
+    def manifest_v2(self, document: Any, rest: memoryview) -> Manifest:
         """The header is checked field by field; the tables by size, line counts and the identity."""
         expected = {"format", "identity", "config", "weights", "tables", "files", "provenance"}
         document = self.fields_of(document, expected)
@@ -401,7 +402,7 @@ class _Validator:
         layout_size = self.count(sizes["layout"], "tables: layout")
         if model_size + layout_size != len(rest):
             raise self.fail(f"tables hold {len(rest)} bytes, the header says {model_size + layout_size}")
-        tables = Tables(rest[:model_size], rest[model_size:], tuple(counts))
+        tables = Tables(bytes(rest[:model_size]), bytes(rest[model_size:]), tuple(counts))
         weight_count = sum(shard_counts[w] for w in weights)
         if tables.model.count(b"\n") != weight_count or tables.layout.count(b"\n") != sum(counts):
             raise self.fail("tables: line counts do not match the files' tensor counts")

@@ -1,0 +1,115 @@
+"""The files an engine reads besides the weights: configs, tokenizer, chat templates.
+
+Streaming verification covers every tensor, and a daemon holds exactly the
+identity's tensors, but vLLM also reads ``config.json``, ``generation_config.json``,
+the tokenizer files and chat templates from the folder itself, on every start and
+whichever path the weights take. A same-size edit of one of them (a changed
+``rope_theta``, another chat template) would serve a different model under the
+manifest's identity, and so would such a file added after publishing.
+
+So every top-level file whose name an engine may read (:func:`engine_reads`) must be
+listed in the manifest and is hashed whole, whatever its size, and a config's
+meaning must be the one the identity was computed from (a forged manifest that
+recorded other config bytes is refused too). The weight shards are never opened,
+read or ``stat``-ed here: the work is one directory listing plus one open, ``fstat``
+and read per engine file, the same for 16 shards or 163.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ckptpub
+from ckptpub.strict_json import loads_strict
+
+from .errors import RefusedError
+from .folder_reads import UnreadableError, read_prefix
+
+#: Names read by vLLM's config code and by transformers' tokenizer and processor loaders.
+_EXACT_NAMES = frozenset({"merges.txt", "vocab.txt", "params.json", "tekken.json"})
+_PREFIXES = (
+    "tokenizer",
+    "chat_template",
+    "vocab",
+    "special_tokens",
+    "added_tokens",
+    "spiece",
+    "sentencepiece",
+)
+_SUFFIXES = (".json", ".jinja", ".model", ".tiktoken")
+#: Not read by an engine: the manifest (read and validated on its own), the shard index (read only
+#: on the disk path, whose shards stream verified anyway) and training state, ``ckptpub verify``'s business.
+_NOT_READ = frozenset({ckptpub.MANIFEST_NAME, "model.safetensors.index.json", "trainer_state.json"})
+#: Subfolder of extra chat templates that transformers lists and reads.
+TEMPLATES_FOLDER = "additional_chat_templates"
+
+
+def engine_reads(path: str) -> bool:
+    """Whether an engine may read this '/'-separated path of a checkpoint folder."""
+    folder, _, name = path.rpartition("/")
+    if folder:
+        return folder == TEMPLATES_FOLDER and name.endswith(".jinja")
+    if name in _NOT_READ or name.endswith(".safetensors"):
+        return False
+    return name in _EXACT_NAMES or name.startswith(_PREFIXES) or name.endswith(_SUFFIXES)
+
+
+def engine_file_problems(folder: str, manifest: ckptpub.Manifest) -> list[str]:
+    """Human-readable differences between the folder's engine files and the manifest."""
+    listed = {record.path: record for record in manifest.files if engine_reads(record.path)}
+    problems = [
+        f"{path} is not in the manifest, and an engine reads it"
+        for path in _present_engine_files(folder)
+        if path not in listed
+    ]
+    for path, record in sorted(listed.items()):
+        try:
+            data, _ = read_prefix(folder, path, record.size + 1)
+        except UnreadableError as error:
+            problems.append(f"{path} {error}")
+            continue
+        if len(data) != record.size:
+            problems.append(f"{path} has {len(data)} bytes, the manifest says {record.size}")
+        elif ckptpub.tensor_digest(data) != record.digest:
+            problems.append(f"{path}: bytes differ from the manifest")
+        elif path in manifest.config and _config_meaning(path, data) != manifest.config[path]:
+            problems.append(f"{path}: the manifest records another config meaning (forged manifest?)")
+    return problems
+
+
+def check_engine_files(folder: str, manifest: ckptpub.Manifest) -> None:
+    """Refuse unless every file an engine reads is exactly as published."""
+    problems = engine_file_problems(folder, manifest)
+    if problems:
+        raise RefusedError.for_problems(folder, problems, hint=f"run `ckptpub verify {folder}`")
+
+
+def _present_engine_files(folder: str) -> list[str]:
+    """Engine-read paths that exist in the folder, from one listing (two with extra templates)."""
+    try:
+        names = os.listdir(folder)
+    except OSError as error:
+        raise RefusedError(folder, f"cannot list it ({error.strerror or error})") from None
+    paths = [name for name in names if engine_reads(name)]
+    if TEMPLATES_FOLDER in names:
+        try:
+            templates = os.listdir(os.path.join(folder, TEMPLATES_FOLDER))
+        except OSError:  # not a listable folder: a file by that name is not read as templates
+            templates = []
+        paths += [f"{TEMPLATES_FOLDER}/{name}" for name in templates if name.endswith(".jinja")]
+    return sorted(paths)
+
+
+def _config_meaning(path: str, data: bytes) -> str | None:
+    """The config digest of ``data``, or None for a config no manifest can record.
+
+    Read by the strict reader publishing reads configs with, so that covers text
+    that is not a JSON object and what canonical JSON cannot write (NaN, ``1e400``,
+    duplicate keys, nesting too deep): a forged manifest may list such a config
+    with matching bytes, and it must be refused like any other mismatch.
+    """
+    try:
+        document = loads_strict(data, path, "config")
+        return ckptpub.config_digest(document) if isinstance(document, dict) else None
+    except (ckptpub.CkptpubError, ValueError, RecursionError):
+        return None

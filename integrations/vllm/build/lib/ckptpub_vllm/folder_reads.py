@@ -1,0 +1,58 @@
+"""Reading a checkpoint's files on an engine's start path: inside the folder, never blocking.
+
+The engine-file check and the shard diagnosis read files an attacker may have
+swapped: the open never follows a symlink in its last component and never blocks
+on a FIFO, and what was opened must be a regular file. A symlink is followed only
+to a file inside the folder, the rule ``ckptpub publish`` applies, so a folder that
+published is not refused here for the same layout. The happy path costs one open,
+one ``fstat`` and one read; symlinks are resolved only when the open says it met one.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class UnreadableError(Exception):
+    """Why a file of the folder cannot be read; the message completes "<path> ..."."""
+
+
+def resolve_inside(folder: str, path: str) -> str:
+    """Where the symlink ``path`` of ``folder`` leads, refused unless that is inside the folder."""
+    target, root = os.path.realpath(os.path.join(folder, path)), os.path.realpath(folder)
+    if os.path.commonpath([root, target]) != root:
+        raise UnreadableError("is a symlink out of the folder")
+    return target
+
+
+def read_prefix(folder: str, path: str, limit: int) -> tuple[bytes, int]:
+    """Up to ``limit`` bytes of the regular file ``path`` of ``folder``, and the file's size."""
+    fd = _open_inside(folder, path)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnreadableError("is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(limit), info.st_size
+    except OSError as error:
+        raise UnreadableError(f"cannot be read ({error.strerror or error})") from None
+    finally:
+        os.close(fd)
+
+
+def _open_inside(folder: str, path: str) -> int:
+    try:
+        try:
+            return os.open(os.path.join(folder, path), _READ_FLAGS)
+        except OSError as error:
+            if error.errno != errno.ELOOP:
+                raise
+        return os.open(resolve_inside(folder, path), _READ_FLAGS)
+    except OSError as error:
+        if error.errno == errno.ENOENT:
+            raise UnreadableError("is missing") from None
+        raise UnreadableError(f"cannot be read ({error.strerror or error})") from None

@@ -1,0 +1,127 @@
+"""The ``checkpoint`` field of vLLM's weight-cache key, taken from the manifest.
+
+vLLM fills ``WeightCacheKey.checkpoint`` with ``protocol.hash_checkpoint(model)``, a
+hash of every shard's *header* (names, dtypes, shapes, offsets; no values). Two
+checkpoints with one layout and different weights get one key, so an engine asked
+for a fine-tune silently maps the daemon's base model. ``from_model_config`` looks
+``hash_checkpoint`` up in its module at call time, on the engine side
+(``IpcModelLoader._fetch_entries``) and the daemon side (``WeightCacheDaemon.__init__``)
+alike, so replacing that one module attribute changes both.
+
+For a folder with ``ckptpub.json`` the replacement returns the manifest's identity
+(``"blake3:<64 hex>"``, a hash of every tensor's bytes), reading that one small file
+in a handful of filesystem requests and opening no shard. Anything at the manifest's
+path that is not a valid manifest (a directory, a FIFO, a symlink, a damaged file) is
+refused, never taken as "no manifest". Folders with nothing at that path keep vLLM's
+own hash (plain ``ipc_cache`` users are unaffected) unless ``CKPTPUB_REQUIRE_MANIFEST=1``
+asks to fail closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+
+import ckptpub
+
+from .errors import RefusedError
+from .log import logger
+from .options import REQUIRE_MANIFEST_ENV, require_manifest_from_env
+from .signature import signed_manifest, trusted_from_env
+
+_PATCH_MARK = "_ckptpub_original"
+_logged: set[tuple[str, str]] = set()
+#: Manifests the loader has just checked, by folder, for the key vLLM computes next (see ``checked``).
+_checked: dict[str, ckptpub.Manifest] = {}
+
+
+@contextlib.contextmanager
+def checked(folder: str, manifest: ckptpub.Manifest) -> Iterator[None]:
+    """While the loader asks the daemon, key ``folder`` by the manifest it already checked.
+
+    The key then names exactly the manifest whose engine files were checked (no
+    window in which another could be read), and ``ckptpub.json`` is read once per
+    engine start. Outside the block the key reads the file as usual.
+    """
+    _checked[folder] = manifest
+    try:
+        yield
+    finally:
+        _checked.pop(folder, None)
+
+
+def has_manifest(folder: str) -> bool:
+    """Whether anything (a valid manifest or not) is at the folder's manifest path (one ``lstat``)."""
+    return os.path.lexists(os.path.join(folder, ckptpub.MANIFEST_NAME))
+
+
+def read_folder_manifest(folder: str) -> ckptpub.Manifest | None:
+    """The folder's validated manifest; None only when nothing is at its manifest path.
+
+    The manifest file is read directly (no separate look at the folder first); only
+    when that fails does a ``lstat`` tell "absent" from "present but unusable".
+    With ``CKPTPUB_PUBLIC_KEY``/``CKPTPUB_CERTIFICATE_CHAIN`` set (daemons, plain
+    ``ipc_cache`` engines) only the manifest that key signed is returned.
+    """
+    public_key, chain = trusted_from_env()
+    if public_key is not None or chain:
+        return signed_manifest(folder, public_key, chain)
+    path = os.path.join(folder, ckptpub.MANIFEST_NAME)
+    try:
+        return ckptpub.read_manifest(path)
+    except ckptpub.CkptpubError as error:
+        if not os.path.lexists(path):
+            return None
+        raise RefusedError(folder, f"its {ckptpub.MANIFEST_NAME} is unusable: {error}") from None
+
+
+def checkpoint_key(model: str) -> str | None:
+    """Drop-in replacement for vLLM's ``protocol.hash_checkpoint``."""
+    manifest = None
+    if isinstance(model, str):
+        manifest = _checked.get(model) or read_folder_manifest(model)
+    if manifest is not None:
+        if (model, manifest.identity) not in _logged:
+            _logged.add((model, manifest.identity))
+            logger.info(
+                "ckptpub: weight-cache key for %s is its manifest identity %s", model, manifest.identity
+            )
+        return manifest.identity
+    if require_manifest_from_env():
+        raise RefusedError(
+            model,
+            f"no {ckptpub.MANIFEST_NAME} and {REQUIRE_MANIFEST_ENV}=1",
+            hint=f"publish it with `ckptpub publish {model}`",
+        )
+    return original_hash_checkpoint()(model)
+
+
+def original_hash_checkpoint() -> Callable[[str], str | None]:
+    """vLLM's own ``hash_checkpoint``, whether or not the patch is installed."""
+    from vllm.model_executor.model_loader.weight_cache import protocol
+
+    current = protocol.hash_checkpoint
+    original: Callable[[str], str | None] = getattr(current, _PATCH_MARK, current)
+    return original
+
+
+def _patched(model: str) -> str | None:
+    return checkpoint_key(model)
+
+
+def install() -> None:
+    """Replace ``protocol.hash_checkpoint`` (idempotent; keeps vLLM's for fall back)."""
+    from vllm.model_executor.model_loader.weight_cache import protocol
+
+    current = protocol.hash_checkpoint
+    if getattr(current, _PATCH_MARK, None) is not None:
+        return
+    setattr(_patched, _PATCH_MARK, current)
+    protocol.hash_checkpoint = _patched
+
+
+def installed() -> bool:
+    from vllm.model_executor.model_loader.weight_cache import protocol
+
+    return getattr(protocol.hash_checkpoint, _PATCH_MARK, None) is not None

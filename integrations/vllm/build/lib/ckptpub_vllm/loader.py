@@ -1,0 +1,245 @@
+"""``--load-format manifest_cache``: vLLM's IPC loader, keyed and verified by the manifest.
+
+:class:`ManifestCacheLoader` subclasses vLLM's ``IpcModelLoader``. On a CUDA host it
+asks the weight-cache daemon for the weights; the key's ``checkpoint`` field is the
+manifest identity (see ``key``), so the daemon maps them only when it holds exactly
+these bytes. Whenever weights come from disk instead (no daemon, a mismatch with
+``fallback``, a platform without CUDA IPC such as the CPU build, or a daemon loading
+its own copy through ``load_weights``), :class:`VerifyingDiskLoader` streams them
+through a :class:`StreamVerifier` and the engine refuses to start on any difference,
+in the one pass vLLM makes over the shards anyway. Before either,
+``startup.check_before_start`` reads the manifest and checks the files the engine
+reads itself; it opens no shard, so an engine start that maps a daemon's weights
+costs the same few filesystem requests for 16 shards or 163.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from vllm.config import ModelConfig, VllmConfig
+from vllm.config.load import LoadConfig
+from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+from vllm.model_executor.model_loader.weight_cache import protocol
+from vllm.model_executor.model_loader.weight_cache.ipc_loader import IpcModelLoader
+
+import ckptpub
+
+from . import LOAD_FORMAT, key
+from .errors import RefusedError
+from .log import logger
+from .options import Options, split_extra_config
+from .startup import check_before_start
+from .verify_stream import StreamVerifier, check_shards_are_files
+
+
+@contextlib.contextmanager
+def refusals_logged() -> Iterator[None]:
+    """Log a refusal once, in its own words, before vLLM wraps it.
+
+    vLLM re-raises a loader's error as a worker traceback or a generic "Engine core
+    initialization failed"; this line is what an operator reads in the log.
+    """
+    try:
+        yield
+    except RefusedError as error:
+        logger.error("%s", error)
+        raise
+
+
+class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is untyped for mypy here
+    """vLLM's default disk loader with every tensor of the main checkpoint verified.
+
+    Tensors are hashed on a few threads as vLLM streams them into the model. In a
+    full ``load_model`` the last hashes are awaited only after vLLM's weight
+    post-processing, so they overlap it instead of delaying it: on real shapes the
+    hashing costs more CPU than the copy it runs beside. The model is returned only
+    once every tensor verified; a refusal discards it. A bare ``load_weights`` (the
+    weight-cache daemon's) waits for its hashes before returning.
+    """
+
+    def __init__(self, load_config: LoadConfig, manifest: ckptpub.Manifest | None, options: Options) -> None:
+        super().__init__(load_config)
+        self.manifest = manifest
+        self.options = options
+        self.verifier: StreamVerifier | None = None
+        self._folder: str | None = None
+        self._started = 0.0
+        self._finish_after_post_processing = False
+
+    def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = "") -> nn.Module:
+        self._finish_after_post_processing = True
+        try:
+            model = super().load_model(vllm_config=vllm_config, model_config=model_config, prefix=prefix)
+        except BaseException:
+            if self.verifier is not None:
+                self.verifier.close()
+            raise
+        finally:
+            self._finish_after_post_processing = False
+        if self.verifier is not None:
+            self._finish_verification(model_config)
+        return model
+
+    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
+        if self.manifest is None or not self.options.verify:
+            if self.manifest is not None:
+                logger.warning(
+                    "ckptpub: loading %s from disk WITHOUT verification (verify=false)", model_config.model
+                )
+            super().load_weights(model, model_config)
+            return
+        self._folder = model_config.model
+        self._started = time.perf_counter()
+        check_shards_are_files(model_config.model)
+        self.verifier = StreamVerifier(
+            model_config.model,
+            self.manifest,
+            threads=self.options.hash_threads,
+            max_pending_mib=self.options.max_pending_mib,
+        )
+        try:
+            super().load_weights(model, model_config)
+        except BaseException:
+            self.verifier.close()
+            raise
+        if self.local_expert_ids is not None:
+            self.verifier.mark_partial("expert-parallel weight filter")
+        if not self._finish_after_post_processing:
+            self._finish_verification(model_config)
+
+    def _finish_verification(self, model_config: ModelConfig) -> None:
+        """Wait for the last hashes (refusing on any difference) and say what was verified."""
+        verifier = self.verifier
+        assert verifier is not None
+        assert self.manifest is not None
+        verifier.finish()
+        logger.info(
+            "ckptpub: loaded and verified %d tensors (%.2f GiB) of %s from disk in %.2f s; identity %s",
+            verifier.verified_tensors,
+            verifier.verified_bytes / 2**30,
+            model_config.model,
+            time.perf_counter() - self._started,
+            self.manifest.identity,
+        )
+
+    def _get_weights_iterator(self, source: DefaultModelLoader.Source) -> Iterator[tuple[str, torch.Tensor]]:
+        weights: Iterator[tuple[str, torch.Tensor]] = super()._get_weights_iterator(source)
+        if self.verifier is None:
+            return weights
+        if source.model_or_path != self._folder or source.prefix or source.subfolder:
+            logger.warning(
+                "ckptpub: weights from %s (prefix %r) are not covered by the manifest",
+                source.model_or_path,
+                source.prefix,
+            )
+            return weights
+        if source.is_unused_weight is not None or self._encoder_only_lm_prefixes is not None:
+            self.verifier.mark_partial("vLLM skips shards this model does not use")
+        return self.verifier.wrap(weights)
+
+
+def ipc_unsupported_reason() -> str | None:
+    """Why this platform cannot map a daemon's weights, or None when it can.
+
+    Asks vLLM's own ``protocol.check_ipc_platform_support``, looked up on the module
+    at call time, so the loader takes the daemon path exactly where vLLM's
+    ``IpcModelLoader`` would (and where a platform shim says it may).
+    """
+    try:
+        protocol.check_ipc_platform_support()
+    except protocol.UnsupportedPlatformForIPCError as error:
+        return str(error)
+    return None
+
+
+class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is untyped for mypy here
+    """Loader of ``--load-format manifest_cache`` (options: see ``options.Options``)."""
+
+    def __init__(self, load_config: LoadConfig) -> None:
+        self.options, rest = split_extra_config(load_config.model_loader_extra_config)
+        super().__init__(dataclasses.replace(load_config, model_loader_extra_config=rest))
+        self._manifest: ckptpub.Manifest | None = None
+
+    def _prepare(self, model_config: ModelConfig) -> ckptpub.Manifest | None:
+        self._manifest = check_before_start(model_config.model, self.options)
+        return self._manifest
+
+    def _disk_loader(self, manifest: ckptpub.Manifest | None) -> VerifyingDiskLoader:
+        return VerifyingDiskLoader(self._fallback_load_config(), manifest, self.options)
+
+    # -- vLLM's entry points ---------------------------------------------------------------
+    def get_external_weight_memory(self, vllm_config: VllmConfig) -> int:
+        if ipc_unsupported_reason() is not None:
+            return 0
+        memory: int = super().get_external_weight_memory(vllm_config)
+        return memory
+
+    def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = "") -> nn.Module:
+        with refusals_logged():
+            return self._load_model(vllm_config, model_config, prefix)
+
+    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
+        """Used by the weight-cache daemon (and reloads): always a verified disk load."""
+        with refusals_logged():
+            manifest = self._prepare(model_config)
+            self._disk_loader(manifest).load_weights(model, model_config)
+
+    def _load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:
+        manifest = self._prepare(model_config)
+        no_ipc = ipc_unsupported_reason()
+        if no_ipc is not None:
+            if not self.fallback:
+                raise RefusedError(
+                    model_config.model, f"fallback is false but there is no daemon to map from: {no_ipc}"
+                )
+            logger.info(
+                "ckptpub: no daemon to map from (%s); loading %s from disk%s",
+                no_ipc,
+                model_config.model,
+                " with verification" if manifest is not None and self.options.verify else "",
+            )
+            return self._disk_loader(manifest).load_model(
+                vllm_config=vllm_config, model_config=model_config, prefix=prefix
+            )
+        if manifest is None:
+            return super().load_model(vllm_config, model_config, prefix)
+        with key.checked(model_config.model, manifest):
+            return super().load_model(vllm_config, model_config, prefix)
+
+    def _request_state(self, cache_key: protocol.WeightCacheKey, **kwargs: Any) -> protocol.WeightCacheState:
+        """Log the request and its answer; ``kwargs`` carries what newer vLLMs add (0.33: ``is_reload``)."""
+        logger.info("ckptpub: asking the weight-cache daemon for checkpoint %s", cache_key.checkpoint)
+        try:
+            state = super()._request_state(cache_key, **kwargs)
+        except protocol.CacheConfigMismatchError as e:
+            logger.warning("ckptpub: the daemon holds something else (%s); it will not be mapped", e)
+            raise
+        logger.info("ckptpub: the daemon holds %s: mapping its weights", cache_key.checkpoint)
+        return state
+
+    def _fallback_load(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:
+        manifest = self._manifest if self._manifest is not None else self._prepare(model_config)
+        logger.info(
+            "ckptpub: loading %s from disk%s",
+            model_config.model,
+            " with verification" if manifest is not None and self.options.verify else "",
+        )
+        return self._disk_loader(manifest).load_model(
+            vllm_config=vllm_config, model_config=model_config, prefix=prefix
+        )
+
+
+def install() -> None:
+    """Register ``manifest_cache`` with vLLM (idempotent, no warning on repeat)."""
+    from vllm.model_executor import model_loader
+
+    if model_loader._LOAD_FORMAT_TO_MODEL_LOADER.get(LOAD_FORMAT) is ManifestCacheLoader:
+        return
+    model_loader.register_model_loader(LOAD_FORMAT)(ManifestCacheLoader)

@@ -1,0 +1,96 @@
+"""Options of ``--load-format manifest_cache``, taken out of ``--model-loader-extra-config``.
+
+vLLM's ``IpcModelLoader`` rejects extra-config keys it does not know, so ours are
+popped first and everything else (``socket_path``, ``socket_dir``, ``mode``,
+``fallback``, ``connect_timeout_s``, ``state_timeout_s``) is handed on unchanged.
+
+``--load-format manifest_cache`` asks for the manifest's guarantee, so a folder
+without ``ckptpub.json`` is refused unless ``require_manifest`` is set to false.
+Environment: ``CKPTPUB_REQUIRE_MANIFEST=1`` also fails closed in processes that never
+see this extra config: plain ``ipc_cache`` engines and ``vllm preload`` daemons.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ckptpub import CkptpubError
+from ckptpub.manifest import check_identity
+
+REQUIRE_MANIFEST_ENV = "CKPTPUB_REQUIRE_MANIFEST"
+
+
+def require_manifest_from_env() -> bool:
+    """Whether ``CKPTPUB_REQUIRE_MANIFEST`` asks every process to refuse folders without a manifest."""
+    return os.environ.get(REQUIRE_MANIFEST_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class Options:
+    """``verify``: hash every tensor read from disk and refuse on any difference.
+    ``require_manifest``: refuse folders without ``ckptpub.json`` (on by default;
+    ignored when ``expect_identity`` is set, which always needs a manifest).
+    ``hash_threads``: threads hashing tensors while vLLM copies them into the model.
+    ``max_pending_mib``: bytes of tensors waiting for a hash before loading pauses.
+    ``expect_identity``: refuse unless the manifest's identity is this one. Pinned
+    from somewhere the checkpoint's writers cannot change, it turns "matches its
+    manifest" into "is this model" (a manifest is not a signature).
+    ``public_key`` (a PEM file) or ``certificate_chain`` (PEM files): refuse unless
+    ``model.sig`` signs exactly this manifest with that key (see ``signature``).
+    """
+
+    verify: bool = True
+    require_manifest: bool = True
+    hash_threads: int = 2
+    max_pending_mib: int = 2048
+    expect_identity: str | None = None
+    public_key: str | None = None
+    certificate_chain: tuple[str, ...] = ()
+
+    @property
+    def trusted(self) -> tuple[str | None, tuple[str, ...]] | None:
+        """``(public_key, certificate_chain)`` to check signatures with, or None when neither is set."""
+        if self.public_key is None and not self.certificate_chain:
+            return None
+        return self.public_key, self.certificate_chain
+
+
+_KEYS = {f.name: f.type for f in fields(Options)}
+
+
+def split_extra_config(extra: Mapping[str, Any] | None) -> tuple[Options, dict[str, Any]]:
+    """Return (our options, the remaining keys for vLLM's IPC loader)."""
+    rest = dict(extra or {})
+    values: dict[str, Any] = {}
+    for name in _KEYS:
+        if name not in rest:
+            continue
+        value = rest.pop(name)
+        default = getattr(Options, name)
+        if name == "expect_identity":
+            try:
+                check_identity(value, "manifest_cache option 'expect_identity'")
+            except CkptpubError as error:  # vLLM reports a bad option as a ValueError, like the others here
+                raise ValueError(str(error)) from None
+        elif name == "public_key":
+            if not (isinstance(value, str) and value):
+                raise ValueError(
+                    f"manifest_cache option 'public_key' must be a PEM file's path, got {value!r}"
+                )
+        elif name == "certificate_chain":
+            value = [value] if isinstance(value, str) else value
+            if not (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
+                raise ValueError(
+                    f"manifest_cache option 'certificate_chain' must be a PEM path or a list, got {value!r}"
+                )
+            value = tuple(value)
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ValueError(f"manifest_cache option {name!r} must be true or false, got {value!r}")
+        elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"manifest_cache option {name!r} must be a positive integer, got {value!r}")
+        values[name] = value
+    return Options(**values), rest

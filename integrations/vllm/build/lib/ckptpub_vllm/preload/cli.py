@@ -1,0 +1,276 @@
+"""``ckptpub preload``: the command, the ``preload`` entry point of ``ckptpub.commands``.
+
+    ckptpub preload MODEL_DIR [options] [-- extra args for vllm preload]
+    ckptpub preload --follow RUN_DIR [--verified-only] [options] [-- extra args]
+    ckptpub preload --status [--state-dir DIR] [--json]
+
+``COMMAND`` hands ckptpub its sub-parser, so ``ckptpub preload`` is parsed, helped
+and failed like every other ``ckptpub`` command (``ckptpub.cli``). Exit codes
+(``ckptpub.cli.ExitCode``): 0 ok (the supervisor stopped on SIGTERM/SIGINT;
+``--status``: the daemon holds the target's identity), 1 ``--status`` found no
+daemon holding the target (failed, loading, no target, stopped), 2 unusable input or
+usage. Every error is one line on stderr, starting ``ckptpub preload:`` like the
+supervisor's own log lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import re
+from dataclasses import dataclass
+
+from ckptpub import CkptpubError
+from ckptpub.cli import Command, ExitCode, UsageError
+
+from ..signature import CERTIFICATE_CHAIN_ENV, PUBLIC_KEY_ENV, read_trusted_manifest
+from . import status as st
+from .daemon_process import DEFAULT_COMMAND, IDENTITY_PATTERN, READY_PATTERN
+
+
+@dataclass(frozen=True)
+class PreloadArguments:
+    """The parsed command line of ``ckptpub preload``; ``extra`` is what followed ``--``."""
+
+    model_dir: str | None
+    follow: str | None
+    verified_only: bool
+    public_key: str | None
+    certificate_chain: list[str] | None
+    daemon_cmd: str
+    state_dir: str | None
+    interval: float
+    one_at_a_time: bool
+    socket_dir: str | None
+    ready_timeout: float
+    stop_timeout: float
+    retry_delay: float
+    identity_pattern: str
+    ready_pattern: str
+    quiet: bool
+    status: bool
+    json: bool
+    extra: list[str]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``ckptpub preload``, added to its sub-parser of ckptpub's parser."""
+    p.description = (
+        "Keep vLLM's weight-cache daemon holding exactly the checkpoint you serve: "
+        "re-preload when (and only when) the target's manifest identity changes."
+    )
+    p.epilog = (
+        "Arguments after '--' are passed to the daemon command (default: vllm preload). "
+        "Placeholders in --daemon-cmd: {folder}, {socket_dir}, {identity}, {python}."
+    )
+    p.add_argument(
+        "model_dir",
+        nargs="?",
+        metavar="MODEL_DIR",
+        help="checkpoint folder to serve (a symlink is followed on every poll)",
+    )
+    p.add_argument("--follow", metavar="RUN_DIR", help="serve the newest published step of a training run")
+    p.add_argument(
+        "--verified-only",
+        action="store_true",
+        help="only preload checkpoints that pass 'ckptpub verify' (a full re-hash, once per publish)",
+    )
+    p.add_argument(
+        "--public-key",
+        metavar="PUB",
+        help=f"only preload checkpoints whose model.sig this key signed (and set ${PUBLIC_KEY_ENV})",
+    )
+    p.add_argument(
+        "--certificate-chain",
+        metavar="PEM",
+        action="append",
+        help=f"as --public-key, trusting certificates this chain vouches for (${CERTIFICATE_CHAIN_ENV})",
+    )
+    p.add_argument(
+        "--daemon-cmd",
+        default=DEFAULT_COMMAND,
+        metavar="CMD",
+        help=f"daemon command template (default: {DEFAULT_COMMAND!r})",
+    )
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help=f"status, decision log, daemon logs (default: "
+        f"${st.STATE_DIR_ENV} or ~/.local/state/ckptpub/preload)",
+    )
+    p.add_argument(
+        "--interval", type=float, default=5.0, metavar="S", help="seconds between polls (default 5)"
+    )
+    p.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="stop the old daemon before loading the new one (when two models do not fit)",
+    )
+    p.add_argument(
+        "--socket-dir",
+        metavar="DIR",
+        help="fixed weight-cache socket directory for every daemon (implies --one-at-a-time); "
+        "default: a fresh directory per daemon under the state directory",
+    )
+    p.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="give up on a daemon not ready after S seconds (default 1800)",
+    )
+    p.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="SIGKILL a daemon still running S seconds after SIGTERM (default 60)",
+    )
+    p.add_argument(
+        "--retry-delay",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="first back-off after a failed preload, doubled per failure (default 30)",
+    )
+    p.add_argument(
+        "--identity-pattern",
+        default=IDENTITY_PATTERN,
+        metavar="REGEX",
+        help="log line by which a daemon reports its identity (group 'identity')",
+    )
+    p.add_argument(
+        "--ready-pattern",
+        default=READY_PATTERN,
+        metavar="REGEX",
+        help="log line by which a daemon reports it is ready",
+    )
+    p.add_argument("--quiet", action="store_true", help="do not echo decisions on stderr")
+    p.add_argument("--status", action="store_true", help="print what the supervisor holds and why, then exit")
+    p.add_argument(
+        "--json", action="store_true", help="with --status: print status.json (plus supervisor_alive)"
+    )
+
+
+def run(args: PreloadArguments) -> int:
+    """Run the supervisor until SIGTERM/SIGINT, or with ``--status`` report what it holds."""
+    return _status(args) if args.status else _supervise(args)
+
+
+COMMAND = Command(
+    "preload",
+    "keep vLLM's weight-cache daemon holding exactly the checkpoint you serve",
+    PreloadArguments,
+    add_arguments,
+    run,
+    program="ckptpub preload",
+    passthrough=True,
+)
+
+
+def _trust(args: PreloadArguments) -> None:
+    """``--public-key``/``--certificate-chain`` into the environment: the supervisor's observations read it,
+    and every daemon it starts inherits it (the plugin checks the signature in the daemon too)."""
+    if args.public_key is not None and args.certificate_chain:
+        raise UsageError("give --public-key or --certificate-chain, not both")
+    if args.public_key is not None:
+        os.environ[PUBLIC_KEY_ENV] = os.path.abspath(args.public_key)
+    if args.certificate_chain:
+        os.environ[CERTIFICATE_CHAIN_ENV] = os.pathsep.join(
+            os.path.abspath(p) for p in args.certificate_chain
+        )
+
+
+def _supervise(args: PreloadArguments) -> int:
+    from .supervisor import Config, Supervisor
+
+    if bool(args.model_dir) == bool(args.follow):
+        raise UsageError("give exactly one of MODEL_DIR or --follow RUN_DIR")
+    for name in ("interval", "ready_timeout", "stop_timeout", "retry_delay"):
+        if getattr(args, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    for name in ("identity_pattern", "ready_pattern"):
+        try:
+            compiled = re.compile(getattr(args, name))
+        except re.error as error:
+            raise UsageError(f"--{name.replace('_', '-')}: {error}") from None
+        if name == "identity_pattern" and not compiled.groups:
+            raise UsageError("--identity-pattern needs a group that captures the identity: (?P<identity>...)")
+    _trust(args)
+    if args.follow:
+        if not os.path.isdir(args.follow):
+            raise UsageError(f"--follow {args.follow}: not a directory")
+    elif args.model_dir:
+        if not os.path.isdir(args.model_dir):
+            raise UsageError(f"{args.model_dir}: not a directory")
+        read_trusted_manifest(args.model_dir)  # CkptpubError: no/invalid (or unsigned) manifest -> exit 2
+    if "{folder}" not in args.daemon_cmd:
+        raise UsageError("--daemon-cmd must contain {folder}")
+    if any(
+        a == "--weight-cache-socket-dir" or a.startswith("--weight-cache-socket-dir=") for a in args.extra
+    ):
+        raise UsageError("pass the socket directory as --socket-dir (before '--'), not to vllm preload")
+    config = Config(
+        model_dir=os.path.abspath(args.model_dir) if args.model_dir else None,
+        follow=os.path.abspath(args.follow) if args.follow else None,
+        verified_only=args.verified_only,
+        daemon_cmd=args.daemon_cmd,
+        extra=args.extra,
+        state_dir=args.state_dir or st.default_state_dir(),
+        interval=args.interval,
+        one_at_a_time=args.one_at_a_time,
+        socket_dir=os.path.abspath(args.socket_dir) if args.socket_dir else None,
+        ready_timeout=args.ready_timeout,
+        stop_timeout=args.stop_timeout,
+        retry_delay=args.retry_delay,
+        identity_pattern=args.identity_pattern,
+        ready_pattern=args.ready_pattern,
+        quiet=args.quiet,
+    )
+    try:
+        return Supervisor(config).run()
+    except (RuntimeError, ValueError) as error:  # a state directory in use; a --daemon-cmd shlex cannot split
+        raise CkptpubError(str(error)) from error
+
+
+def supervisor_alive(state_dir: str) -> bool:
+    """Whether a supervisor holds the state directory's lock right now."""
+    try:
+        fd = os.open(os.path.join(state_dir, st.LOCK), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _status(args: PreloadArguments) -> int:
+    state_dir = args.state_dir or st.default_state_dir()
+    data = st.read_json(os.path.join(state_dir, st.STATUS))
+    if not isinstance(data, dict):
+        raise CkptpubError(f"{state_dir}: no status (has a supervisor run with this --state-dir?)")
+    data["supervisor_alive"] = supervisor_alive(state_dir)
+    if not data["supervisor_alive"] and data.get("state") not in ("stopped",):
+        data["state_note"] = "the supervisor is not running; this status may be stale"
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        print(st.format_status(data))
+        if data.get("state_note"):
+            print(f"note:       {data['state_note']}")
+    held = data.get("held") or {}
+    target = data.get("target") or {}
+    good = (
+        data["supervisor_alive"]
+        and data.get("state") == "ready"
+        and held.get("alive", True)
+        and held.get("identity")
+        and held.get("identity") == target.get("identity")
+    )
+    return ExitCode.OK if good else ExitCode.MISMATCH

@@ -1,0 +1,65 @@
+"""What ckptpub checks at every engine start, before any weight arrives.
+
+The same checks run whether the weights are then mapped from a weight-cache daemon
+or streamed from disk, and none of them opens, reads or ``stat``-s a weight shard:
+
+* the manifest (``key.read_folder_manifest``): required unless the user opted out;
+  with an identity pinned it is required whatever the options say, since a pin that
+  a deleted manifest could bypass would pin nothing;
+* with a trusted key (``public_key``/``certificate_chain``, or their environment
+  variables), the signature over that manifest (``signature``): the manifest then
+  comes from the bytes the signature covers, and anything unsigned is refused;
+* the pinned identity, if any;
+* the files the engine reads itself (``engine_files``).
+
+On the daemon path that is all there is to check: the daemon holds exactly the
+identity's tensors, verified when it loaded them, and the key makes it hand over
+nothing else. On the disk path every tensor is verified while vLLM streams it.
+"""
+
+from __future__ import annotations
+
+import ckptpub
+
+from .engine_files import check_engine_files
+from .errors import RefusedError
+from .key import read_folder_manifest
+from .log import logger
+from .options import Options
+from .signature import signed_manifest
+
+
+def check_before_start(folder: str, options: Options) -> ckptpub.Manifest | None:
+    """The folder's manifest once it passed every start-time check; refuses otherwise.
+
+    Returns None only for a folder without a manifest when ``require_manifest`` is
+    off and no identity is pinned (vLLM's own key and an unverified load then apply).
+    """
+    trusted = options.trusted
+    manifest = signed_manifest(folder, *trusted) if trusted else read_folder_manifest(folder)
+    expected = options.expect_identity
+    if manifest is None:
+        if expected is not None:
+            raise RefusedError(
+                folder, f"no {ckptpub.MANIFEST_NAME}, so the pinned identity {expected} cannot be checked"
+            )
+        if options.require_manifest:
+            raise RefusedError(
+                folder,
+                f"no {ckptpub.MANIFEST_NAME}",
+                hint=f"publish it with `ckptpub publish {folder}`, "
+                "or set require_manifest to false to serve it unverified",
+            )
+        logger.warning(
+            "ckptpub: %s has no %s and require_manifest is false: vLLM's own key and an unverified "
+            "load apply",
+            folder,
+            ckptpub.MANIFEST_NAME,
+        )
+        return None
+    if expected is not None and manifest.identity != expected:
+        raise RefusedError(folder, f"its identity {manifest.identity} is not the expected {expected}")
+    if options.verify:
+        check_engine_files(folder, manifest)
+    logger.info("ckptpub: requested %s, identity %s", folder, manifest.identity)
+    return manifest

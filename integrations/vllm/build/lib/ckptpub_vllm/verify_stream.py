@@ -1,0 +1,229 @@
+"""Check every tensor vLLM streams from disk against the manifest, while it streams.
+
+vLLM's disk loader yields ``(name, tensor)`` pairs straight from the safetensors
+files, with the stored dtype and bytes, and the model copies each into place. The
+verifier checks name, dtype and shape at once and hands the raw bytes to a small
+thread pool (BLAKE3 releases the GIL), so hashing overlaps with vLLM's copying
+instead of adding a second pass over the checkpoint. Loading pauses only when more
+than ``max_pending_mib`` of tensors wait for their hash. Any difference raises
+:class:`RefusedError` naming the tensor; ``finish`` waits for the last hashes and
+also refuses when manifest tensors never arrived. When reading a shard fails (a
+damaged header, a truncated file), the shards are compared with the manifest then,
+and only then, so the refusal names the file without an extra pass on every start.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+import ckptpub
+
+from .errors import RefusedError
+from .folder_reads import UnreadableError, read_prefix, resolve_inside
+
+# safetensors dtype codes (what the manifest records) of torch dtypes.
+_DTYPE_CODES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+for _name, _code in (
+    ("uint16", "U16"),
+    ("uint32", "U32"),
+    ("uint64", "U64"),
+    ("float8_e4m3fn", "F8_E4M3"),
+    ("float8_e5m2", "F8_E5M2"),
+    ("float8_e8m0fnu", "F8_E8M0"),
+):
+    if hasattr(torch, _name):
+        _DTYPE_CODES[getattr(torch, _name)] = _code
+
+
+def dtype_code(dtype: torch.dtype) -> str:
+    return _DTYPE_CODES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def raw_bytes(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes as stored (a zero-copy view for CPU tensors)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+class StreamVerifier:
+    """Verifies one folder's tensors; use :meth:`wrap` on the weight iterator, then :meth:`finish`."""
+
+    def __init__(
+        self, folder: str, manifest: ckptpub.Manifest, *, threads: int = 2, max_pending_mib: int = 2048
+    ) -> None:
+        self.folder = folder
+        self.manifest = manifest
+        self.identity = manifest.identity
+        self.expected = manifest.weight_tensors()
+        self.seen: set[str] = set()
+        self.partial_reason: str | None = None
+        self.verified_tensors = 0
+        self.verified_bytes = 0
+        self.hash_seconds = 0.0
+        self._max_pending = max_pending_mib << 20
+        self._pending: deque[tuple[str, Future[str], int]] = deque()
+        self._pending_bytes = 0
+        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="ckptpub-verify")
+
+    def refuse(self, what: str, more: int = 0) -> RefusedError:
+        return RefusedError(self.folder, what, more=more, hint=f"the manifest's identity is {self.identity}")
+
+    def wrap(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        iterator = iter(weights)
+        while True:
+            try:
+                name, tensor = next(iterator)
+            except StopIteration:
+                return
+            except RefusedError:
+                raise
+            except Exception as error:  # noqa: BLE001 - whatever the shard reader raised: name the shard
+                self.close()
+                raise self.refuse(self.reading_failed(error)) from error
+            self.check(name, tensor)
+            yield name, tensor
+
+    def reading_failed(self, error: Exception) -> str:
+        """Why reading the shards failed, by shard name where the files show it."""
+        problems = shard_problems(self.folder, self.manifest)
+        if problems:
+            return problems[0]
+        return "reading the weights failed: " + " ".join(f"{type(error).__name__}: {error}".split())
+
+    def check(self, name: str, tensor: torch.Tensor) -> None:
+        record = self.expected.get(name)
+        if record is None:
+            raise self.refuse(f"tensor {name!r} is not in the manifest")
+        if name in self.seen:
+            raise self.refuse(f"tensor {name!r} was read twice")
+        self.seen.add(name)
+        got_dtype = dtype_code(tensor.dtype)
+        if got_dtype != record.dtype:
+            raise self.refuse(f"tensor {name!r} has dtype {got_dtype}, the manifest says {record.dtype}")
+        if tuple(tensor.shape) != tuple(record.shape):
+            raise self.refuse(
+                f"tensor {name!r} has shape {list(tensor.shape)}, the manifest says {list(record.shape)}"
+            )
+        data = raw_bytes(tensor)
+        size = int(data.nbytes)
+        self._pending.append((name, self._pool.submit(self._digest, data), size))
+        self._pending_bytes += size
+        self._collect(block=False)
+        while self._pending_bytes > self._max_pending and self._pending:
+            self._collect_one()
+
+    def _digest(self, data: memoryview) -> str:
+        start = time.perf_counter()
+        digest = ckptpub.tensor_digest(data)
+        self.hash_seconds += time.perf_counter() - start
+        return digest
+
+    def _collect(self, block: bool) -> None:
+        while self._pending and (block or self._pending[0][1].done()):
+            self._collect_one()
+
+    def _collect_one(self) -> None:
+        name, future, size = self._pending.popleft()
+        self._pending_bytes -= size
+        digest = future.result()
+        record = self.expected[name]
+        if digest != record.digest:
+            self.close()
+            raise self.refuse(
+                f"tensor {name!r} differs from the manifest (bytes hash to {digest[:19]}..., "
+                f"the manifest says {record.digest[:19]}...)"
+            )
+        self.verified_tensors += 1
+        self.verified_bytes += size
+
+    def mark_partial(self, reason: str) -> None:
+        """vLLM reads only part of the checkpoint on purpose (e.g. expert parallelism)."""
+        self.partial_reason = reason
+
+    def finish(self) -> None:
+        """Wait for the last hashes; refuse if tensors are missing. Idempotent."""
+        try:
+            self._collect(block=True)
+        finally:
+            self.close()
+        missing = sorted(set(self.expected) - self.seen)
+        if missing and self.partial_reason is None:
+            raise self.refuse(
+                f"manifest tensor {missing[0]!r} never arrived from disk", more=len(missing) - 1
+            )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def check_shards_are_files(folder: str) -> None:
+    """Refuse unless every top-level ``*.safetensors`` is a regular file inside the folder.
+
+    vLLM opens the shards with a blocking open that follows symlinks: a FIFO would
+    hang the engine start, a symlink could read outside the folder. One listing (the
+    entry types come with it) and a ``stat`` only for symlinks, on the disk path
+    only: the daemon path touches no shard.
+    """
+    problems = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if not entry.name.endswith(".safetensors"):
+                continue
+            try:
+                if entry.is_symlink():
+                    mode = os.stat(resolve_inside(folder, entry.name)).st_mode
+                else:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+            except UnreadableError as error:
+                problems.append(f"shard {entry.name} {error}")
+                continue
+            except OSError as error:
+                problems.append(f"shard {entry.name} cannot be read ({error.strerror or error})")
+                continue
+            if not stat.S_ISREG(mode):
+                problems.append(f"shard {entry.name} is not a regular file")
+    if problems:
+        raise RefusedError.for_problems(folder, sorted(problems))
+
+
+def shard_problems(folder: str, manifest: ckptpub.Manifest) -> list[str]:
+    """Weight shards that are missing, of another size, or whose header differs from the manifest.
+
+    Run only after reading failed: it opens every shard, which a successful load never needs.
+    """
+    problems = []
+    records = {record.path: record for record in manifest.files}
+    for shard in manifest.weights:
+        record = records[shard]
+        try:
+            header, size = read_prefix(folder, shard, record.header_size or 0)
+        except UnreadableError as error:
+            problems.append(f"shard {shard} {error}")
+            continue
+        if size != record.size:
+            problems.append(f"shard {shard} has {size} bytes, the manifest says {record.size}")
+        elif ckptpub.tensor_digest(header) != record.digest:
+            problems.append(f"shard {shard}: its header differs from the manifest (damaged?)")
+    return problems

@@ -2,8 +2,8 @@
 
 Each trial starts the CLI on a folder whose hashing takes a while and waits until
 the process has opened a file of the folder (so the signal lands in publish, not in
-the interpreter's start-up). Half the trials then send SIGINT after a random short
-wait (while hashing); the other half wait for the manifest's temporary file to
+the interpreter's start-up). Half the trials then send SIGINT within 50 ms
+(while hashing); the other half wait for the manifest's temporary file to
 appear and send it then (while writing; when the write wins the race, publish ends
 normally). The outcome must be exit 130 with the one line ``ckptpub: error:
 interrupted`` (or exit 0 when publish had finished), never a traceback, never a
@@ -35,7 +35,9 @@ def opened_a_file_in(pid: int, folder: Path) -> bool:
 
 def test_sigint_during_publish(tmp_path: Path) -> None:
     folder = write_checkpoint(tmp_path / "ckpt")
-    sparse_shard(folder / "big.safetensors", 8, 96 << 20)  # zeros in a hole: slow to hash, free to store
+    # zeros in a hole: free to store, and slow enough to hash (about 1.1 GiB) that a signal sent
+    # within 50 ms of the first open lands while hashing even on a loaded machine
+    sparse_shard(folder / "big.safetensors", 12, 96 << 20)
     (folder / "model.safetensors.index.json").unlink(missing_ok=True)
     assert run_cli("publish", folder).returncode == 0
     rng = random.Random(11)
@@ -57,7 +59,7 @@ def test_sigint_during_publish(tmp_path: Path) -> None:
             while process.poll() is None and not any(p.name.endswith(".tmp") for p in folder.iterdir()):
                 time.sleep(0.0002)
         else:
-            time.sleep(rng.uniform(0, 0.2))
+            time.sleep(rng.uniform(0, 0.05))
         process.send_signal(signal.SIGINT)
         stdout, stderr = process.communicate(timeout=60)
         assert "Traceback" not in stderr, (trial, stderr)

@@ -23,7 +23,7 @@ from .explain import (
     tensor_change,
 )
 from .hashing import ProgressCallback, Span, hash_spans
-from .manifest import MANIFEST_NAME, Manifest, ModelEntry, TensorRecord, check_identity
+from .manifest import MANIFEST_NAME, FileRecord, Manifest, ModelEntry, TensorRecord, check_identity
 from .model_files import claim_problems, is_shard_path
 from .read import read_manifest
 from .safetensors import ShardLayout, read_layout
@@ -118,7 +118,7 @@ def verify(
     manifest = read_manifest(root)
     entries = {e.path: e for e in scan_folder(root)}
     problems: list[Problem] = []
-    checks: list[tuple[Span, Problem]] = []
+    checks = _Checks()
     layouts: dict[str, ShardLayout] = {}
     by_file: dict[str, list[TensorRecord]] = {}
     for tensor in manifest.tensors:
@@ -131,17 +131,19 @@ def verify(
             problems.append(Problem(record.path, "size", f"{entry.size} bytes, manifest says {record.size}"))
         elif record.header_size is None:
             span = Span(entry.real_path, 0, entry.size, record.path, entry.file_id)
-            checks.append((span, Problem(record.path, "changed", "content differs")))
+            checks.add(span, record.digest, Problem(record.path, "changed", "content differs"))
         else:
-            tensors = by_file.get(record.path, [])
-            checks.extend(_shard_checks(tensors, record.path, record.header_size, entry, layouts, problems))
+            checks.add_shard(record, by_file.get(record.path, []), entry)
+            try:
+                layouts[record.path] = read_layout(entry.real_path, record.path, entry.file_id)
+            except CkptpubError as error:
+                problems.append(Problem(record.path, "header", str(error).removeprefix(f"{record.path}: ")))
     for path in entries.keys() - {f.path for f in manifest.files}:
         problems.append(Problem(path, "added", "in the folder but not in the manifest"))
     digests = (hasher or hash_spans)(
-        [s for s, _ in checks], threads=threads, use_mmap=use_mmap, on_progress=on_progress
+        checks.spans, threads=threads, use_mmap=use_mmap, on_progress=on_progress
     )
-    expected = _expected_digests(manifest, checks)
-    problems.extend(p for (_, p), got, want in zip(checks, digests, expected, strict=True) if got != want)
+    problems.extend(checks.mismatches(digests))
     if not problems:
         problems.extend(_claims(manifest, entries, layouts))
     if expect_identity is not None and manifest.identity != expect_identity:
@@ -208,45 +210,53 @@ def diff_manifests(
     )
 
 
-def _shard_checks(
-    tensors: list[TensorRecord],
-    path: str,
-    header_size: int,
-    entry: FolderEntry,
-    layouts: dict[str, ShardLayout],
-    problems: list[Problem],
-) -> Iterator[tuple[Span, Problem]]:
-    """Spans for the shard at ``path``: its header, then each tensor as the manifest places it.
+class _Checks:
+    """What ``verify`` hashes, and what each digest must be; a ``Problem`` is made only for a mismatch.
 
-    The header is parsed too, so a manifest that places tensors where the header
-    does not is caught even when every hashed range matches.
+    A 100k-tensor checkpoint has 100k checks: each holds its span and the manifest's
+    own record (no copy of names or digests), so memory stays near the manifest's.
     """
-    yield (
-        Span(entry.real_path, 0, header_size, path, entry.file_id),
-        Problem(path, "header", "safetensors header differs"),
-    )
-    try:
-        layouts[path] = read_layout(entry.real_path, path, entry.file_id)
-    except CkptpubError as error:
-        problems.append(Problem(path, "header", str(error).removeprefix(f"{path}: ")))
-    for tensor in tensors:
-        begin, end = tensor.data_offsets
-        yield (
-            Span(
-                entry.real_path,
-                header_size + begin,
-                header_size + end,
-                f"{path}: tensor {tensor.name!r}",
-                entry.file_id,
-            ),
-            Problem(path, "tensor", "bytes differ", tensor.name),
+
+    def __init__(self) -> None:
+        self.spans: list[Span] = []
+        self._expected: list[str] = []
+        self._subjects: list[Problem | TensorRecord] = []  # a TensorRecord: "tensor bytes differ"
+
+    def add(self, span: Span, digest: str, problem: Problem) -> None:
+        self.spans.append(span)
+        self._expected.append(digest)
+        self._subjects.append(problem)
+
+    def add_shard(self, record: FileRecord, tensors: list[TensorRecord], entry: FolderEntry) -> None:
+        """The shard's header, then each tensor where the manifest places it.
+
+        ``verify`` parses the header too, so a manifest that places tensors where the
+        header does not is caught even when every hashed range matches.
+        """
+        path, header_size = record.path, record.header_size or 0
+        self.add(
+            Span(entry.real_path, 0, header_size, path, entry.file_id),
+            record.digest,
+            Problem(path, "header", "safetensors header differs"),
         )
+        for tensor in tensors:
+            begin, end = tensor.data_offsets
+            self.spans.append(
+                Span(
+                    entry.real_path, header_size + begin, header_size + end, path, entry.file_id, tensor.name
+                )
+            )
+            self._expected.append(tensor.digest)
+            self._subjects.append(tensor)
+
+    def mismatches(self, digests: list[str]) -> Iterator[Problem]:
+        for got, want, subject in zip(digests, self._expected, self._subjects, strict=True):
+            if got != want:
+                yield subject if isinstance(subject, Problem) else _tensor_differs(subject)
 
 
-def _expected_digests(manifest: Manifest, checks: list[tuple[Span, Problem]]) -> list[str]:
-    files = {f.path: f.digest for f in manifest.files}
-    tensors = {(t.file, t.name): t.digest for t in manifest.tensors}
-    return [tensors[(p.path, p.tensor)] if p.tensor is not None else files[p.path] for _, p in checks]
+def _tensor_differs(tensor: TensorRecord) -> Problem:
+    return Problem(tensor.file, "tensor", "bytes differ", tensor.name)
 
 
 def _claims(

@@ -133,7 +133,7 @@ def plan_fingerprint(spans: Sequence[Span]) -> bytes:
     """BLAKE3 of the span names and ranges: equal on ranks that see the same folder (paths may differ)."""
     hasher = blake3.blake3()
     for span in spans:
-        hasher.update(f"{span.name}\0{span.start}\0{span.end}\n".encode("utf-8", "surrogateescape"))
+        hasher.update(f"{span.label}\0{span.start}\0{span.end}\n".encode("utf-8", "surrogateescape"))
     return hasher.digest()
 
 

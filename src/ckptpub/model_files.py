@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import CkptpubError
-from .manifest import CONFIG_FILES, MANIFEST_NAME, Manifest, config_digest
+from .manifest import CONFIG_FILES, MANIFEST_NAME, Manifest, TensorRecord, config_digest
 from .safetensors import ShardLayout
 from .scan import FolderEntry
-from .strict_json import loads_strict, read_bounded
+from .strict_json import loads_strict, loads_two_level, read_bounded
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_CONFIG_BYTES = 16 << 20
@@ -55,12 +55,11 @@ def claim_problems(
             problems.append(
                 (record.path, "a safetensors file listed as a plain file (its tensors are not listed)")
             )
-    recorded: dict[str, set[tuple[str, str, tuple[int, ...], tuple[int, int]]]] = {}
+    recorded: dict[str, list[TensorRecord]] = {}
     for t in manifest.tensors:
-        recorded.setdefault(t.file, set()).add((t.name, t.dtype, t.shape, t.data_offsets))
+        recorded.setdefault(t.file, []).append(t)
     for path, layout in sorted(layouts.items()):
-        actual = {(t.name, t.dtype, t.shape, (t.begin, t.end)) for t in layout.tensors}
-        if actual != recorded.get(path, set()):
+        if not _same_entries(recorded.get(path, []), layout):
             problems.append((path, "tensor entries do not match the file's header"))
     try:
         actual_weights = weight_files(entries, layouts)
@@ -76,6 +75,17 @@ def claim_problems(
     except CkptpubError as error:
         problems.append((MANIFEST_NAME, str(error)))
     return problems
+
+
+def _same_entries(recorded: list[TensorRecord], layout: ShardLayout) -> bool:
+    """Whether the manifest's entries for a shard are its header's, one for one (in offset order).
+
+    Compared one shard at a time, so a 100k-tensor check holds one shard's tuples at most.
+    """
+    if len(recorded) != len(layout.tensors):
+        return False
+    listed = sorted((t.data_offsets, t.name, t.dtype, t.shape) for t in recorded)
+    return listed == [((t.begin, t.end), t.name, t.dtype, t.shape) for t in layout.tensors]
 
 
 def weight_files(entries: Mapping[str, FolderEntry], layouts: Mapping[str, ShardLayout]) -> tuple[str, ...]:
@@ -118,9 +128,10 @@ def read_config(path: str, name: str, expect: tuple[int, int] | None = None) -> 
 
 
 def _files_named_by_index(index: FolderEntry, layouts: Mapping[str, ShardLayout]) -> list[str]:
-    document = loads_strict(
-        read_bounded(index.real_path, MAX_INDEX_BYTES, INDEX_NAME, index.file_id), INDEX_NAME, "index"
-    )
+    data = read_bounded(index.real_path, MAX_INDEX_BYTES, INDEX_NAME, index.file_id)
+    document = loads_two_level(data) or loads_strict(
+        data, INDEX_NAME, "index"
+    )  # {"metadata": {}, "weight_map": {}}
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CkptpubError(f"{INDEX_NAME}: weight_map must map tensor names to file names")

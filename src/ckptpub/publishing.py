@@ -315,9 +315,7 @@ def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]) -> It
         yield Span(entry.real_path, 0, layout.header_size, entry.path, identity)
         base = layout.header_size
         for t in layout.tensors:
-            yield Span(
-                entry.real_path, base + t.begin, base + t.end, f"{entry.path}: tensor {t.name!r}", identity
-            )
+            yield Span(entry.real_path, base + t.begin, base + t.end, entry.path, identity, t.name)
 
 
 def _provenance(extra: Mapping[str, Any] | None) -> dict[str, Any]:

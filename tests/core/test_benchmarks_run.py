@@ -1,0 +1,63 @@
+"""The benchmarks still run, at toy sizes, against the current manifest format and CLI.
+
+No figure is checked (speed is measured by running them at real sizes, see
+docs/performance.md); a benchmark that no longer runs would otherwise only be found
+when someone needs its numbers (bench_hash.py read ckptpub/2 manifests as JSON for a while).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("b3sum") is None, reason="b3sum (the reference) is not installed"
+)
+
+
+def run(script: str, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return result.stdout
+
+
+def table_rows(output: str) -> dict[str, list[str]]:
+    """Markdown table rows by their first cell."""
+    rows = [line.strip("|").split("|") for line in output.splitlines() if line.startswith("| ")]
+    return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows}
+
+
+def test_bench_scale_times_every_command(tmp_path: Path) -> None:
+    moe = tmp_path / "moe"
+    run("make_moe_checkpoint.py", str(moe), "--layers", "2", "--experts", "16", "--shards", "3")
+    rows = table_rows(
+        run("bench_scale.py", "--folder", str(moe), "--work", str(tmp_path / "work"), "--repeat", "1")
+    )
+    for command in ("publish", "verify", "show", "diff (1 tensor changed)", "ls (2 checkpoints)"):
+        assert float(rows[command][0]) > 0, rows
+
+
+def test_bench_hash_compares_with_b3sum(tmp_path: Path) -> None:
+    output = run(
+        "bench_hash.py",
+        "--gb",
+        "0.02",
+        "--dir",
+        str(tmp_path / "ckpt"),
+        "--rounds",
+        "1",
+        "--cold-rounds",
+        "0",
+    )
+    rows = table_rows(output)
+    assert "ckptpub publish" in rows, output
+    assert "ckptpub verify" in rows, output
+    assert rows["ckptpub publish"][3].endswith("x"), rows  # the ratio to b3sum

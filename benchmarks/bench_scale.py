@@ -130,6 +130,7 @@ def main() -> None:
         "show": ([*CKPTPUB, "show", str(base)], (0,)),
         "diff (1 tensor changed)": ([*CKPTPUB, "diff", str(base), str(changed)], (0, 1)),
         "ls (2 checkpoints)": ([*CKPTPUB, "ls", str(run)], (0,)),
+        "log (2 checkpoints)": ([*CKPTPUB, "log", str(run)], (0,)),
         "engine key (in process)": ([sys.executable, "-c", KEY_SNIPPET, str(base)], (0,)),
     }
     runs: dict[str, list[Run]] = {name: [] for name in commands}

@@ -33,7 +33,7 @@ from .compare import diff_manifests, verify
 from .distributed import DEFAULT_TIMEOUT_S, DistributedHasher, env_world, init_from_env, publish_on_ranks
 from .errors import CkptpubError, one_line
 from .explain import base_of, is_adapter
-from .manifest import MANIFEST_NAME
+from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from .printing import (
     diff_json,
     gb,
@@ -53,6 +53,8 @@ from .progress import ProgressBar
 from .publishing import publish
 from .read import read_manifest
 from .runview import lineage, list_run
+from .scan import SIGNATURE_NAME
+from .strict_json import read_bounded
 
 #: Entry-point group through which other distributions add commands; each entry point is a ``Command``.
 COMMANDS_GROUP = "ckptpub.commands"
@@ -489,6 +491,9 @@ def _add_ls(parser: argparse.ArgumentParser) -> None:
 
 def _cmd_publish(args: PublishArguments) -> int:
     sign = _signing_key(args)
+    # Publishing a signed folder again without a key leaves a signature of the old manifest behind.
+    unsigned_over_signed = sign is None and os.path.lexists(os.path.join(args.folder, SIGNATURE_NAME))
+    signed_before = _manifest_bytes(args.folder) if unsigned_over_signed else None
     hasher = _join_ranks(args.rank_timeout)
     bar = ProgressBar("hashing")
     try:
@@ -522,7 +527,20 @@ def _cmd_publish(args: PublishArguments) -> int:
         f"published {os.path.join(args.folder, MANIFEST_NAME)}: {manifest.tensor_count} tensors, "
         f"{len(manifest.files)} files, {gb(sum(f.size for f in manifest.files))}"
     )
+    if signed_before is not None and signed_before != _manifest_bytes(args.folder):
+        note(
+            f"warning: {os.path.join(args.folder, SIGNATURE_NAME)} signs the manifest this publish replaced, "
+            f"so it no longer verifies; sign again: ckptpub publish --sign KEY {args.folder}"
+        )
     return ExitCode.OK
+
+
+def _manifest_bytes(folder: str) -> bytes | None:
+    """The folder's manifest as it is on disk; None when it cannot be read."""
+    try:
+        return read_bounded(os.path.join(folder, MANIFEST_NAME), MAX_MANIFEST_BYTES, MANIFEST_NAME)
+    except CkptpubError:
+        return None
 
 
 def _cmd_verify(args: VerifyArguments) -> int:

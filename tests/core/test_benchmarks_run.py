@@ -41,7 +41,15 @@ def test_bench_scale_times_every_command(tmp_path: Path) -> None:
     rows = table_rows(
         run("bench_scale.py", "--folder", str(moe), "--work", str(tmp_path / "work"), "--repeat", "1")
     )
-    for command in ("publish", "verify", "show", "diff (1 tensor changed)", "ls (2 checkpoints)"):
+    timed = (
+        "publish",
+        "verify",
+        "show",
+        "diff (1 tensor changed)",
+        "ls (2 checkpoints)",
+        "log (2 checkpoints)",
+    )
+    for command in timed:
         assert float(rows[command][0]) > 0, rows
 
 

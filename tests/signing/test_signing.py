@@ -125,6 +125,25 @@ def test_the_cli_signs_and_verifies(tmp_path: Path, keys: dict) -> None:
     assert not (folder / "model.sig").exists()
 
 
+def test_publishing_again_without_a_key_warns_that_the_old_signature_no_longer_verifies(
+    tmp_path: Path, keys: dict
+) -> None:
+    """A folder changed after it was signed, published again without a key: the old signature is stale."""
+    folder = signhelpers.write_signable_checkpoint(tmp_path / "checkpoint")
+    assert run_cli("publish", folder, "--sign", keys["trainer"].private).returncode == 0
+    (folder / "generation_config.json").write_text('{"max_new_tokens": 7}')
+    again = run_cli("publish", folder)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"ckptpub: warning: {folder / 'model.sig'} signs the manifest this publish replaced, "
+        f"so it no longer verifies; sign again: ckptpub publish --sign KEY {folder}"
+    )
+    assert run_cli("verify", folder, "--public-key", keys["trainer"].public).returncode == 1  # as it says
+    resigned = run_cli("publish", folder, "--sign", keys["trainer"].private)
+    assert "warning" not in resigned.stderr
+    assert run_cli("verify", folder, "--public-key", keys["trainer"].public).returncode == 0
+
+
 def test_the_wrong_key_fails_both(signed: Path, keys: dict) -> None:
     result = signhelpers.model_signing_verify(signed, keys["stranger"].public)
     assert result.returncode != 0

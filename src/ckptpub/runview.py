@@ -116,36 +116,21 @@ def lineage(entries: list[RunEntry]) -> list[dict[str, Any]]:
 
 def _entry(run_dir: str, path: str, step: int | None, source: str, indexed: str | None) -> RunEntry:
     folder = os.path.join(run_dir, path)
+
+    def unreadable(status: str, detail: str, known_step: int | None = step) -> RunEntry:
+        return RunEntry(path, known_step, indexed, None, None, False, source, status, detail)
+
     if source == "index" and not os.path.lexists(folder):
-        return RunEntry(path, step, indexed, None, None, False, source, "gone", "rotated away or deleted")
-    if source == "index" and _through_link(
-        run_dir, path
-    ):  # the scan does not follow links; nor does the index
-        return RunEntry(
-            path,
-            step,
-            indexed,
-            None,
-            None,
-            False,
-            source,
-            "unusable",
-            f"{path}: reached through a symlink; not followed out of the run folder",
+        return unreadable("gone", "rotated away or deleted")
+    # The scan does not follow links; nor does the index.
+    if source == "index" and _through_link(run_dir, path):
+        return unreadable(
+            "unusable", f"{path}: reached through a symlink; not followed out of the run folder"
         )
     try:
         manifest = read_manifest(folder)
     except CkptpubError as error:
-        return RunEntry(
-            path,
-            step if step is not None else _step_from_name(path),
-            indexed,
-            None,
-            None,
-            False,
-            source,
-            "unusable",
-            str(error),
-        )
+        return unreadable("unusable", str(error), step if step is not None else _step_from_name(path))
     if step is None:
         recorded = manifest.provenance.get("step")
         step = recorded if type(recorded) is int else _step_from_name(path)

@@ -6,7 +6,9 @@ with one tensor changed (for ``diff``), and a run folder holding both (for ``ls`
 then times each command in a fresh process, ``--repeat`` times, and prints a Markdown
 table. The engine's key row is the time of ``ckptpub_vllm.key.checkpoint_key`` (the
 manifest read, its identity recomputed and checked) inside an already started process,
-as an engine pays it; its memory is that whole process's. Peak RSS is ``wait4``'s
+as an engine pays it; its memory is that whole process's. The engine load check row is
+the plugin's ``StreamVerifier`` over every tensor (read beforehand, untimed): what
+verification adds to a vLLM load that streams the same tensors. Peak RSS is ``wait4``'s
 ``ru_maxrss``, which counts the mapped shards' pages too (file-backed: the page cache,
 not the process's own); peak anonymous memory (``RssAnon``, what the process itself
 allocated) is sampled every 2 ms in one more run of each command. Ratios are to
@@ -41,6 +43,26 @@ start = time.perf_counter()
 key = checkpoint_key(sys.argv[1])
 print(time.perf_counter() - start)
 assert key and key.startswith("blake3:"), key
+"""
+
+
+STREAM_SNIPPET = """
+import glob, sys, time
+import ckptpub
+from safetensors import safe_open
+from ckptpub_vllm.verify_stream import StreamVerifier
+tensors = []
+for shard in sorted(glob.glob(sys.argv[1] + "/*.safetensors")):
+    with safe_open(shard, framework="pt") as handle:
+        tensors.extend((name, handle.get_tensor(name)) for name in handle.keys())
+manifest = ckptpub.read_manifest(sys.argv[1])
+start = time.perf_counter()
+verifier = StreamVerifier(sys.argv[1], manifest)
+for _ in verifier.wrap(tensors):
+    pass
+verifier.finish()
+print(time.perf_counter() - start)
+assert verifier.verified_tensors == len(tensors)
 """
 
 
@@ -132,6 +154,7 @@ def main() -> None:
         "ls (2 checkpoints)": ([*CKPTPUB, "ls", str(run)], (0,)),
         "log (2 checkpoints)": ([*CKPTPUB, "log", str(run)], (0,)),
         "engine key (in process)": ([sys.executable, "-c", KEY_SNIPPET, str(base)], (0,)),
+        "engine load check (in process)": ([sys.executable, "-c", STREAM_SNIPPET, str(base)], (0,)),
     }
     runs: dict[str, list[Run]] = {name: [] for name in commands}
     for _ in range(args.repeat):  # interleaved, so a burst of load hits every command alike
@@ -149,7 +172,7 @@ def main() -> None:
     print("| command | median wall (s) | x b3sum | peak RSS (MiB) | peak anonymous (MiB) |")
     print("|---|---|---|---|---|")
     for name, results in runs.items():
-        if name.startswith("engine key"):
+        if name.startswith("engine"):
             wall = statistics.median(float(r.stdout.split()[0]) for r in results)
             ratio = "-"
         else:

@@ -10,7 +10,7 @@ import pytest
 from ckptpub_vllm.engine_files import engine_file_problems, engine_reads
 from ckptpub_vllm.errors import RefusedError
 from ckptpub_vllm.options import Options, split_extra_config
-from ckptpub_vllm.verify_stream import StreamVerifier
+from ckptpub_vllm.verify_stream import INLINE_HASH_BYTES, StreamVerifier
 from safetensors import safe_open
 
 import ckptpub
@@ -82,6 +82,18 @@ def test_tampered_bytes_are_named(models):
     v = verifier(models["tampered"])
     with pytest.raises(RefusedError, match="'model.norm.weight' differs from the manifest"):
         _verify_all(v, stream(models["tampered"]))
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["hashed inline", "hashed on the pool"])
+def test_a_changed_tensor_is_named_whichever_thread_hashes_it(models, large):
+    items = list(stream(models["v1"]))
+    index = next(i for i, (_, t) in enumerate(items) if (t.nbytes > INLINE_HASH_BYTES) == large)
+    name, tensor = items[index]
+    changed = tensor.clone()
+    changed.view(-1)[0] += 1
+    items[index] = (name, changed)
+    with pytest.raises(RefusedError, match=f"'{re.escape(name)}' differs from the manifest"):
+        _verify_all(verifier(models["v1"]), items)
 
 
 @pytest.mark.parametrize(

@@ -554,13 +554,13 @@ def _cmd_verify(args: VerifyArguments) -> int:
         "on_progress": bar,
     }
     try:
-        if trusted is None:
-            with contextlib.nullcontext() if hasher is None else hasher.taking_part():
+        with contextlib.nullcontext() if hasher is None else hasher.taking_part():
+            if trusted is None:
                 report = verify(args.folder, hasher=hasher, **options)
-        else:  # the signature first: it must cover exactly the manifest verified (each rank hashes all)
-            from .signing import verify_signed
+            else:  # the signature first: it must cover exactly the manifest verified
+                from .signing import verify_signed
 
-            report = verify_signed(args.folder, trusted, **options)
+                report = verify_signed(args.folder, trusted, hasher=hasher, **options)
     finally:
         bar.close()
     if args.json:

@@ -38,6 +38,7 @@ from .scan import SIGNATURE_NAME, as_path
 
 if TYPE_CHECKING:
     from .compare import VerifyReport
+    from .distributed import SpanHasher
     from .hashing import ProgressCallback
 
 #: Paths ``model_signing`` leaves out of a signature unless told otherwise (its "git paths"),
@@ -263,18 +264,26 @@ def verify_signed(
     threads: int | None = None,
     use_mmap: bool = True,
     on_progress: ProgressCallback | None = None,
+    hasher: SpanHasher | None = None,
 ) -> VerifyReport:
     """``check_signature``, then ``ckptpub.verify``: the signature covers exactly this manifest, and
     the folder matches it byte for byte.
 
     Signature problems come first in the report (kind ``signature``); the bytes are
     checked either way, so a report names every difference. Raises what both raise.
+    ``hasher`` is ``verify``'s (a ``distributed.DistributedHasher`` spreads the bytes
+    over a job's ranks; each rank checks the signature itself, which reads two small files).
     """
     from .compare import verify
 
     check = check_signature(folder, trusted)
     report = verify(
-        folder, expect_identity=expect_identity, threads=threads, use_mmap=use_mmap, on_progress=on_progress
+        folder,
+        expect_identity=expect_identity,
+        threads=threads,
+        use_mmap=use_mmap,
+        on_progress=on_progress,
+        hasher=hasher,
     )
     problems = list(check.problems)
     if check.manifest is not None and report.manifest != check.manifest:

@@ -92,6 +92,14 @@ def test_a_signed_publish_under_torchrun_verifies_with_the_public_key(checkpoint
     assert (checkpoint / "model.sig").is_file()
     verified = run_cli("verify", checkpoint, "--public-key", key.public)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+    spread = run_group(
+        torchrun(2, "-m", "ckptpub", "verify", str(checkpoint), "--public-key", str(key.public)),
+        timeout=120,
+        env=ENV,
+    )
+    assert spread.returncode == 0, spread.stderr[-3000:]
+    assert spread.stdout.count("model.sig") == 0, spread.stdout  # the signature is not listed as content
+    assert len([line for line in spread.stderr.splitlines() if ": OK, " in line]) == 1  # rank 0 says it
     alone = copy_checkpoint(checkpoint, tmp_path / "alone")
     for ours in ("model.sig", ckptpub.MANIFEST_NAME):
         (alone / ours).unlink()

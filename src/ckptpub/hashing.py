@@ -11,8 +11,9 @@ Performance choices, measured in ``docs/performance.md``:
   or a network file system where a sequential ``pread`` stream beats page-fault
   driven reads, pass ``use_mmap=False``: each worker then reads through one
   reusable ``READ_BUFFER_BYTES`` buffer, so memory stays bounded by the thread count.
-* Parallel across spans: ``threads`` workers (default: the CPU count) take spans
-  largest first, so the tail of the run is short spans. The ``blake3`` module
+* Parallel across spans: ``threads`` workers (default: the CPU count) take work
+  items (a span, or a batch of small ones, below) largest first, so the tail of the
+  run is short ones. The ``blake3`` module
   releases the GIL for inputs of 2 KiB and more, so Python threads hash in parallel.
 * One hasher per span, single-threaded, is the cheapest way to hash: BLAKE3's
   multi-threaded mode (what b3sum uses per file) splits work down to 16 KiB pieces
@@ -46,7 +47,7 @@ import blake3
 from .errors import CkptpubError
 from .safe_open import open_regular
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 #: ``on_progress(done_bytes, total_bytes)``, called as hashing advances.
 ProgressCallback = Callable[[int, int], None]
@@ -133,12 +134,16 @@ def hash_spans(
     # Largest first, so the last items to finish are short ones and no core idles long.
     items.sort(key=attrgetter("size"), reverse=True)
     split_above = max(SPLIT_MIN_BYTES, total // (2 * workers))
-    # A batch is at most BATCH_BYTES, far below SPLIT_MIN_BYTES: a huge item is one span.
-    huge = [item for item in items if workers > 1 and item.size > split_above]
+    # Only a single span is huge: a batch's spans lie within BATCH_BYTES (their sizes may add
+    # up to more when they overlap, but each is small).
+    huge: list[_WorkItem] = []
+    rest: list[_WorkItem] = []
+    for item in items:
+        is_huge = workers > 1 and len(item.indices) == 1 and item.size > split_above
+        (huge if is_huge else rest).append(item)
     with _Files(use_mmap) as files:
         for item in huge:
             digests[item.indices[0]] = _hash_span(spans[item.indices[0]], files, report, all_cores=True)
-        rest = items[len(huge) :]
         _run_parallel(rest, lambda item: _hash_item(item, spans, digests, files, report), workers)
     return digests
 
@@ -232,11 +237,10 @@ def _hash_item(
     also: Callable[[memoryview | bytes], object] | None = None,
 ) -> None:
     """Hash one unit of work from ``_work_items``; ``also`` gets the bytes the item covers, in order."""
-    first = spans[item.indices[0]]
-    if item.size > SMALL_SPAN_BYTES and len(item.indices) == 1:
-        digests[item.indices[0]] = _hash_span(first, files, report, also=also)
+    if len(item.indices) == 1 and item.size > SMALL_SPAN_BYTES:
+        digests[item.indices[0]] = _hash_span(spans[item.indices[0]], files, report, also=also)
         return
-    with files.block(first, item.end) as block:
+    with files.block(item, spans) as block:
         if also is not None:
             also(block)
         for index in item.indices:
@@ -246,7 +250,7 @@ def _hash_item(
     report(item.size)
 
 
-def _run_parallel(items: Sequence[T], work: Callable[[T], None], workers: int) -> None:
+def _run_parallel(items: Sequence[_T], work: Callable[[_T], None], workers: int) -> None:
     """Run ``work`` on every item with ``workers`` threads taking the next item in turn.
 
     The calling thread is one of the workers. The first error (or an interrupt while
@@ -360,17 +364,20 @@ class _Files:
             offset += got
 
     @contextlib.contextmanager
-    def block(self, first: Span, end: int) -> Iterator[memoryview]:
-        """Bytes ``[first.start, end)`` of ``first``'s file (at most ``READ_BUFFER_BYTES``) in one view."""
+    def block(self, item: _WorkItem, spans: Sequence[Span]) -> Iterator[memoryview]:
+        """The bytes ``[item.start, item.end)`` of the item's file (at most ``BATCH_BYTES``) in one view."""
+        first = spans[item.indices[0]]
         fd, size, mapping = self._get(first)
-        _check_within(first.name, size, end)
+        if item.end > size:  # the file shrank since it was measured: name the first span it cut
+            short = next(spans[i] for i in item.indices if spans[i].end > size)
+            _check_within(short.label, size, short.end)
         if mapping is not None:
-            view = memoryview(mapping)[first.start : end]
+            view = memoryview(mapping)[item.start : item.end]
         else:
-            view = memoryview(self._buffer())[: end - first.start]
+            view = memoryview(self._buffer())[: item.end - item.start]
             filled = 0
             while filled < len(view):
-                filled += _pread_into(fd, view[filled:], first.start + filled, first.name)
+                filled += _pread_into(fd, view[filled:], item.start + filled, first.name)
         try:
             yield view
         finally:

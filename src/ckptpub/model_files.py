@@ -78,14 +78,15 @@ def claim_problems(
 
 
 def _same_entries(recorded: list[TensorRecord], layout: ShardLayout) -> bool:
-    """Whether the manifest's entries for a shard are its header's, one for one (in offset order).
+    """Whether the manifest's entries for a shard are its header's, one for one.
 
     Compared one shard at a time, so a 100k-tensor check holds one shard's tuples at most.
     """
     if len(recorded) != len(layout.tensors):
         return False
+    # Both sorted the same way: zero-size tensors share an offset, in whatever order a writer put them.
     listed = sorted((t.data_offsets, t.name, t.dtype, t.shape) for t in recorded)
-    return listed == [((t.begin, t.end), t.name, t.dtype, t.shape) for t in layout.tensors]
+    return listed == sorted(((t.begin, t.end), t.name, t.dtype, t.shape) for t in layout.tensors)
 
 
 def weight_files(entries: Mapping[str, FolderEntry], layouts: Mapping[str, ShardLayout]) -> tuple[str, ...]:
@@ -129,9 +130,8 @@ def read_config(path: str, name: str, expect: tuple[int, int] | None = None) -> 
 
 def _files_named_by_index(index: FolderEntry, layouts: Mapping[str, ShardLayout]) -> list[str]:
     data = read_bounded(index.real_path, MAX_INDEX_BYTES, INDEX_NAME, index.file_id)
-    document = loads_two_level(data) or loads_strict(
-        data, INDEX_NAME, "index"
-    )  # {"metadata": {}, "weight_map": {}}
+    # {"metadata": {...}, "weight_map": {...}}: an object of objects, like a safetensors header
+    document = loads_two_level(data) or loads_strict(data, INDEX_NAME, "index")
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CkptpubError(f"{INDEX_NAME}: weight_map must map tensor names to file names")

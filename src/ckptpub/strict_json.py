@@ -57,9 +57,10 @@ def loads_two_level(data: bytes) -> dict[str, Any] | None:
     """
     if b"\\" in data:
         return None
-    try:
-        document = json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
-    except (ValueError, RecursionError):
+    try:  # UTF-8 only, as loads_strict reads it (json.loads of bytes would take UTF-16 and a BOM too)
+        text = data.decode("utf-8")
+        document = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
     if type(document) is not dict or not all(type(v) is dict for v in document.values()):
         return None
@@ -68,7 +69,7 @@ def loads_two_level(data: bytes) -> dict[str, Any] | None:
         s for v in document.values() for s in v.values() if type(s) is str
     ]
     colons_in_strings = "".join(document).count(":") + "".join(inner_strings).count(":")
-    return document if data.count(b":") == keys + colons_in_strings else None
+    return document if text.count(":") == keys + colons_in_strings else None
 
 
 def _has_lone_surrogate(value: Any) -> bool:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ from checkpoints import (
 )
 
 import ckptpub
+import ckptpub.cli
 from ckptpub.cli import main
 
 
@@ -420,3 +423,52 @@ def test_verify_counts_problems_in_english(published: Path, tmp_path: Path) -> N
     result = run_cli("verify", other)
     assert result.returncode == 1
     assert ", 1 problem (1 tensor changed) in " in result.stderr, result.stderr
+
+
+def test_one_shot_commands_run_without_the_cycle_collector_and_restore_it(
+    published: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verify builds records that hold no cycle: the collector is off while it runs, as it was after."""
+    seen: list[bool] = []
+    real_verify = ckptpub.cli.verify
+
+    def verify_noting_the_collector(*args: object, **kwargs: object) -> object:
+        seen.append(gc.isenabled())
+        return real_verify(*args, **kwargs)
+
+    monkeypatch.setattr(ckptpub.cli, "verify", verify_noting_the_collector)
+    assert gc.isenabled()
+    assert main(["verify", str(published)]) == 0
+    assert seen == [False]
+    assert gc.isenabled()
+
+
+def test_zero_size_tensors_in_any_header_order_verify(tmp_path: Path) -> None:
+    """Tensors of no bytes share an offset; a writer may list them in any order, not by name."""
+    header = {
+        "w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+        "b": {"dtype": "F32", "shape": [0], "data_offsets": [16, 16]},
+        "a": {"dtype": "F32", "shape": [0], "data_offsets": [16, 16]},
+        "z": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]},
+    }
+    encoded = json.dumps(header).encode()
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(encoded)) + encoded + bytes(range(24)))
+    (folder / "config.json").write_text("{}")
+    assert run_cli("publish", folder).returncode == 0
+    verified = run_cli("verify", folder)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-32"])
+def test_an_index_that_is_not_plain_utf8_is_refused(tmp_path: Path, encoding: str) -> None:
+    """transformers and vLLM read the index as UTF-8 JSON; ckptpub must not read it some other way."""
+    folder = write_checkpoint(tmp_path / "ckpt", shards=2)
+    index = folder / "model.safetensors.index.json"
+    index.write_bytes(index.read_text().encode(encoding))
+    result = run_cli("publish", folder)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("ckptpub: error: model.safetensors.index.json: index is not valid"), (
+        result.stderr
+    )

@@ -84,8 +84,23 @@ def test_a_file_shorter_than_its_spans_is_refused_by_name(tmp_path: Path, use_mm
     path = tmp_path / "model.safetensors"
     path.write_bytes(os.urandom(4096))
     spans = [Span(str(path), i * 1024, (i + 1) * 1024, "model.safetensors", tensor=f"w{i}") for i in range(5)]
-    with pytest.raises(CkptpubError, match=r"^model\.safetensors: file is 4096 bytes, shorter than expected"):
+    with pytest.raises(
+        CkptpubError, match=r"^model\.safetensors: tensor 'w4': file is 4096 bytes, shorter than"
+    ):
         hash_spans(spans, use_mmap=use_mmap)
     big = [Span(str(path), 0, 2 * SMALL_SPAN_BYTES, "model.safetensors", tensor="embed")]
     with pytest.raises(CkptpubError, match=r"^model\.safetensors: tensor 'embed': file is 4096 bytes"):
         hash_spans(big, use_mmap=use_mmap)
+
+
+def test_overlapping_small_spans_that_add_up_to_more_than_a_huge_span_each_get_their_digest(
+    tmp_path: Path,
+) -> None:
+    """40 spans over one 1 MiB range add up to 40 MiB, above the all-cores size; each is still small."""
+    path = tmp_path / "one.bin"
+    path.write_bytes(os.urandom(SMALL_SPAN_BYTES))
+    other = tmp_path / "other.bin"
+    other.write_bytes(os.urandom(100))
+    spans = [Span(str(path), 0, SMALL_SPAN_BYTES, "one.bin", tensor=f"t{i}") for i in range(40)]
+    spans.append(Span(str(other), 0, 100, "other.bin"))
+    assert hash_spans(spans, threads=2) == [expected(s) for s in spans]

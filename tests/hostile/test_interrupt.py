@@ -25,6 +25,15 @@ from checkpoints import run_cli, sparse_shard, write_checkpoint
 TRIALS = 16
 
 
+def sigint_as_at_a_terminal() -> None:
+    """In the child: SIGINT at its default, so Python turns it into KeyboardInterrupt.
+
+    A test run started in the background (``cmd &``, ``nohup``) inherits SIGINT ignored, and
+    ckptpub rightly keeps it ignored (``nohup ckptpub publish`` must not stop on Ctrl-C).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def opened_a_file_in(pid: int, folder: Path) -> bool:
     try:
         links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
@@ -50,6 +59,7 @@ def test_sigint_during_publish(tmp_path: Path) -> None:
             stderr=subprocess.PIPE,
             text=True,
             stdin=subprocess.DEVNULL,
+            preexec_fn=sigint_as_at_a_terminal,
         )
         deadline = time.monotonic() + 30
         while not opened_a_file_in(process.pid, folder) and process.poll() is None:

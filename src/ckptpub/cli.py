@@ -541,7 +541,7 @@ def _cmd_publish(args: PublishArguments) -> int:
         f"published {os.path.join(args.folder, MANIFEST_NAME)}: {manifest.tensor_count} tensors, "
         f"{len(manifest.files)} files, {gb(sum(f.size for f in manifest.files))}"
     )
-    if signed_before is not None and signed_before != _manifest_bytes(args.folder):
+    if signed_before is not None and signed_before != manifest.to_json():  # the bytes publish wrote
         note(
             f"warning: {os.path.join(args.folder, SIGNATURE_NAME)} signs the manifest this publish replaced, "
             f"so it no longer verifies; sign again: ckptpub publish --sign KEY {args.folder}"

@@ -124,8 +124,9 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
     by_path = {e.path: e for e in entries}
     layouts = {e.path: read_layout(e.real_path, e.path, e.file_id) for e in entries if is_shard_path(e.path)}
     for path, layout in layouts.items():
-        if any("\t" in t.name or "\n" in t.name for t in layout.tensors):
-            check_name(next(t.name for t in layout.tensors if "\t" in t.name or "\n" in t.name), path)
+        unwritable = next((t.name for t in layout.tensors if "\t" in t.name or "\n" in t.name), None)
+        if unwritable is not None:
+            check_name(unwritable, path)
         if layout.header_size + (layout.tensors[-1].end if layout.tensors else 0) != by_path[path].size:
             raise CkptpubError(f"{path}: changed size while its header was read")
     weights = weight_files(by_path, layouts)

@@ -124,10 +124,7 @@ def decode_tables(
     Python loop per tensor: this is what keeps ``verify`` and ``diff`` of 100k
     tensors well under a second.
     """
-
-    def fail(message: str) -> CkptpubError:
-        return CkptpubError(f"{display_name}: {message}")
-
+    fail = _failure_in(display_name)
     model = _model_columns(tables.model, fail)
     position = dict(zip(model.names, range(len(model.names)), strict=True))
     layout = _text(tables.layout, "layout table", fail).split("\n")[:-1] if tables.layout else []
@@ -162,14 +159,16 @@ def decode_tables(
 
 def decode_model(model: bytes, display_name: str) -> dict[str, ModelEntry]:
     """The model table by tensor name, checked; what ``diff`` needs, without placing any tensor."""
-
-    def fail(message: str) -> CkptpubError:
-        return CkptpubError(f"{display_name}: {message}")
-
+    fail = _failure_in(display_name)
     columns = _model_columns(model, fail)
     shapes = {text: _shape(text, "model table", fail) for text in set(columns.shapes)}
     entries = zip(columns.dtypes, map(shapes.__getitem__, columns.shapes), columns.digests, strict=True)
     return dict(zip(columns.names, map(tuple.__new__, repeat(ModelEntry), entries), strict=True))
+
+
+def _failure_in(display_name: str) -> _Fail:
+    """The error for a broken rule of the manifest named ``display_name``."""
+    return lambda message: CkptpubError(f"{display_name}: {message}")
 
 
 def _model_columns(model: bytes, fail: _Fail) -> _Columns:

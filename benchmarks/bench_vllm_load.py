@@ -28,6 +28,9 @@ import statistics
 import sys
 import time
 
+# the tiny model's one builder lives with the tests (tests/support)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process: timers see it
 
 TIMES: list[tuple[str, float]] = []
@@ -72,7 +75,7 @@ def _timed(cls_name, fn):
 
 
 def build(folder: str, shape: dict) -> None:
-    from ckptpub_vllm.testing import build_tiny_qwen3
+    from support.tiny_model import build_tiny_qwen3
 
     import ckptpub
 

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from ckptpub_vllm.testing import tensor_location
 from safetensors.numpy import save_file
+from support.safetensors_files import tensor_location
 
 CONFIG = {
     "architectures": ["Qwen3ForCausalLM"],

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 from ._filesystem.read import read_manifest
 from ._filesystem.run_index import read as read_run_index
 from ._format.digest import digest_bytes as tensor_digest
-from ._format.manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, config_digest
+from ._format.manifest import FileRecord, Manifest, TensorRecord, config_digest
+from ._format.names import MANIFEST_NAME
 from ._operations.diff import ManifestDiff, diff_manifests
 from ._operations.publishing import build_manifest, publish
 from ._operations.verify import Problem, VerifyReport, verify

@@ -2,18 +2,79 @@
 besides the names of ``ckptpub`` itself, ``ckptpub.errors``, ``ckptpub.cli`` and ``ckptpub.signing``.
 
 Integrations use only public names, so the core's layers can change beneath them. Each
-name here is the core's one implementation of a rule an integration must apply the
-same way:
+name here is the core's one implementation of a rule that an integration must apply
+the way the core does (``docs/design.md`` lists where each rule lives):
 
-* ``loads_strict(data, display_name, what)``: JSON as every ckptpub reader decodes it
-  (duplicate keys, NaN, ``1e400`` and lone surrogates refused, one ``CkptpubError`` line);
-* ``check_identity(value, what)``: an identity (``blake3:<64 lowercase hex>``) or a ``CkptpubError``;
-* ``jsonfiles``: files shared with readers, ``write_json``/``write_atomically`` (replaced
-  whole), ``read_json``, ``append_line``/``read_lines`` (a log a whole line at a time).
+* reading a folder's small files: ``read_bounded`` (no symlink followed, no FIFO
+  blocked on, the size bounded before a byte is read; ``OpenError`` when the open
+  failed, ``.absent`` when nothing is there), ``read_inside`` (the same for a file of
+  a folder, following a symlink only as ``resolve_inside`` allows: inside the folder,
+  and not to ckptpub's own files);
+* decoding: ``loads_strict`` (JSON as every ckptpub reader decodes it), ``config_meaning``
+  (a config's bytes to its object and the digest its identity covers),
+  ``check_identity`` (``blake3:<64 lowercase hex>`` or a ``CkptpubError``);
+* files shared with readers, ``jsonfiles``: ``write_json``/``write_atomically`` (replaced
+  whole), ``read_json``, ``append_line``/``read_lines`` (a log, a whole line at a time);
+* file names: ``MANIFEST_NAME``, ``SIGNATURE_NAME``, ``RUN_INDEX_NAME``,
+  ``SAFETENSORS_INDEX_NAME``, ``TRAINER_STATE_NAME``, ``CONFIG_FILES``;
+* settings: every ``CKPTPUB_*`` variable (``VARIABLES``, the ``*_ENV`` names), flags
+  (``flag``, ``env_flag``: ``1/true/yes/on``, ``0/false/no/off``, anything else refused)
+  and durations (``seconds``: NaN, infinities, zero and negative values refused;
+  ``ckptpub.cli.seconds_argument`` is the same as an argparse ``type``).
+
+One-line text for untrusted names is ``ckptpub.errors.one_line``; "signed or plain
+manifest" is ``ckptpub.signing.read_trusted_manifest`` with ``TrustedKey.of`` or
+``TrustedKey.from_environment``.
 """
 
 from ._filesystem import jsonfiles
-from ._format.manifest import check_identity
+from ._filesystem.safe_open import OpenError, read_bounded, read_inside, resolve_inside
+from ._format.manifest import check_identity, config_meaning
+from ._format.names import (
+    CONFIG_FILES,
+    MANIFEST_NAME,
+    RUN_INDEX_NAME,
+    SAFETENSORS_INDEX_NAME,
+    SIGNATURE_NAME,
+    TRAINER_STATE_NAME,
+)
 from ._format.strict_json import loads_strict
+from ._settings import (
+    CERTIFICATE_CHAIN_ENV,
+    DEBUG_ENV,
+    PRELOAD_IDENTITY_ENV,
+    PRELOAD_STATE_DIR_ENV,
+    PUBLIC_KEY_ENV,
+    REQUIRE_MANIFEST_ENV,
+    VARIABLES,
+    env_flag,
+    flag,
+    seconds,
+)
 
-__all__ = ["check_identity", "jsonfiles", "loads_strict"]
+__all__ = [
+    "CERTIFICATE_CHAIN_ENV",
+    "CONFIG_FILES",
+    "DEBUG_ENV",
+    "MANIFEST_NAME",
+    "PRELOAD_IDENTITY_ENV",
+    "PRELOAD_STATE_DIR_ENV",
+    "PUBLIC_KEY_ENV",
+    "REQUIRE_MANIFEST_ENV",
+    "RUN_INDEX_NAME",
+    "SAFETENSORS_INDEX_NAME",
+    "SIGNATURE_NAME",
+    "TRAINER_STATE_NAME",
+    "VARIABLES",
+    "OpenError",
+    "check_identity",
+    "config_meaning",
+    "env_flag",
+    "flag",
+    "jsonfiles",
+    "loads_strict",
+    "read_bounded",
+    "read_inside",
+    "resolve_inside",
+    "seconds",
+]

@@ -199,3 +199,22 @@ def test_v1_manifest_still_verifies_and_keeps_its_identity(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr
     assert json.loads(v1)["format"] == FORMAT_V1
     assert split(manifest.to_json())[0]["format"] == FORMAT
+
+
+def test_a_manifest_that_cannot_be_encoded_is_a_ckptpub_error(tmp_path: Path) -> None:
+    """``to_json`` follows the error model: an unknown format or provenance that is not JSON data."""
+    folder = write_checkpoint(tmp_path / "ckpt")
+    manifest = ckptpub.build_manifest(folder)
+    with pytest.raises(ckptpub.CkptpubError, match="no encoding for manifest format 'ckptpub/3'"):
+        manifest.to_json("ckptpub/3")
+    by_hand = ckptpub.Manifest(
+        manifest.identity,
+        manifest.tensors,
+        manifest.files,
+        manifest.weights,
+        manifest.config,
+        {"x": float("inf")},
+    )
+    for version in (FORMAT, FORMAT_V1):
+        with pytest.raises(ckptpub.CkptpubError, match=f"cannot be encoded as {version}: .*Infinity"):
+            by_hand.to_json(version)

@@ -370,3 +370,25 @@ def test_trusted_key_takes_exactly_one_of_key_or_chain() -> None:
     with pytest.raises(ckptpub.CkptpubError, match="either a public key or a certificate chain"):
         signing.TrustedKey("key.pub", ("root.pem",))
     assert signing.TrustedKey(certificate_chain=[Path("root.pem")]).certificate_chain == ("root.pem",)
+
+
+def test_signed_or_plain_is_decided_by_one_function(signed: Path, keys: dict) -> None:
+    """``read_trusted_manifest``: with a key only what it signed, without one the folder's own manifest."""
+    trusted = signing.TrustedKey.of(str(keys["trainer"].public))
+    assert trusted == signing.TrustedKey(public_key=str(keys["trainer"].public))
+    assert signing.TrustedKey.of(None, ()) is None
+    assert signing.read_trusted_manifest(signed, trusted) == ckptpub.read_manifest(signed)
+    assert signing.read_trusted_manifest(signed, None) == ckptpub.read_manifest(signed)
+    stranger = signing.TrustedKey.of(str(keys["stranger"].public))
+    with pytest.raises(ckptpub.CkptpubError, match=r": not what the trusted key signed: model.sig: "):
+        signing.read_trusted_manifest(signed, stranger)
+    environment = {"CKPTPUB_PUBLIC_KEY": f" {keys['trainer'].public} "}
+    assert signing.TrustedKey.from_environment(environment) == trusted
+    chain = {"CKPTPUB_CERTIFICATE_CHAIN": os.pathsep.join(["a.pem", " ", "b.pem"])}
+    from_chain = signing.TrustedKey.from_environment(chain)
+    assert from_chain == signing.TrustedKey(certificate_chain=("a.pem", "b.pem"))
+    assert signing.TrustedKey.from_environment({}) is None
+    _republish(signed)  # a valid manifest, but not the signed one
+    with pytest.raises(ckptpub.CkptpubError, match=r"ckptpub.json: differs from the one signed"):
+        signing.read_trusted_manifest(signed, trusted)
+    assert signing.read_trusted_manifest(signed, None).identity == ckptpub.read_manifest(signed).identity

@@ -25,7 +25,8 @@ def models(tmp_path_factory) -> dict[str, str]:
     tensors); badheader (a shard's header damaged); tokenizer (a same-size edit of
     tokenizer.json); template (a chat template added after publishing); manifestdir
     (ckptpub.json is a folder)."""
-    from ckptpub_vllm.testing import build_tiny_qwen3, copy_with_zeroed_tensor
+    from support.safetensors_files import copy_with_zeroed_tensor
+    from support.tiny_model import build_tiny_qwen3
 
     root = tmp_path_factory.mktemp("ckpts")
     v1 = build_tiny_qwen3(str(root / "v1"), max_shard_size="150KB")

@@ -12,6 +12,7 @@ from ckptpub_vllm.errors import RefusedError
 from ckptpub_vllm.options import Options, split_extra_config
 from ckptpub_vllm.verify_stream import INLINE_HASH_BYTES, StreamVerifier
 from safetensors import safe_open
+from support.manifests import replaced
 
 import ckptpub
 
@@ -196,7 +197,7 @@ def test_an_engine_config_is_read_as_strictly_as_publish_reads_it(models, tmp_pa
         r._replace(size=len(forged), digest=ckptpub.tensor_digest(forged)) if r.path == "config.json" else r
         for r in manifest.files
     )
-    forged_manifest = manifest._replace(files=files)
+    forged_manifest = replaced(manifest, files=files)
     (folder / ckptpub.MANIFEST_NAME).write_bytes(forged_manifest.to_json())
     assert ckptpub.read_manifest(str(folder)).identity == manifest.identity  # a valid manifest, same identity
     assert engine_file_problems(str(folder), forged_manifest) == [

@@ -3,7 +3,7 @@
 Exit codes (``ExitCode``, shared by every command, ``ckptpub preload`` too): 0 all
 good; 1 a mismatch or difference was found; 2 unusable input, a usage error, or
 anything else that prevented a verdict. Every failure is one line on stderr, never a
-traceback (``CKPTPUB_DEBUG=1`` shows the traceback instead, for debugging). Results
+traceback (``CKPTPUB_DEBUG=1``, a flag: ``on``/``true``/``yes`` too, shows the traceback instead). Results
 go to stdout in lines that people and scripts can both read (``path: OK`` /
 ``path: FAILED (...)``), or as JSON.
 
@@ -30,14 +30,15 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 from .._filesystem.read import read_manifest
 from .._filesystem.safe_open import read_bounded
-from .._filesystem.scan import SIGNATURE_NAME
-from .._format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
+from .._format.manifest import MAX_MANIFEST_BYTES
+from .._format.names import MANIFEST_NAME, SIGNATURE_NAME
 from .._hashing.distributed import DEFAULT_TIMEOUT_S, DistributedHasher, env_world, init_from_env
 from .._operations.diff import diff_manifests
 from .._operations.explain import base_of, is_adapter
 from .._operations.publishing import publish, publish_on_ranks
 from .._operations.verify import verify
 from .._runs.runview import lineage, list_run
+from .._settings import DEBUG_ENV, env_flag, seconds
 from .._version import __version__
 from ..errors import CkptpubError, one_line
 from .printing import (
@@ -59,8 +60,6 @@ from .progress import ProgressBar
 
 #: Entry-point group through which other distributions add commands; each entry point is a ``Command``.
 COMMANDS_GROUP = "ckptpub.commands"
-#: Set (to anything but ``0``) to get the traceback of a failure instead of its one-line error.
-DEBUG_VARIABLE = "CKPTPUB_DEBUG"
 
 
 class ExitCode(enum.IntEnum):
@@ -145,7 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _occupy_closed_standard_fds()
     _escape_unencodable_output()
     program = "ckptpub"  # what the error line starts with: the command's own program, once known
+    tracebacks = False
     try:
+        tracebacks = debugging()  # a CKPTPUB_DEBUG that is neither on nor off is refused in one line
         commands = _commands(argv)
         named = commands.get(argv[0]) if argv else None
         if named is not None:  # a usage error in its arguments is said in its name
@@ -169,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return ExitCode.BROKEN_PIPE
     except (Exception, KeyboardInterrupt) as error:
-        if debugging():
+        if tracebacks:
             raise
         message, code = _explain(error)
         fail(message, program=program)
@@ -188,7 +189,7 @@ def run() -> NoReturn:
     try:
         code = main()
     except KeyboardInterrupt as error:  # Ctrl-C while main was already handling another outcome
-        if debugging():
+        if _tracebacks_wanted():
             traceback.print_exception(error)
         else:
             fail("interrupted")
@@ -208,8 +209,16 @@ def run() -> NoReturn:
 
 
 def debugging() -> bool:
-    """Whether ``CKPTPUB_DEBUG`` asks for tracebacks instead of one-line errors."""
-    return os.environ.get(DEBUG_VARIABLE, "") not in ("", "0")
+    """Whether the flag ``CKPTPUB_DEBUG`` asks for tracebacks instead of one-line errors."""
+    return env_flag(DEBUG_ENV)
+
+
+def _tracebacks_wanted() -> bool:
+    """``debugging()``, and off for a ``CKPTPUB_DEBUG`` that is neither on nor off (``main`` said so)."""
+    try:
+        return debugging()
+    except CkptpubError:
+        return False
 
 
 def fail(message: str, *, program: str = "ckptpub") -> None:
@@ -380,14 +389,12 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def _seconds(text: str) -> float:
+def seconds_argument(text: str) -> float:
+    """An argparse ``type`` for a duration: ``_settings.seconds`` (NaN, infinities, 0 and less refused)."""
     try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < 1e7:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
+        return seconds(text)
+    except CkptpubError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _join_ranks(timeout_s: float) -> DistributedHasher | None:
@@ -423,7 +430,7 @@ def _add_hashing(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rank-timeout",
-        type=_seconds,
+        type=seconds_argument,
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
         help="under torchrun (the work is spread over its ranks, rank 0 writes and prints): fail when a "
@@ -611,14 +618,12 @@ def _signing_key(args: PublishArguments) -> Any:
 
 
 def _trusted_key(args: VerifyArguments) -> Any:
-    """``--public-key PUB`` or ``--certificate-chain PEM`` as a ``signing.TrustedKey``; None for neither."""
-    if args.public_key is None and not args.certificate_chain:
-        return None
+    """``--public-key PUB`` or ``--certificate-chain PEM`` as a ``TrustedKey``; None for neither."""
     if args.public_key is not None and args.certificate_chain:
         raise UsageError("give --public-key or --certificate-chain, not both", "ckptpub verify")
     from .._operations.signing import TrustedKey
 
-    return TrustedKey(args.public_key, tuple(args.certificate_chain or ()))
+    return TrustedKey.of(args.public_key, args.certificate_chain or ())
 
 
 def _cmd_show(args: ShowArguments) -> int:

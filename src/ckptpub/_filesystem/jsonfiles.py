@@ -29,10 +29,10 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
+from .._format.names import TEMP_PREFIX, TEMP_SUFFIX
 from .._format.strict_json import loads_strict
 from ..errors import CkptpubError
 from .safe_open import open_regular, read_bounded
-from .scan import TEMP_PREFIX, TEMP_SUFFIX
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -43,7 +43,7 @@ def write_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
 
     The temporary file, created exclusively with ``mode`` next to ``path``, has the
     one name every ckptpub temporary file has (``.ckptpub.json.<random hex>.tmp``,
-    ``scan.TEMP_PREFIX``/``TEMP_SUFFIX``), which folder scans skip: a write in
+    ``names.TEMP_PREFIX``/``TEMP_SUFFIX``), which folder scans skip: a write in
     progress inside a checkpoint folder (the manifest, a signature) is never taken
     for one of its files. Whatever is at ``path`` (a file, a symlink, a FIFO) is
     replaced, never written through. Raises ``CkptpubError``: ``NAME: cannot write

@@ -1,12 +1,21 @@
-"""Opening a checkpoint's files without following, blocking on, or mistaking what is there.
+"""Opening and reading a folder's files without following, blocking on, or mistaking what is there.
 
-Every file ckptpub reads from a checkpoint goes through ``open_regular``: the open
-never follows a symlink in its last component (``O_NOFOLLOW``), never blocks on a
-FIFO or device (``O_NONBLOCK``; harmless for regular files), and what was opened is
-checked with ``fstat`` before a byte is read: it must be a regular file and, when
-the folder scan saw it, the very same file (device and inode). So a file swapped
-for a symlink out of the folder, a FIFO or another file between the scan and the
-read is refused, not read.
+The one implementation of three rules every reader of an untrusted folder applies
+(the core's readers, the vLLM plugin's, the preload supervisor's):
+
+* **open** (``open_regular``): never follow a symlink in the last component
+  (``O_NOFOLLOW``), never block on a FIFO or device (``O_NONBLOCK``; harmless for
+  regular files), and check what was opened with ``fstat`` before a byte is read: a
+  regular file and, when the folder scan saw it, the very same file (device and
+  inode). A file swapped for a symlink, a FIFO or another file between the scan and
+  the read is refused, not read.
+* **bounded small-file read** (``read_bounded``): the size is checked against a limit
+  before anything is read, and the read stops past it should the file grow; one
+  ``open``, one ``fstat`` and (for a file that keeps its size) one ``read``.
+* **symlinks stay inside** (``resolve_inside``): a symlink counts as the file it
+  points to only when that is inside the folder and not one of ckptpub's own files
+  (the manifest, the signature, a temporary file), which publishing replaces.
+  ``read_inside`` reads a file of a folder by that rule.
 """
 
 from __future__ import annotations
@@ -15,10 +24,24 @@ import errno
 import os
 import stat
 
+from .._format.names import MANIFEST_NAME, is_ckptpub_file
 from ..errors import CkptpubError
 
 #: Flags for reading a file of an untrusted folder.
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class OpenError(CkptpubError):
+    """The ``open`` itself failed; ``errno`` says why (``ENOENT``: nothing there, ``ELOOP``: a symlink)."""
+
+    def __init__(self, message: str, errno: int | None) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+    @property
+    def absent(self) -> bool:
+        """Nothing is at the path."""
+        return self.errno == errno.ENOENT
 
 
 def open_regular(
@@ -28,12 +51,12 @@ def open_regular(
 
     ``expect`` is the ``(st_dev, st_ino)`` the folder scan saw; a different file
     at that path now is refused. ``flags`` must keep ``O_NOFOLLOW|O_NONBLOCK``.
-    Raises ``CkptpubError`` naming ``display_name``.
+    Raises ``CkptpubError`` naming ``display_name`` (``OpenError`` when the open failed).
     """
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as error:
-        raise CkptpubError(f"{display_name}: {open_failure(error)}") from None
+        raise OpenError(f"{display_name}: {open_failure(error)}", error.errno) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -70,22 +93,79 @@ def kind_of(mode: int) -> str:
     return "a special file"
 
 
-def read_bounded(path: str, limit: int, display_name: str, expect: tuple[int, int] | None = None) -> bytes:
+def read_bounded(
+    path: str,
+    limit: int,
+    display_name: str,
+    expect: tuple[int, int] | None = None,
+    *,
+    limit_name: str = "limit for this file",
+) -> bytes:
     """Read a whole small regular file, refusing one larger than ``limit`` bytes before reading it.
 
     Opened as ``open_regular`` opens (no symlink, no FIFO, the file the scan saw).
+    ``limit_name`` ends the message for a file over the limit (``manifest limit``).
     """
     fd, info = open_regular(path, display_name, expect)
     try:
-        with os.fdopen(fd, "rb") as handle:
-            size = info.st_size
-            if size > limit:
+        if info.st_size > limit:
+            raise CkptpubError(f"{display_name}: {info.st_size} bytes is over the {limit}-byte {limit_name}")
+        return _read_to_end(fd, info.st_size, limit, display_name, limit_name)
+    finally:
+        os.close(fd)
+
+
+def _read_to_end(fd: int, size: int, limit: int, display_name: str, limit_name: str) -> bytes:
+    """The file's bytes: one ``read`` when the file still has the ``size`` ``fstat`` gave; bounded if not."""
+    try:
+        parts = [os.read(fd, size + 1)]
+        total = len(parts[0])
+        while total != size and parts[-1]:  # a short read, or the file changed size: read to its end
+            parts.append(os.read(fd, max(1, limit + 1 - total)))
+            total += len(parts[-1])
+            if total > limit:
                 raise CkptpubError(
-                    f"{display_name}: {size} bytes is over the {limit}-byte limit for this file"
+                    f"{display_name}: grew past the {limit}-byte {limit_name} while being read"
                 )
-            data = handle.read(limit + 1)
     except OSError as error:
         raise CkptpubError(f"{display_name}: cannot read: {error.strerror or error}") from None
-    if len(data) > limit:
-        raise CkptpubError(f"{display_name}: grew past the {limit}-byte limit while being read")
-    return data
+    return b"".join(parts)
+
+
+def resolve_inside(root: str, link: str, display_name: str) -> str:
+    """Where the symlink ``link`` of the real folder ``root`` leads, if a symlink may lead there.
+
+    Inside ``root`` (not ``root`` itself), and not the manifest, the signature or a
+    temporary file at its top, which publishing replaces. ``CkptpubError`` otherwise.
+    """
+    target = os.path.realpath(link)
+    if os.path.commonpath([root, target]) != root or target == root:
+        raise CkptpubError(f"{display_name}: symlink points outside the checkpoint folder")
+    if os.path.dirname(target) == root and is_ckptpub_file(os.path.basename(target)):
+        raise CkptpubError(f"{display_name}: symlink points at {MANIFEST_NAME}, which publishing replaces")
+    return target
+
+
+def read_inside(folder: str, relative: str, limit: int, *, limit_name: str = "limit for this file") -> bytes:
+    """``read_bounded`` of the file at the '/'-separated ``relative`` path of ``folder``, named by it.
+
+    A symlink there is followed as ``resolve_inside`` allows (what publishing
+    accepts), and only after the no-follow open met it, so the usual file costs one
+    ``open``, one ``fstat`` and one ``read``. A path through a folder that is a
+    symlink is refused, as a folder scan refuses it.
+    """
+    parts = relative.split("/")
+    path = os.path.join(folder, *parts)
+    if len(parts) > 1:
+        root = os.path.realpath(folder)
+        if os.path.realpath(os.path.dirname(path)) != os.path.join(root, *parts[:-1]):
+            raise CkptpubError(
+                f"{relative}: in a folder behind a symlink; not supported in a checkpoint folder"
+            )
+    try:
+        return read_bounded(path, limit, relative, limit_name=limit_name)
+    except OpenError as error:
+        if error.errno != errno.ELOOP:
+            raise
+    target = resolve_inside(os.path.realpath(folder), path, relative)
+    return read_bounded(target, limit, relative, limit_name=limit_name)

@@ -25,6 +25,7 @@ from typing import Any, TypeGuard
 from ..errors import CkptpubError
 from .canonical import canonical_json
 from .digest import DIGEST_PREFIX, digest_bytes
+from .names import CONFIG_FILES, MANIFEST_NAME
 from .safetensors import DTYPE_BITS
 from .strict_json import loads_strict
 from .tables import (
@@ -43,11 +44,8 @@ from .tables import (
 FORMAT = "ckptpub/2"
 #: The first format, still read (and written by ``Manifest.to_json(FORMAT_V1)``).
 FORMAT_V1 = "ckptpub/1"
-MANIFEST_NAME = "ckptpub.json"
 #: A manifest larger than this is refused unread (about 250k tensors fit).
 MAX_MANIFEST_BYTES = 64 << 20
-#: Config files whose meaning (not formatting) is part of the identity.
-CONFIG_FILES = ("config.json", "adapter_config.json")
 _DIGEST = re.compile(re.escape(DIGEST_PREFIX) + "[0-9a-f]{64}")
 
 __all__ = [
@@ -134,18 +132,6 @@ class Manifest:
         manifest._tensors, manifest._tables, manifest._name = None, tables, display_name
         return manifest
 
-    def _replace(self, **changes: Any) -> Manifest:
-        """A copy with some fields changed (``Manifest`` was a ``NamedTuple``; its callers keep this)."""
-        fields = {
-            name: getattr(self, name) for name in ("identity", "files", "weights", "config", "provenance")
-        }
-        if "tensors" in changes or self._tables is None:
-            fields["tensors"] = changes.pop("tensors") if "tensors" in changes else self.tensors
-            return Manifest(**(fields | changes), version=self.version)
-        copy = Manifest.from_tables(tables=self._tables, display_name=self._name, **(fields | changes))
-        copy.version = self.version
-        return copy
-
     def __eq__(self, other: object) -> bool:
         """Equal manifests list the same entries (their tables' bytes) and the same header fields."""
         if not isinstance(other, Manifest):
@@ -206,11 +192,21 @@ class Manifest:
         """The encoding written to ``ckptpub.json``: ``ckptpub/2``, or ``ckptpub/1`` when asked.
 
         The identity written is the one ``version`` defines (the two formats' differ).
+        Raises ``CkptpubError`` for another ``version``, and for a manifest built by
+        hand whose provenance is not plain JSON data (``publish`` refuses that earlier).
         """
+        try:
+            return self._encoded(version)
+        except (TypeError, ValueError, RecursionError) as error:  # canonical_json: not plain JSON data
+            raise CkptpubError(f"{self._name}: cannot be encoded as {version}: {error}") from None
+
+    def _encoded(self, version: str) -> bytes:
         if version == FORMAT_V1:
             return canonical_json(self._v1_document()) + b"\n"
         if version != FORMAT:
-            raise ValueError(f"no encoding for manifest format {version!r}")
+            raise CkptpubError(
+                f"no encoding for manifest format {version!r} (this ckptpub writes {FORMAT!r}, {FORMAT_V1!r})"
+            )
         tables = self.tables
         header = {
             "format": FORMAT,
@@ -321,6 +317,22 @@ def config_digest(document: Mapping[str, Any]) -> str:
 
 
 _VOLATILE_CONFIG_KEYS = frozenset({"_name_or_path", "transformers_version", "_commit_hash"})
+
+
+def config_meaning(data: bytes, name: str) -> tuple[dict[str, Any], str]:
+    """A config file's bytes as its JSON object and the digest of its meaning (``config_digest``).
+
+    Read strictly (``loads_strict``), so every reader of a config (publish, verify,
+    diff, the vLLM plugin's engine-file check) sees one meaning or the same
+    ``CkptpubError`` naming ``name``: not JSON, not an object, or not canonically encodable.
+    """
+    document = loads_strict(data, name, "config")
+    if not isinstance(document, dict):
+        raise CkptpubError(f"{name}: config is not a JSON object")
+    try:
+        return document, config_digest(document)
+    except (ValueError, RecursionError) as error:  # nested deeper than canonical encoding goes
+        raise CkptpubError(f"{name}: config cannot be encoded canonically: {error}") from None
 
 
 def parse_manifest(data: bytes, display_name: str = MANIFEST_NAME) -> Manifest:

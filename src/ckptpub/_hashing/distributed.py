@@ -35,6 +35,7 @@ from typing import Any
 import blake3
 
 from .._format.digest import DIGEST_PREFIX
+from .._settings import seconds
 from ..errors import CkptpubError
 from .engine import FileDigests, Span
 from .options import HashOptions
@@ -65,7 +66,7 @@ def new_group(timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
 
     import torch.distributed as dist
 
-    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=seconds(timeout_s, "timeout_s")))
 
 
 def env_world() -> tuple[int, int] | None:
@@ -84,8 +85,9 @@ def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistributedHasher:
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        timeout = timedelta(seconds=seconds(timeout_s, "timeout_s"))
         try:
-            dist.init_process_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(backend="gloo", timeout=timeout)
         except (RuntimeError, ValueError) as error:
             raise CkptpubError(f"cannot join the torchrun job: {error}") from None
     return DistributedHasher(None)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-from .._filesystem.model_files import read_config
-from .._format.manifest import _VOLATILE_CONFIG_KEYS, CONFIG_FILES, MANIFEST_NAME, Manifest, ModelEntry
+from .._filesystem.model_files import MAX_CONFIG_BYTES
+from .._filesystem.safe_open import read_inside
+from .._format.manifest import _VOLATILE_CONFIG_KEYS, Manifest, ModelEntry, config_meaning
+from .._format.names import CONFIG_FILES, MANIFEST_NAME
 from ..errors import CkptpubError
 
 #: A pattern lists at most this many alternatives at one position (``{a,b,... 40 more}`` beyond).
@@ -250,9 +252,10 @@ def config_changes(
 ) -> tuple[tuple[ConfigChange, ...], tuple[str, ...]]:
     """Key-level changes of each config whose digest differs, and notes on those that could not be read.
 
-    A config is read from its folder only if the file is a regular file inside it
-    (no symlink) and still has the digest the manifest recorded: keys read from a
-    file edited since publishing would describe a different model.
+    A config is read from its folder only if the file is a regular file inside it (a
+    symlink only to a file inside it, as publishing allows) and still has the digest
+    the manifest recorded: keys read from a file edited since publishing would
+    describe a different model.
     """
     changes: list[ConfigChange] = []
     notes: list[str] = []
@@ -280,8 +283,8 @@ def _read_config(
 ) -> tuple[dict[str, Any], None] | tuple[None, str]:
     if folder is None:
         return None, "given as a manifest file, not a folder"
-    try:
-        document, meaning = read_config(os.path.join(folder, name), name)
+    try:  # a symlink inside the folder is followed, as publishing followed it
+        document, meaning = config_meaning(read_inside(folder, name, MAX_CONFIG_BYTES), name)
     except CkptpubError as error:
         return None, str(error)
     if meaning != digest:

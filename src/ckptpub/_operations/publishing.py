@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 from .._filesystem.jsonfiles import write_atomically
 from .._filesystem.model_files import config_digests, is_shard_path, read_layout, weight_files
 from .._filesystem.read import read_manifest
-from .._filesystem.run_index import INDEX_NAME
 from .._filesystem.scan import FolderEntry, as_path, resolve_folder, restat, scan_folder
 from .._format.canonical import canonical_json
 from .._format.digest import DIGEST_PREFIX
-from .._format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, check_identity, identity_of_tables
+from .._format.manifest import MAX_MANIFEST_BYTES, Manifest, check_identity, identity_of_tables
+from .._format.names import MANIFEST_NAME, RUN_INDEX_NAME
 from .._format.safetensors import ShardLayout
 from .._format.tables import FileRecord, check_name, encode_tables, line
 from .._hashing.engine import ProgressCallback, Span
@@ -162,7 +162,7 @@ def _refuse_nested_checkpoints(root: str, entries: list[FolderEntry]) -> None:
         parts = entry.path.split("/")
         nested = (
             parts[-1] == MANIFEST_NAME
-            or entry.path == INDEX_NAME
+            or entry.path == RUN_INDEX_NAME
             or (len(parts) > 1 and _is_checkpoint_name(parts[0]))
         )
         if nested:

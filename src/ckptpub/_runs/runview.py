@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from .._filesystem import run_index
 from .._filesystem.read import read_manifest
-from .._format.manifest import MANIFEST_NAME
+from .._format.names import MANIFEST_NAME, RUN_INDEX_NAME
 from .._operations.explain import base_of, is_adapter
 from ..errors import CkptpubError
 
@@ -56,8 +56,8 @@ def list_run(run_dir: str) -> list[RunEntry]:
         records = run_index.read(run_dir)
     except CkptpubError as error:
         records = []
-        entries[run_index.INDEX_NAME] = RunEntry(
-            run_index.INDEX_NAME, None, None, None, None, False, "index", "unusable", str(error)
+        entries[RUN_INDEX_NAME] = RunEntry(
+            RUN_INDEX_NAME, None, None, None, None, False, "index", "unusable", str(error)
         )
     for record in records:  # a path published twice keeps its last record
         path = record["path"]

@@ -31,10 +31,12 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from .._filesystem import run_index
 from .._filesystem.read import read_manifest
-from .._format.manifest import MANIFEST_NAME, Manifest
+from .._format.manifest import Manifest
+from .._format.names import MANIFEST_NAME, TRAINER_STATE_NAME
 from .._hashing.distributed import DEFAULT_TIMEOUT_S, DistributedHasher, new_group
 from .._operations.publishing import publish, publish_on_ranks
 from .._operations.signing import Signer
+from .._settings import seconds
 from ..errors import CkptpubError
 from .accelerate_helper import publish_accelerate_state
 
@@ -43,7 +45,6 @@ __all__ = ["PublishCallback", "Published", "publish_accelerate_state"]
 log = logging.getLogger("ckptpub")
 
 _CHECKPOINT_PREFIX = "checkpoint"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
-_DONE_MARKER = "trainer_state.json"  # written last before rotation by the saving rank
 _PRODUCER_PACKAGES = ("transformers", "torch", "accelerate", "peft", "safetensors")
 
 
@@ -144,7 +145,7 @@ def checkpoint_folder(
         return direct
 
     def written_at(folder: str) -> float:
-        for probe in (os.path.join(folder, _DONE_MARKER), folder):
+        for probe in (os.path.join(folder, TRAINER_STATE_NAME), folder):
             try:
                 return os.stat(probe).st_mtime
             except OSError:
@@ -363,10 +364,10 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
         self.background = background
         self.index = index
         self.distributed = distributed
-        self.rank_timeout_s = rank_timeout_s
+        self.rank_timeout_s = seconds(rank_timeout_s, "rank_timeout_s")
         signer = None if sign is None else Signer.load(sign)
         self._pub = _Publisher(
-            background=background, max_pending=max_pending, require=_DONE_MARKER, signer=signer
+            background=background, max_pending=max_pending, require=TRAINER_STATE_NAME, signer=signer
         )
         self._holding = False
         self._base_identity: str | None = None
@@ -487,7 +488,7 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
         self._pub.join()
         self._deliver(state)
         for p in self.published:  # a checkpoint deleted after its publish leaves no manifest behind
-            if not os.path.isfile(os.path.join(p.folder, _DONE_MARKER)):
+            if not os.path.isfile(os.path.join(p.folder, TRAINER_STATE_NAME)):
                 _withdraw(p.folder)
 
     # -- helpers -------------------------------------------------------------

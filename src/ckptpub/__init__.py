@@ -19,7 +19,10 @@ modules, and imports go downwards only (``tests/core/test_layers.py`` checks it)
     _hashing      the hashing engine, its options, distributed hashing
     _filesystem   safe opens and reads, folder scans, atomic JSON files, model files, the run index
     _format       the manifest, its tables, safetensors headers, strict and canonical JSON, digests
-    errors, _version   what every layer may import
+    errors, _settings, _version   what every layer may import
+
+``docs/design.md`` (for contributors) says what each layer may import, where each
+rule lives and how to add a command, a format field or an integration.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ the way the core does (``docs/design.md`` lists where each rule lives):
   blocked on, the size bounded before a byte is read; ``OpenError`` when the open
   failed, ``.absent`` when nothing is there), ``read_inside`` (the same for a file of
   a folder, following a symlink only as ``resolve_inside`` allows: inside the folder,
-  and not to ckptpub's own files);
+  and not to ckptpub's own files), ``open_inside`` (the open alone, for a reader of a
+  prefix such as a shard's header);
 * decoding: ``loads_strict`` (JSON as every ckptpub reader decodes it), ``config_meaning``
   (a config's bytes to its object and the digest its identity covers),
   ``check_identity`` (``blake3:<64 lowercase hex>`` or a ``CkptpubError``);
@@ -28,7 +29,7 @@ manifest" is ``ckptpub.signing.read_trusted_manifest`` with ``TrustedKey.of`` or
 """
 
 from ._filesystem import jsonfiles
-from ._filesystem.safe_open import OpenError, read_bounded, read_inside, resolve_inside
+from ._filesystem.safe_open import OpenError, open_inside, read_bounded, read_inside, resolve_inside
 from ._format.manifest import check_identity, config_meaning
 from ._format.names import (
     CONFIG_FILES,
@@ -73,6 +74,7 @@ __all__ = [
     "flag",
     "jsonfiles",
     "loads_strict",
+    "open_inside",
     "read_bounded",
     "read_inside",
     "resolve_inside",

@@ -21,6 +21,7 @@ from transformers import TrainerCallback
 import ckptpub
 from ckptpub import PublishCallback
 from ckptpub._filesystem import run_index
+from ckptpub.integration import RUN_INDEX_NAME
 
 
 class Pace(TrainerCallback):
@@ -333,7 +334,7 @@ def test_folder_deleted_while_hashing_leaves_no_manifest(tmp_path):
 
 
 def test_run_index_skips_a_torn_line(tmp_path):
-    (tmp_path / run_index.INDEX_NAME).write_bytes(b'{"step": 1, "path": "checkpoint-1", "ident')
+    (tmp_path / RUN_INDEX_NAME).write_bytes(b'{"step": 1, "path": "checkpoint-1", "ident')
     run_index.append(tmp_path, step=2, path="checkpoint-2", identity="blake3:" + "0" * 64, time=1.0)
     assert [r["step"] for r in run_index.read(tmp_path)] == [2]
 

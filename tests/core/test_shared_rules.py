@@ -19,6 +19,7 @@ from ckptpub.integration import (
     OpenError,
     env_flag,
     flag,
+    open_inside,
     read_bounded,
     read_inside,
     resolve_inside,
@@ -118,3 +119,16 @@ def test_a_symlink_is_followed_only_inside_the_folder_and_never_to_ckptpub_files
     (folder / "linked").symlink_to("sub")
     with pytest.raises(CkptpubError, match="in a folder behind a symlink"):
         read_inside(str(folder), "linked/template.jinja", 100)
+
+
+def test_a_prefix_is_read_through_the_same_open(folder: Path) -> None:
+    """``open_inside``: a shard's header is read without reading the shard, by the same rules."""
+    (folder / "big.bin").write_bytes(b"head" + bytes(1000))
+    (folder / "alias.bin").symlink_to("big.bin")
+    fd, info = open_inside(str(folder), "alias.bin")
+    try:
+        assert (os.read(fd, 4), info.st_size) == (b"head", 1004)
+    finally:
+        os.close(fd)
+    with pytest.raises(CkptpubError, match="over the 100-byte limit"):
+        read_inside(str(folder), "alias.bin", 100)

@@ -15,7 +15,7 @@ The one implementation of three rules every reader of an untrusted folder applie
 * **symlinks stay inside** (``resolve_inside``): a symlink counts as the file it
   points to only when that is inside the folder and not one of ckptpub's own files
   (the manifest, the signature, a temporary file), which publishing replaces.
-  ``read_inside`` reads a file of a folder by that rule.
+  ``open_inside`` and ``read_inside`` open and read a file of a folder by that rule.
 """
 
 from __future__ import annotations
@@ -108,15 +108,16 @@ def read_bounded(
     """
     fd, info = open_regular(path, display_name, expect)
     try:
-        if info.st_size > limit:
-            raise CkptpubError(f"{display_name}: {info.st_size} bytes is over the {limit}-byte {limit_name}")
-        return _read_to_end(fd, info.st_size, limit, display_name, limit_name)
+        return _read_whole(fd, info.st_size, limit, display_name, limit_name)
     finally:
         os.close(fd)
 
 
-def _read_to_end(fd: int, size: int, limit: int, display_name: str, limit_name: str) -> bytes:
-    """The file's bytes: one ``read`` when the file still has the ``size`` ``fstat`` gave; bounded if not."""
+def _read_whole(fd: int, size: int, limit: int, display_name: str, limit_name: str) -> bytes:
+    """The file's bytes, ``size`` (``fstat``'s) checked against ``limit`` first: one ``read`` when the
+    file keeps that size, and never more than ``limit`` bytes if it grows."""
+    if size > limit:
+        raise CkptpubError(f"{display_name}: {size} bytes is over the {limit}-byte {limit_name}")
     try:
         parts = [os.read(fd, size + 1)]
         total = len(parts[0])
@@ -146,13 +147,13 @@ def resolve_inside(root: str, link: str, display_name: str) -> str:
     return target
 
 
-def read_inside(folder: str, relative: str, limit: int, *, limit_name: str = "limit for this file") -> bytes:
-    """``read_bounded`` of the file at the '/'-separated ``relative`` path of ``folder``, named by it.
+def open_inside(folder: str, relative: str) -> tuple[int, os.stat_result]:
+    """``open_regular`` of the file at the '/'-separated ``relative`` path of ``folder``, named by it.
 
     A symlink there is followed as ``resolve_inside`` allows (what publishing
     accepts), and only after the no-follow open met it, so the usual file costs one
-    ``open``, one ``fstat`` and one ``read``. A path through a folder that is a
-    symlink is refused, as a folder scan refuses it.
+    ``open`` and one ``fstat``. A path through a folder that is a symlink is refused,
+    as a folder scan refuses it. The caller closes the descriptor.
     """
     parts = relative.split("/")
     path = os.path.join(folder, *parts)
@@ -163,9 +164,17 @@ def read_inside(folder: str, relative: str, limit: int, *, limit_name: str = "li
                 f"{relative}: in a folder behind a symlink; not supported in a checkpoint folder"
             )
     try:
-        return read_bounded(path, limit, relative, limit_name=limit_name)
+        return open_regular(path, relative)
     except OpenError as error:
         if error.errno != errno.ELOOP:
             raise
-    target = resolve_inside(os.path.realpath(folder), path, relative)
-    return read_bounded(target, limit, relative, limit_name=limit_name)
+    return open_regular(resolve_inside(os.path.realpath(folder), path, relative), relative)
+
+
+def read_inside(folder: str, relative: str, limit: int, *, limit_name: str = "limit for this file") -> bytes:
+    """``read_bounded`` of a file of ``folder`` opened by ``open_inside``: one open, fstat and read."""
+    fd, info = open_inside(folder, relative)
+    try:
+        return _read_whole(fd, info.st_size, limit, relative, limit_name)
+    finally:
+        os.close(fd)

@@ -119,9 +119,3 @@ def install() -> None:
         return
     setattr(_patched, _PATCH_MARK, current)
     protocol.hash_checkpoint = _patched
-
-
-def installed() -> bool:
-    from vllm.model_executor.model_loader.weight_cache import protocol
-
-    return getattr(protocol.hash_checkpoint, _PATCH_MARK, None) is not None

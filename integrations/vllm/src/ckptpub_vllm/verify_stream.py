@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import stat
-import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -87,7 +86,6 @@ class StreamVerifier:
         self.partial_reason: str | None = None
         self.verified_tensors = 0
         self.verified_bytes = 0
-        self.hash_seconds = 0.0
         self._max_pending = max_pending_mib << 20
         self._pending: deque[tuple[str, Future[str], int]] = deque()
         self._pending_bytes = 0
@@ -135,19 +133,13 @@ class StreamVerifier:
         data = raw_bytes(tensor)
         size = int(data.nbytes)
         if size <= INLINE_HASH_BYTES:
-            self._compare(name, self._digest(data), size)
+            self._compare(name, ckptpub.tensor_digest(data), size)
             return
-        self._pending.append((name, self._pool.submit(self._digest, data), size))
+        self._pending.append((name, self._pool.submit(ckptpub.tensor_digest, data), size))
         self._pending_bytes += size
         self._collect(block=False)
         while self._pending_bytes > self._max_pending and self._pending:
             self._collect_one()
-
-    def _digest(self, data: memoryview) -> str:
-        start = time.perf_counter()
-        digest = ckptpub.tensor_digest(data)
-        self.hash_seconds += time.perf_counter() - start
-        return digest
 
     def _collect(self, block: bool) -> None:
         while self._pending and (block or self._pending[0][1].done()):

@@ -488,7 +488,7 @@ class _Validator:
         if not isinstance(name, str) or not name:
             raise self.fail(f"{where}: name must be a non-empty string")
         dtype = entry["dtype"]
-        if dtype not in DTYPE_BITS:
+        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:  # a list or an object cannot be looked up
             raise self.fail(f"tensor {name!r}: unknown dtype {dtype!r}")
         shape = tuple(
             self.count(d, f"tensor {name!r}: shape")

@@ -11,4 +11,5 @@ Modules (imports go downwards only; from outside this package only ``ckptpub.err
     strict_json   ``loads_strict``: JSON with duplicate keys, NaN, 1e400 and lone surrogates refused
     canonical     canonical JSON (RFC 8785): one byte sequence per value, so digests are stable
     digest        ``blake3:<64 hex>``: ``DIGEST_PREFIX`` and ``digest_bytes``
+    names         every file name ckptpub reads or writes (manifest, signature, run index, ...)
 """

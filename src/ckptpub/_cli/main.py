@@ -621,6 +621,8 @@ def _trusted_key(args: VerifyArguments) -> Any:
     """``--public-key PUB`` or ``--certificate-chain PEM`` as a ``TrustedKey``; None for neither."""
     if args.public_key is not None and args.certificate_chain:
         raise UsageError("give --public-key or --certificate-chain, not both", "ckptpub verify")
+    if args.public_key is None and not args.certificate_chain:
+        return None  # what TrustedKey.of says too, without importing signing (and hashlib) on every verify
     from .._operations.signing import TrustedKey
 
     return TrustedKey.of(args.public_key, args.certificate_chain or ())

@@ -82,23 +82,39 @@ def read_layout(path: str, display_name: str, expect: tuple[int, int] | None = N
                 raise CkptpubError(
                     f"{display_name}: truncated safetensors file ({file_size} bytes, no header length)"
                 )
-            (header_len,) = struct.unpack("<Q", prefix)
-            if header_len > MAX_HEADER_BYTES:
-                raise CkptpubError(
-                    f"{display_name}: safetensors header length {header_len} "
-                    f"exceeds the {MAX_HEADER_BYTES}-byte limit"
-                )
-            if 8 + header_len > file_size:
-                raise CkptpubError(
-                    f"{display_name}: safetensors header length {header_len} "
-                    f"runs past the end of the file ({file_size} bytes)"
-                )
+            header_len = _header_length(prefix, file_size, display_name)
             header = handle.read(header_len)
     except OSError as error:
         raise CkptpubError(f"{display_name}: cannot read: {error.strerror or error}") from None
     if len(header) != header_len:
         raise CkptpubError(f"{display_name}: file shrank while its header was read")
     return parse_header(header, file_size, display_name)
+
+
+def layout_in_memory(data: bytes | bytearray | memoryview, display_name: str) -> ShardLayout:
+    """The layout of a whole safetensors file held in memory (``read_layout``'s checks, no file read)."""
+    if len(data) < 8:
+        raise CkptpubError(
+            f"{display_name}: truncated safetensors file ({len(data)} bytes, no header length)"
+        )
+    header_len = _header_length(bytes(data[:8]), len(data), display_name)
+    return parse_header(bytes(data[8 : 8 + header_len]), len(data), display_name)
+
+
+def _header_length(prefix: bytes, file_size: int, display_name: str) -> int:
+    """The header length an 8-byte prefix declares, once it fits the limit and the file."""
+    (header_len,) = struct.unpack("<Q", prefix)
+    if header_len > MAX_HEADER_BYTES:
+        raise CkptpubError(
+            f"{display_name}: safetensors header length {header_len} "
+            f"exceeds the {MAX_HEADER_BYTES}-byte limit"
+        )
+    if 8 + header_len > file_size:
+        raise CkptpubError(
+            f"{display_name}: safetensors header length {header_len} "
+            f"runs past the end of the file ({file_size} bytes)"
+        )
+    return int(header_len)
 
 
 def parse_header(header: bytes, file_size: int, display_name: str) -> ShardLayout:

@@ -15,7 +15,6 @@ costs the same few filesystem requests for 16 shards or 163.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator
@@ -32,25 +31,11 @@ from vllm.model_executor.model_loader.weight_cache.ipc_loader import IpcModelLoa
 import ckptpub
 
 from . import LOAD_FORMAT, key
-from .errors import RefusedError
+from .errors import RefusedError, refusals_logged
 from .log import logger
 from .options import Options, split_extra_config
 from .startup import check_before_start
 from .verify_stream import StreamVerifier, check_shards_are_files
-
-
-@contextlib.contextmanager
-def refusals_logged() -> Iterator[None]:
-    """Log a refusal once, in its own words, before vLLM wraps it.
-
-    vLLM re-raises a loader's error as a worker traceback or a generic "Engine core
-    initialization failed"; this line is what an operator reads in the log.
-    """
-    try:
-        yield
-    except RefusedError as error:
-        logger.error("%s", error)
-        raise
 
 
 class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is untyped for mypy here

@@ -17,7 +17,7 @@ import pytest
 from checkpoints import run_cli, write_checkpoint
 
 import ckptpub
-from ckptpub.manifest import FORMAT, FORMAT_V1, parse_manifest
+from ckptpub._format.manifest import FORMAT, FORMAT_V1, parse_manifest
 
 VECTORS = Path(__file__).parent.parent / "vectors"
 UPDATE = os.environ.get("CKPTPUB_UPDATE_VECTORS") == "1"
@@ -95,7 +95,7 @@ def v2_bytes(tmp_path: Path) -> bytes:
 
 def reidentified(header: dict, model: bytes, layout: bytes) -> bytes:
     """A manifest with edited tables whose sizes and identity are recomputed, as a careful forger would."""
-    from ckptpub.manifest import FileRecord, Tables, identity_of_tables
+    from ckptpub._format.manifest import FileRecord, Tables, identity_of_tables
 
     header = header | {"tables": {"model": len(model), "layout": len(layout)}}
     files = [FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in header["files"]]

@@ -58,8 +58,7 @@ import torch
 
 import ckptpub
 from ckptpub.errors import CkptpubError
-from ckptpub.explain import base_of
-from ckptpub.safetensors import layout_in_memory
+from ckptpub.integration import base_of, layout_in_memory
 
 from .engine_files import FileMismatchError, read_published
 from .errors import RefusedError, refusals_logged

@@ -3,23 +3,22 @@
 ckptpub hashes tensors by the byte ranges a shard's header declares, so the header
 must describe the file exactly: every tensor's size equals its shape times its
 dtype's width, tensors tile the data region with no overlap, hole or trailing
-byte, and every length is bounded before anything is allocated for it. Only the
-8-byte length prefix and the header are read; tensor data is left to the hasher.
-Standard library only.
+byte, and every length is bounded before anything is allocated for it. This module
+parses header bytes; reading them from a file (the 8-byte length prefix and the
+header, never tensor data) is ``_filesystem.model_files.read_layout``; a whole file
+already in memory is ``layout_in_memory``. Standard library only.
 """
 
 from __future__ import annotations
 
 import operator
-import os
 import struct
 from itertools import repeat
 from math import prod
 from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple
 
-from .errors import CkptpubError
-from .safe_open import open_regular
+from ..errors import CkptpubError
 from .strict_json import loads_strict, loads_two_level
 
 #: The safetensors reference implementation refuses headers above 100 MB; so do we.
@@ -67,54 +66,29 @@ class ShardLayout(NamedTuple):
     tensors: tuple[TensorSlice, ...]
 
 
-def read_layout(path: str, display_name: str, expect: tuple[int, int] | None = None) -> ShardLayout:
-    """Parse the header of the safetensors file at ``path``; ``display_name`` goes in errors.
-
-    ``expect`` is the ``(st_dev, st_ino)`` the folder scan saw (see ``safe_open``).
-    Raises ``CkptpubError`` for anything that is not a well-formed shard.
-    """
-    fd, info = open_regular(path, display_name, expect)
-    try:
-        with os.fdopen(fd, "rb") as handle:
-            file_size = info.st_size
-            prefix = handle.read(8)
-            if len(prefix) < 8:
-                raise CkptpubError(
-                    f"{display_name}: truncated safetensors file ({file_size} bytes, no header length)"
-                )
-            header_len = _header_length(prefix, file_size, display_name)
-            header = handle.read(header_len)
-    except OSError as error:
-        raise CkptpubError(f"{display_name}: cannot read: {error.strerror or error}") from None
-    if len(header) != header_len:
-        raise CkptpubError(f"{display_name}: file shrank while its header was read")
-    return parse_header(header, file_size, display_name)
+def header_length(prefix: bytes, file_size: int, display_name: str) -> int:
+    """The header length a file's 8-byte prefix declares, once it fits the limit and the file."""
+    (length,) = struct.unpack("<Q", prefix)
+    if length > MAX_HEADER_BYTES:
+        raise CkptpubError(
+            f"{display_name}: safetensors header length {length} exceeds the {MAX_HEADER_BYTES}-byte limit"
+        )
+    if 8 + length > file_size:
+        raise CkptpubError(
+            f"{display_name}: safetensors header length {length} "
+            f"runs past the end of the file ({file_size} bytes)"
+        )
+    return int(length)
 
 
 def layout_in_memory(data: bytes | bytearray | memoryview, display_name: str) -> ShardLayout:
-    """The layout of a whole safetensors file held in memory (``read_layout``'s checks, no file read)."""
+    """The layout of a whole safetensors file held in memory: the length prefix, then ``parse_header``."""
     if len(data) < 8:
         raise CkptpubError(
             f"{display_name}: truncated safetensors file ({len(data)} bytes, no header length)"
         )
-    header_len = _header_length(bytes(data[:8]), len(data), display_name)
-    return parse_header(bytes(data[8 : 8 + header_len]), len(data), display_name)
-
-
-def _header_length(prefix: bytes, file_size: int, display_name: str) -> int:
-    """The header length an 8-byte prefix declares, once it fits the limit and the file."""
-    (header_len,) = struct.unpack("<Q", prefix)
-    if header_len > MAX_HEADER_BYTES:
-        raise CkptpubError(
-            f"{display_name}: safetensors header length {header_len} "
-            f"exceeds the {MAX_HEADER_BYTES}-byte limit"
-        )
-    if 8 + header_len > file_size:
-        raise CkptpubError(
-            f"{display_name}: safetensors header length {header_len} "
-            f"runs past the end of the file ({file_size} bytes)"
-        )
-    return int(header_len)
+    length = header_length(bytes(data[:8]), len(data), display_name)
+    return parse_header(bytes(data[8 : 8 + length]), len(data), display_name)
 
 
 def parse_header(header: bytes, file_size: int, display_name: str) -> ShardLayout:

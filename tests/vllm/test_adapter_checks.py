@@ -11,6 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import safetensors.torch
@@ -100,15 +103,18 @@ def test_a_missing_folder_is_vllms_not_found(lora_folders, tmp_path):
 def test_opting_out_of_the_base_check_serves_another_bases_adapter_with_a_warning(lora_folders, caplog):
     caplog.set_level(logging.WARNING, logger="vllm.ckptpub")
     base = _base(lora_folders, adapter_base_check=False)
-    assert adapters.open_adapter(lora_folders["wrong_base"], "w", base) is not None
+    assert adapters.check_adapter(lora_folders["wrong_base"], "w", base) is not None
     assert "adapter_base_check is false" in caplog.text
     with pytest.raises(RefusedError, match="it was trained on base"):
-        adapters.open_adapter(lora_folders["wrong_base"], "w", _base(lora_folders))
+        adapters.check_adapter(lora_folders["wrong_base"], "w", _base(lora_folders))
 
 
-def test_a_base_served_without_manifest_cannot_vouch_for_an_adapter(lora_folders):
+def test_a_base_served_without_manifest_cannot_vouch_for_an_adapter(lora_folders, caplog):
+    caplog.set_level(logging.WARNING, logger="vllm.ckptpub")
     with pytest.raises(RefusedError, match="this engine serves base unknown"):
-        adapters.open_adapter(lora_folders["good"], "g", _base(lora_folders, identity=None))
+        adapters.check_adapter(lora_folders["good"], "g", _base(lora_folders, identity=None))
+    assert adapters.check_adapter(lora_folders["nobase"], "n", _base(lora_folders, identity=None))
+    assert "records no base identity" in caplog.text
 
 
 def test_opting_out_of_the_manifest_serves_an_unpublished_adapter_unverified(lora_folders, caplog):
@@ -122,22 +128,24 @@ def test_opting_out_of_the_manifest_serves_an_unpublished_adapter_unverified(lor
     pin = {"n": "blake3:" + "0" * 64}
     pinned = _base(lora_folders, adapter_require_manifest=False, adapter_identities=pin)
     with pytest.raises(RefusedError, match="the pinned identity blake3:0+ cannot be checked"):
-        adapters.open_adapter(lora_folders["nomanifest"], "n", pinned)
+        adapters.check_adapter(lora_folders["nomanifest"], "n", pinned)
 
 
 def test_verify_false_skips_only_the_bytes(lora_folders, caplog):
     caplog.set_level(logging.WARNING, logger="vllm.ckptpub")
-    assert adapters.open_adapter(lora_folders["tampered"], "t", _base(lora_folders, verify=False)) is None
+    base = _base(lora_folders, verify=False)
+    lora = adapters.load_checked(_request("t", lora_folders["tampered"]), base, _vllm_load)
+    assert torch.equal(_lora_b(lora), _file_lora_b(lora_folders["tampered"]))
     assert "WITHOUT verification" in caplog.text
     with pytest.raises(RefusedError, match="it was trained on base"):
-        adapters.open_adapter(lora_folders["wrong_base"], "w", _base(lora_folders, verify=False))
+        adapters.load_checked(_request("w", lora_folders["wrong_base"]), base, _vllm_load)
 
 
 def test_an_adapter_pinned_by_name_and_by_folder_to_two_identities_is_refused(lora_folders):
     good = lora_folders["good"]
     pins = {"g": ckptpub.read_manifest(good).identity, good: "blake3:" + "1" * 64}
     with pytest.raises(RefusedError, match="pinned to two identities"):
-        adapters.open_adapter(good, "g", _base(lora_folders, adapter_identities=pins))
+        adapters.check_adapter(good, "g", _base(lora_folders, adapter_identities=pins))
 
 
 def test_a_pickled_adapter_is_refused_unread(lora_folders, tmp_path):
@@ -147,7 +155,7 @@ def test_a_pickled_adapter_is_refused_unread(lora_folders, tmp_path):
         f.write(b"never unpickled")
     publish(folder, "--allow-no-weights", "--base", lora_folders["base"])
     with pytest.raises(RefusedError, match="adapter_model.bin is a pickle, which ckptpub never loads"):
-        adapters.open_adapter(folder, "p", _base(lora_folders))
+        adapters.load_checked(_request("p", folder), _base(lora_folders), _vllm_load)
 
 
 def test_weights_behind_a_symlink_out_of_the_folder_are_refused(lora_folders, tmp_path):
@@ -156,7 +164,7 @@ def test_weights_behind_a_symlink_out_of_the_folder_are_refused(lora_folders, tm
     os.remove(os.path.join(folder, WEIGHTS))
     os.symlink(outside, os.path.join(folder, WEIGHTS))
     with pytest.raises(RefusedError, match=f"{WEIGHTS} is a symlink out of the folder"):
-        adapters.open_adapter(folder, "l", _base(lora_folders))
+        adapters.load_checked(_request("l", folder), _base(lora_folders), _vllm_load)
 
 
 def test_weights_of_another_size_are_refused_before_anything_is_allocated(lora_folders, tmp_path):
@@ -164,7 +172,7 @@ def test_weights_of_another_size_are_refused_before_anything_is_allocated(lora_f
     with open(os.path.join(folder, WEIGHTS), "ab") as f:
         f.write(b"\0" * 8)
     with pytest.raises(RefusedError, match=f"{WEIGHTS} has [0-9]+ bytes, the manifest says"):
-        adapters.open_adapter(folder, "g", _base(lora_folders))
+        adapters.load_checked(_request("g", folder), _base(lora_folders), _vllm_load)
 
 
 def test_the_offline_call_raises_the_first_refusal_and_counts_the_rest():
@@ -188,3 +196,18 @@ def test_the_offline_call_raises_the_first_refusal_and_counts_the_rest():
     reason = RefusalReason(line)
     assert reason == "error"
     assert reason.line == line
+
+
+def test_the_adapter_benchmark_runs_at_toy_size(tmp_path):
+    """``benchmarks/bench_lora_load.py`` still runs (its figures are docs/performance.md's, not checked)."""
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_lora_load.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--layers", "1", "--repeat", "1", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| rank ")]
+    assert len(rows) == 2, done.stdout
+    assert all(row.rstrip(" |").endswith("x") for row in rows), rows

@@ -180,8 +180,9 @@ def install() -> None:
 
     setattr(add_request_gated, _PATCH_MARK, add_request)
     EngineCore.add_request = add_request_gated
-    for name in ("add_lora", "remove_lora", "pin_lora"):
-        setattr(EngineCore, name, _forgetting_held(getattr(EngineCore, name)))
+    EngineCore.add_lora = _forgetting_held(EngineCore.add_lora)
+    EngineCore.remove_lora = _forgetting_held(EngineCore.remove_lora)
+    EngineCore.pin_lora = _forgetting_held(EngineCore.pin_lora)
 
 
 def _forgetting_held(original: Callable[..., bool]) -> Callable[..., bool]:

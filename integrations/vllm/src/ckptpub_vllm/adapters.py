@@ -145,11 +145,11 @@ class VerifiedAdapter:
         return sum(t.nbytes for t in self.tensors.values())
 
 
-def open_adapter(folder: str, name: str, base: ServedBase) -> VerifiedAdapter | None:
-    """The adapter at ``folder`` once every check passed; None when it is to be served unverified.
+def check_adapter(folder: str, name: str, base: ServedBase) -> ckptpub.Manifest | None:
+    """The manifest of the adapter at ``folder`` once it, its pin and its base are right.
 
-    None only when the options say so (no manifest with ``adapter_require_manifest``
-    false, or ``verify`` false), after a warning. Refuses otherwise (``RefusedError``).
+    None only when there is no manifest and ``adapter_require_manifest`` is false
+    (after a warning). Refuses otherwise (``RefusedError``). Reads ``ckptpub.json`` only.
     """
     options = base.options
     pins = sorted({identity for key, identity in options.adapter_identities if _names(key, name, folder)})
@@ -165,13 +165,9 @@ def open_adapter(folder: str, name: str, base: ServedBase) -> VerifiedAdapter | 
         unverified="vLLM loads it unverified",
         kind=KIND,
     )
-    if manifest is None:
-        return None
-    check_base(folder, manifest, base)
-    if not options.verify:
-        logger.warning("ckptpub: loading adapter %s WITHOUT verification (verify=false)", folder)
-        return None
-    return read_checked(folder, manifest, options)
+    if manifest is not None:
+        check_base(folder, manifest, base)
+    return manifest
 
 
 def _names(key: str, name: str, folder: str) -> bool:
@@ -185,8 +181,6 @@ def check_base(folder: str, manifest: ckptpub.Manifest, base: ServedBase) -> Non
     """Refuse an adapter trained on another base than the served one (see ``adapter_base_check``)."""
     recorded = base_of(manifest)
     served = base.identity or f"unknown (its folder {base.folder} has no {ckptpub.MANIFEST_NAME})"
-    if recorded == base.identity:
-        return
     if recorded is None:
         _warn_once(
             folder,
@@ -197,6 +191,8 @@ def check_base(folder: str, manifest: ckptpub.Manifest, base: ServedBase) -> Non
             manifest.identity,
             served,
         )
+        return
+    if recorded == base.identity:
         return
     if not base.options.adapter_base_check:
         _warn_once(
@@ -350,11 +346,15 @@ def load_checked(lora_request: Any, base: ServedBase, load: Callable[[Any], Any]
     if not os.path.isdir(folder):
         raise LoRAAdapterNotFoundError(name, lora_request.lora_path)
     started = time.perf_counter()
-    adapter = open_adapter(folder, name, base)
-    if adapter is None:
+    manifest = check_adapter(folder, name, base)
+    if manifest is None or not base.options.verify:
+        if manifest is not None:
+            logger.warning("ckptpub: loading adapter %s WITHOUT verification (verify=false)", folder)
         lora = load(lora_request)
-        _note_served(ServedAdapter(name, folder, None, base.identity), "UNVERIFIED")
+        identity = manifest.identity if manifest is not None else None
+        _note_served(ServedAdapter(name, folder, identity, base.identity), "UNVERIFIED")
         return lora
+    adapter = read_checked(folder, manifest, base.options)
     with _served_from_memory(adapter):
         lora = load(lora_request)
     if not (adapter.config_read and adapter.tensors_read):

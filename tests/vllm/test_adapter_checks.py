@@ -211,3 +211,43 @@ def test_the_adapter_benchmark_runs_at_toy_size(tmp_path):
     rows = [line for line in done.stdout.splitlines() if line.startswith("| rank ")]
     assert len(rows) == 2, done.stdout
     assert all(row.rstrip(" |").endswith("x") for row in rows), rows
+
+
+def test_the_server_records_the_adapters_it_loaded_and_forgets_unloaded_ones(lora_folders):
+    """The record the API server keeps (for what it shows about adapters), around vLLM's load and unload.
+
+    vLLM's own ``OpenAIServingModels`` needs a running engine (the server test runs the
+    wrapped methods for real); here they are stand-ins answering as vLLM does.
+    """
+    import asyncio
+    import types
+
+    from ckptpub_vllm import adapter_frontend
+
+    config = types.SimpleNamespace(
+        load_config=types.SimpleNamespace(load_format="manifest_cache"),
+        model_config=types.SimpleNamespace(model=lora_folders["base"]),
+    )
+    models = types.SimpleNamespace(engine_client=types.SimpleNamespace(vllm_config=config))
+
+    async def vllm_load(self, request):
+        return "Success" if request.lora_path != "/refused" else object()  # vLLM's ErrorResponse
+
+    async def vllm_unload(self, request):
+        return "Success"
+
+    load = adapter_frontend._recording_loads(vllm_load)
+    unload = adapter_frontend._recording_unloads(vllm_unload)
+    good = types.SimpleNamespace(lora_name="served-good", lora_path=lora_folders["good"])
+    asyncio.run(load(models, good))
+    asyncio.run(load(models, types.SimpleNamespace(lora_name="served-refused", lora_path="/refused")))
+    served = {a.name: a for a in adapters.served_adapters()}
+    assert served["served-good"] == adapters.ServedAdapter(
+        "served-good",
+        lora_folders["good"],
+        ckptpub.read_manifest(lora_folders["good"]).identity,
+        ckptpub.read_manifest(lora_folders["base"]).identity,
+    )
+    assert "served-refused" not in served
+    asyncio.run(unload(models, types.SimpleNamespace(lora_name="served-good")))
+    assert "served-good" not in {a.name for a in adapters.served_adapters()}

@@ -19,7 +19,9 @@ does when vLLM copies it into its LoRA slots, so both times end with the bytes i
     python benchmarks/bench_lora_load.py [--dir DIR] [--repeat 9] [--layers 32]
 
 Prints one row per adapter: size, medians and minima of both, the ratio of the
-medians. ``--layers 1`` makes toy adapters (the smoke test).
+medians, and where ckptpub's time goes (medians): the one read of the weight file into
+fresh memory (``read_whole``) and the whole check without vLLM's load (``read_checked``:
+that read, the config's, and the hashing). ``--layers 1`` makes toy adapters (the smoke test).
 """
 
 from __future__ import annotations
@@ -109,35 +111,49 @@ def main() -> int:
 
     import torch
     from ckptpub_vllm import adapters
+    from ckptpub_vllm.folder_reads import read_whole
     from ckptpub_vllm.options import Options
     from vllm.lora.request import LoRARequest
+
+    import ckptpub
 
     torch.set_num_threads(1)  # as vLLM's CPU worker runs
     adapters.install()
     base = adapters.ServedBase("llama-2-7b-like", BASE_IDENTITY, Options())
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {_cpu_model()}")
     columns = ("adapter", "size MB", "vLLM median s", "ckptpub median s", "vLLM min s", "ckptpub min s")
-    print(f"| {' | '.join(columns)} | ratio (medians) |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| {' | '.join(columns)} | ratio (medians) | of which: read s | read and check s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for label, (rank, modules) in ADAPTERS.items():
         folder = os.path.join(args.dir, f"layers{args.layers}-r{rank}-{len(modules)}m")
         build(folder, rank, modules, args.layers)
         request = LoRARequest(label, 1, folder)
         size = os.path.getsize(os.path.join(folder, "adapter_model.safetensors"))
-        runs: dict[str, list[float]] = {"vllm": [], "ckptpub": []}
+        runs: dict[str, list[float]] = {"vllm": [], "ckptpub": [], "read": [], "check": []}
         loads = {"vllm": vllm_load, "ckptpub": lambda r: adapters.load_checked(r, base, vllm_load)}
         loads["ckptpub"](request)  # warm: page cache, imports
+        manifest = ckptpub.read_manifest(folder)
         for round_ in range(args.repeat):
             order = ("vllm", "ckptpub") if round_ % 2 == 0 else ("ckptpub", "vllm")
             for name in order:
                 runs[name].append(load_and_touch(loads[name], request))
-        plain, checked = statistics.median(runs["vllm"]), statistics.median(runs["ckptpub"])
+            runs["read"].append(_timed(read_whole, folder, "adapter_model.safetensors", size))
+            runs["check"].append(_timed(adapters.read_checked, folder, manifest, base.options))
+        median = {name: statistics.median(times) for name, times in runs.items()}
+        ratio = median["ckptpub"] / median["vllm"]
         print(
-            f"| {label} | {size / 1e6:.1f} | {plain:.3f} | {checked:.3f} | {min(runs['vllm']):.3f} "
-            f"| {min(runs['ckptpub']):.3f} | {checked / plain:.2f}x |"
+            f"| {label} | {size / 1e6:.1f} | {median['vllm']:.3f} | {median['ckptpub']:.3f} "
+            f"| {min(runs['vllm']):.3f} | {min(runs['ckptpub']):.3f} | {ratio:.2f}x "
+            f"| {median['read']:.3f} | {median['check']:.3f} |"
         )
     print(f"load average {os.getloadavg()[0]:.2f}, {args.repeat} interleaved runs each", file=sys.stderr)
     return 0
+
+
+def _timed(function, *args) -> float:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    function(*args)
+    return time.perf_counter() - start
 
 
 def _cpu_model() -> str:

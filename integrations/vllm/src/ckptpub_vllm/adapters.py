@@ -33,8 +33,8 @@ an engine with any other load format loads adapters exactly as vLLM does):
    the file before anything is allocated, no symlink out of the folder); the
    config's bytes and meaning and every tensor's name, dtype, shape and digest are
    compared with the manifest; then vLLM's own loading code runs with its two reads
-   served from those bytes (:func:`_served_from_memory`), so every byte it puts into
-   the model is a byte that was checked, whatever happens to the files meanwhile.
+   served from those bytes (``adapter_reads``), so every byte it puts into the model
+   is a byte that was checked, whatever happens to the files meanwhile.
 
 ``adapter_model.bin``/``.pt`` adapters are pickles: ckptpub never unpickles, so
 with a manifest required they are refused (with ``adapter_require_manifest`` false
@@ -44,15 +44,11 @@ and no manifest, vLLM loads them itself, outside the guarantee). A refusal is a
 
 from __future__ import annotations
 
-import builtins
-import contextlib
-import io
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 import torch
 
@@ -60,6 +56,8 @@ import ckptpub
 from ckptpub.errors import CkptpubError
 from ckptpub.integration import base_of, layout_in_memory
 
+from . import adapter_reads
+from .adapter_reads import CONFIG_FILE, WEIGHTS_FILE, VerifiedAdapter, served_from_memory
 from .engine_files import FileMismatchError, read_published
 from .errors import RefusedError, refusals_logged
 from .folder_reads import UnreadableError, read_whole
@@ -68,8 +66,6 @@ from .options import Options
 from .startup import checked_manifest
 from .verify_stream import StreamVerifier, torch_dtype
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLED_WEIGHTS = ("adapter_model.bin", "adapter_model.pt")
 KIND = "adapter"
 #: The attribute of the served model (the ``nn.Module`` vLLM's LoRA manager wraps) that marks it.
@@ -119,30 +115,6 @@ def serve_base(model: Any, folder: str, manifest: ckptpub.Manifest | None, optio
     """Mark ``model`` as a base served by ``manifest_cache``: its adapters are checked from now on."""
     setattr(model, BASE_ATTR, ServedBase(folder, manifest.identity if manifest else None, options))
     install()
-
-
-@dataclass
-class VerifiedAdapter:
-    """An adapter's files as read and checked, which vLLM's two reads are then served from."""
-
-    folder: str
-    manifest: ckptpub.Manifest
-    config: bytes
-    tensors: dict[str, torch.Tensor]
-    config_read: bool = False
-    tensors_read: bool = False
-
-    @property
-    def config_path(self) -> str:
-        return os.path.join(self.folder, CONFIG_FILE)
-
-    @property
-    def weights_path(self) -> str:
-        return os.path.join(self.folder, WEIGHTS_FILE)
-
-    @property
-    def size(self) -> int:
-        return sum(t.nbytes for t in self.tensors.values())
 
 
 def check_adapter(folder: str, name: str, base: ServedBase) -> ckptpub.Manifest | None:
@@ -275,67 +247,6 @@ def _view(data: bytearray, start: int, end: int, dtype: torch.dtype) -> torch.Te
     return torch.frombuffer(data, dtype=dtype, count=(end - start) // dtype.itemsize, offset=start)
 
 
-# -- vLLM's load, with its reads served from the checked bytes -----------------------------
-
-_reading: ContextVar[VerifiedAdapter | None] = ContextVar("ckptpub_adapter_reading", default=None)
-
-
-@contextlib.contextmanager
-def _served_from_memory(adapter: VerifiedAdapter) -> Iterator[None]:
-    """While vLLM loads ``adapter``, its reads of the adapter's two files return the checked bytes."""
-    token = _reading.set(adapter)
-    try:
-        yield
-    finally:
-        _reading.reset(token)
-
-
-def _open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> IO[Any]:
-    """``open`` as ``vllm.lora.peft_helper`` sees it: the checked ``adapter_config.json`` while one loads."""
-    adapter = _reading.get()
-    if adapter is None or os.fspath(file) != adapter.config_path or mode not in ("r", "rb", "rt"):
-        return builtins.open(file, mode, *args, **kwargs)
-    adapter.config_read = True
-    return io.BytesIO(adapter.config) if "b" in mode else io.StringIO(adapter.config.decode("utf-8"))
-
-
-class _CheckedTensors:
-    """What ``safetensors.safe_open`` returns to vLLM for the adapter being loaded: its checked tensors."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
-        self._tensors = tensors
-
-    def __enter__(self) -> _CheckedTensors:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def keys(self) -> list[str]:
-        return list(self._tensors)
-
-    def get_tensor(self, name: str) -> torch.Tensor:
-        return self._tensors[name]
-
-
-class _Safetensors:
-    """The ``safetensors`` module as ``vllm.lora.lora_model`` sees it: ``safe_open`` of the
-    adapter being loaded serves its checked tensors; everything else is the real module."""
-
-    def __init__(self, real: Any) -> None:
-        self._real = real
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    def safe_open(self, filename: Any, framework: str, device: str = "cpu") -> Any:
-        adapter = _reading.get()
-        if adapter is None or os.fspath(filename) != adapter.weights_path:
-            return self._real.safe_open(filename, framework=framework, device=device)
-        adapter.tensors_read = True
-        return _CheckedTensors(adapter.tensors)
-
-
 def load_checked(lora_request: Any, base: ServedBase, load: Callable[[Any], Any]) -> Any:
     """vLLM's ``load`` of ``lora_request`` (a ``LoRARequest``), on checked bytes only."""
     from vllm.exceptions import LoRAAdapterNotFoundError
@@ -355,7 +266,7 @@ def load_checked(lora_request: Any, base: ServedBase, load: Callable[[Any], Any]
         _note_served(ServedAdapter(name, folder, identity, base.identity), "UNVERIFIED")
         return lora
     adapter = read_checked(folder, manifest, base.options)
-    with _served_from_memory(adapter):
+    with served_from_memory(adapter):
         lora = load(lora_request)
     if not (adapter.config_read and adapter.tensors_read):
         unread = CONFIG_FILE if not adapter.config_read else WEIGHTS_FILE
@@ -390,7 +301,6 @@ def install() -> None:
 
     Each load checks only a base marked by :func:`serve_base`; others load as in vLLM.
     """
-    from vllm.lora import lora_model, peft_helper
     from vllm.lora.worker_manager import WorkerLoRAManager
 
     original = WorkerLoRAManager._load_adapter
@@ -405,6 +315,5 @@ def install() -> None:
             return load_checked(lora_request, base, lambda request: original(self, request))
 
     setattr(_load_adapter, _PATCH_MARK, original)
-    peft_helper.open = _open
-    lora_model.safetensors = _Safetensors(lora_model.safetensors)
+    adapter_reads.install()
     WorkerLoRAManager._load_adapter = _load_adapter

@@ -141,6 +141,18 @@ def test_verify_false_skips_only_the_bytes(lora_folders, caplog):
         adapters.load_checked(_request("w", lora_folders["wrong_base"]), base, _vllm_load)
 
 
+def test_an_engine_that_trusts_a_key_serves_only_adapters_that_key_signed(lora_folders, tmp_path):
+    from signhelpers import make_key
+
+    key = make_key(tmp_path / "keys", "trainer")
+    signed = shutil.copytree(lora_folders["good"], str(tmp_path / "signed"))
+    ckptpub.publish(signed, sign=key.private, base=lora_folders["base"])
+    base = _base(lora_folders, public_key=str(key.public))
+    assert adapters.check_adapter(signed, "s", base).identity == ckptpub.read_manifest(signed).identity
+    with pytest.raises(RefusedError, match="refusing to serve adapter .*: a signed checkpoint is required"):
+        adapters.check_adapter(lora_folders["good"], "g", base)
+
+
 def test_an_adapter_pinned_by_name_and_by_folder_to_two_identities_is_refused(lora_folders):
     good = lora_folders["good"]
     pins = {"g": ckptpub.read_manifest(good).identity, good: "blake3:" + "1" * 64}

@@ -13,7 +13,11 @@ the way the core does (``docs/design.md`` lists where each rule lives):
   prefix such as a shard's header);
 * decoding: ``loads_strict`` (JSON as every ckptpub reader decodes it), ``config_meaning``
   (a config's bytes to its object and the digest its identity covers),
-  ``check_identity`` (``blake3:<64 lowercase hex>`` or a ``CkptpubError``);
+  ``check_identity`` (``blake3:<64 lowercase hex>`` or a ``CkptpubError``),
+  ``layout_in_memory`` (the tensors of a whole safetensors file held in memory, with the
+  header checks publishing applies);
+* manifests: ``base_of`` (the base identity a manifest records, a fine-tune's or an
+  adapter's parent, or None);
 * files shared with readers, ``jsonfiles``: ``write_json``/``write_atomically`` (replaced
   whole), ``read_json``, ``append_line``/``read_lines`` (a log, a whole line at a time);
 * file names: ``MANIFEST_NAME``, ``SIGNATURE_NAME``, ``RUN_INDEX_NAME``,
@@ -39,7 +43,9 @@ from ._format.names import (
     SIGNATURE_NAME,
     TRAINER_STATE_NAME,
 )
+from ._format.safetensors import layout_in_memory
 from ._format.strict_json import loads_strict
+from ._operations.explain import base_of
 from ._settings import (
     CERTIFICATE_CHAIN_ENV,
     DEBUG_ENV,
@@ -68,11 +74,13 @@ __all__ = [
     "TRAINER_STATE_NAME",
     "VARIABLES",
     "OpenError",
+    "base_of",
     "check_identity",
     "config_meaning",
     "env_flag",
     "flag",
     "jsonfiles",
+    "layout_in_memory",
     "loads_strict",
     "open_inside",
     "read_bounded",

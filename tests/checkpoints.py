@@ -6,12 +6,15 @@ are real JSON files, so the tests exercise ckptpub on the bytes users' tools wri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -141,3 +144,23 @@ def run_cli(*args: object, timeout: float = 120, cwd: Path | None = None) -> sub
         timeout=timeout,
         cwd=cwd,
     )
+
+
+@contextlib.contextmanager
+def deadline(seconds: int, what: str) -> Iterator[None]:
+    """Fail (``TimeoutError``) instead of hanging when the block runs longer than ``seconds``.
+
+    For calls made in the test's own process (the Python API, the loader's functions),
+    as a subprocess's ``timeout`` does for the CLI. Main thread only (SIGALRM).
+    """
+
+    def hang(signum: int, frame: object) -> None:
+        raise TimeoutError(f"{what} ran past {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

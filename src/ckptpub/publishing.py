@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 #: Provenance nested deeper than this is refused (it is a record of facts, not a data store).
 MAX_PROVENANCE_DEPTH = 64
+#: Provenance longer than this (as canonical JSON) is refused, for the same reason; it also bounds
+#: the work of checking a value from Python that shares its parts (``[x, x]`` nested 64 deep).
+MAX_PROVENANCE_CHARS = 1 << 20
 
 
 def build_manifest(
@@ -326,7 +329,7 @@ def _provenance(extra: Mapping[str, Any] | None) -> dict[str, Any]:
         producer["ckptpub"] = __version__
         provenance["producer"] = producer
         provenance.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        canonical_json(provenance)  # TypeError/ValueError: not plain JSON data
+        canonical_json(provenance, max_chars=MAX_PROVENANCE_CHARS)  # TypeError/ValueError: not JSON data
     except (TypeError, ValueError) as error:
         raise CkptpubError(f"provenance: not plain JSON data ({error})") from None
     if _depth(provenance) > MAX_PROVENANCE_DEPTH:  # readers' parsers stop near 1000; stay far from it

@@ -27,7 +27,8 @@ def open_regular(
     """Open ``path`` (for reading, unless ``flags`` say otherwise); return the descriptor and its ``fstat``.
 
     ``expect`` is the ``(st_dev, st_ino)`` the folder scan saw; a different file
-    at that path now is refused. ``flags`` must keep ``O_NOFOLLOW|O_NONBLOCK``.
+    at that path now is refused. ``flags`` must keep ``O_NONBLOCK``, and ``O_NOFOLLOW``
+    for every file of a checkpoint (only a file the operator names, a key, may be a link).
     Raises ``CkptpubError`` naming ``display_name``.
     """
     try:

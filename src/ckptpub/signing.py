@@ -211,6 +211,10 @@ def check_signature(folder: str | os.PathLike[str], trusted: TrustedKey) -> Sign
     root = as_path(folder, "folder")
     if not isinstance(trusted, TrustedKey):
         raise CkptpubError(f"trusted: expected a TrustedKey, got {type(trusted).__name__}")
+    from . import signing_backend
+
+    # The key first: one that cannot be used is said whatever the folder holds.
+    verifier = signing_backend.load_verifier(trusted.public_key, trusted.certificate_chain)
     signature = _read_small(root, SIGNATURE_NAME, MAX_SIGNATURE_BYTES)
     if signature is None:
         raise CkptpubError(
@@ -219,11 +223,7 @@ def check_signature(folder: str | os.PathLike[str], trusted: TrustedKey) -> Sign
     manifest_bytes = _read_small(root, MANIFEST_NAME, MAX_MANIFEST_BYTES)
     if manifest_bytes is None:
         raise NoManifestError(f"{root}: no {MANIFEST_NAME}; run 'ckptpub publish' on it first")
-    from . import signing_backend
-
-    statement = signing_backend.verify_bundle(
-        signature, trusted.public_key, trusted.certificate_chain, SIGNATURE_NAME
-    )
+    statement = signing_backend.verify_bundle(signature, verifier, SIGNATURE_NAME)
     if isinstance(statement, str):
         return SignatureCheck(None, (Problem(SIGNATURE_NAME, "signature", statement),))
     problems = list(_serialization_problems(statement.serialization))

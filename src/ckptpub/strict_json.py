@@ -15,7 +15,7 @@ import os
 from typing import Any, NoReturn
 
 from .errors import CkptpubError
-from .safe_open import open_regular
+from .safe_open import READ_FLAGS, open_regular
 
 
 def loads_strict(data: bytes, display_name: str, what: str) -> Any:
@@ -90,12 +90,23 @@ def _has_lone_surrogate(value: Any) -> bool:
     return False
 
 
-def read_bounded(path: str, limit: int, display_name: str, expect: tuple[int, int] | None = None) -> bytes:
+def read_bounded(
+    path: str,
+    limit: int,
+    display_name: str,
+    expect: tuple[int, int] | None = None,
+    *,
+    follow_symlinks: bool = False,
+) -> bytes:
     """Read a whole small regular file, refusing one larger than ``limit`` bytes before reading it.
 
-    Opened as ``safe_open.open_regular`` opens (no symlink, no FIFO, the file the scan saw).
+    Opened as ``safe_open.open_regular`` opens (no FIFO or device, never blocking; the file
+    the scan saw). A symlink is refused unless ``follow_symlinks``, which is for files an
+    operator names (a key, a certificate: often a link, as in a mounted secret), never for
+    a checkpoint's own files.
     """
-    fd, info = open_regular(path, display_name, expect)
+    flags = READ_FLAGS & ~os.O_NOFOLLOW if follow_symlinks else READ_FLAGS
+    fd, info = open_regular(path, display_name, expect, flags)
     try:
         with os.fdopen(fd, "rb") as handle:
             size = info.st_size

@@ -14,7 +14,7 @@ import signal
 import struct
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -128,6 +128,24 @@ def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
         if path.is_file() and not path.is_symlink():
             state[str(path.relative_to(folder))] = (path.read_bytes(), path.stat().st_mtime_ns)
     return state
+
+
+def forged_tables(data: bytes, edit: Callable[[bytes, bytes], tuple[bytes, bytes]]) -> bytes:
+    """The ckptpub/2 manifest ``data`` with its two tables edited (``edit(model, layout)``) and the
+    header's table sizes and identity recomputed, as a careful forger would: only the rules of the
+    tables themselves can catch it."""
+    from ckptpub.manifest import FileRecord, Tables, identity_of_tables
+
+    head, _, tables = data.partition(b"\n")
+    header = json.loads(head)
+    model, layout = edit(tables[: header["tables"]["model"]], tables[header["tables"]["model"] :])
+    header["tables"] = {"model": len(model), "layout": len(layout)}
+    files = [FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in header["files"]]
+    counts = tuple(f["tensors"] for f in header["files"] if "header_size" in f)
+    header["identity"] = identity_of_tables(
+        Tables(model, layout, counts), files, header["weights"], header["config"]
+    )
+    return json.dumps(header).encode() + b"\n" + model + layout
 
 
 def copy_checkpoint(source: Path, target: Path) -> Path:

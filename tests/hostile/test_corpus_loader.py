@@ -39,6 +39,7 @@ SERVED = {
     "FIFO named like a temp file, added after publishing",
     "subfolder safetensors listed as a plain file",  # vLLM reads top-level shards only
     "UTF-8 file names added after publishing",
+    "layout lines in another order",  # the model table (by name) is the true one; verify sees the lie
 }
 #: Opened by lazy imports and the platform probes of torch/vLLM, not checkpoint reads.
 NOT_CHECKPOINT_READS = (

@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("vllm")
 ckptpub = pytest.importorskip("ckptpub")
 
+from checkpoints import forged_tables  # noqa: E402
 from vllm_engine_helpers import TAMPERED_TENSOR, run_engines  # noqa: E402
 
 
@@ -49,6 +50,12 @@ def models(tmp_path_factory) -> dict[str, str]:
         f.write("{{ messages[0]['content'] }}")
     manifestdir = shutil.copytree(nomanifest, str(root / "manifestdir"))
     os.mkdir(os.path.join(manifestdir, ckptpub.MANIFEST_NAME))
+    tables = shutil.copytree(v1, str(root / "tables"))
+    with open(os.path.join(tables, ckptpub.MANIFEST_NAME), "r+b") as f:
+        unsorted = forged_tables(f.read(), lambda model, layout: (_swap_first_lines(model), layout))
+        f.seek(0)
+        f.truncate()
+        f.write(unsorted)
     return {
         "v1": v1,
         "tampered": tampered,
@@ -59,7 +66,13 @@ def models(tmp_path_factory) -> dict[str, str]:
         "tokenizer": tokenizer,
         "template": template,
         "manifestdir": manifestdir,
+        "tables": tables,
     }
+
+
+def _swap_first_lines(table: bytes) -> bytes:
+    first, second, rest = table.split(b"\n", 2)
+    return b"\n".join((second, first, rest))
 
 
 def _same_size_edit(path: str, old: bytes, new: bytes) -> None:
@@ -84,6 +97,7 @@ ENGINE_JOBS = {
     "tokenizer_manifest": ("tokenizer", "manifest_cache", {}),
     "template_manifest": ("template", "manifest_cache", {}),
     "manifestdir_manifest": ("manifestdir", "manifest_cache", {"require_manifest": False}),
+    "tables_manifest": ("tables", "manifest_cache", {}),
     "tampered_unverified": ("tampered", "manifest_cache", {"verify": False}),
     "v1_bad_option": ("v1", "manifest_cache", {"no_such_option": 1}),
     "v1_no_fallback": ("v1", "manifest_cache", {"fallback": False}),

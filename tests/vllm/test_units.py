@@ -211,3 +211,15 @@ def test_every_refusal_is_one_line_of_one_shape_and_keeps_paths_exact():
     )
     assert (error.folder, error.reason) == ("/ckpt/step  1\n2", "tensor 'x' differs")
     assert str(RefusedError.for_problems("/c", ["a", "b"])) == "ckptpub: refusing to serve /c: a (and 1 more)"
+
+
+def test_any_ckptpub_error_in_the_loader_is_a_refusal_in_the_same_words():
+    """The loader's entry points let no bare ``CkptpubError`` through (a check that raises one
+    directly, a table decoded late): each becomes the one refusal line, logged once."""
+    from ckptpub_vllm.loader import refusals_logged
+
+    with pytest.raises(RefusedError) as raised, refusals_logged("/ckpt"):
+        raise ckptpub.CkptpubError("/ckpt/ckptpub.json: model table: names are not sorted and unique")
+    assert str(raised.value) == (
+        "ckptpub: refusing to serve /ckpt: /ckpt/ckptpub.json: model table: names are not sorted and unique"
+    )

@@ -40,17 +40,23 @@ from .verify_stream import StreamVerifier, check_shards_are_files
 
 
 @contextlib.contextmanager
-def refusals_logged() -> Iterator[None]:
+def refusals_logged(folder: str) -> Iterator[None]:
     """Log a refusal once, in its own words, before vLLM wraps it.
 
     vLLM re-raises a loader's error as a worker traceback or a generic "Engine core
-    initialization failed"; this line is what an operator reads in the log.
+    initialization failed"; this line is what an operator reads in the log. A
+    ``CkptpubError`` that reaches here from any check (of the manifest, its tables,
+    a shard) is a refusal like every other, in the same words.
     """
     try:
         yield
     except RefusedError as error:
         logger.error("%s", error)
         raise
+    except ckptpub.CkptpubError as error:
+        refusal = RefusedError(folder, str(error))
+        logger.error("%s", refusal)
+        raise refusal from None
 
 
 class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is untyped for mypy here
@@ -182,12 +188,12 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         return memory
 
     def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = "") -> nn.Module:
-        with refusals_logged():
+        with refusals_logged(model_config.model):
             return self._load_model(vllm_config, model_config, prefix)
 
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         """Used by the weight-cache daemon (and reloads): always a verified disk load."""
-        with refusals_logged():
+        with refusals_logged(model_config.model):
             manifest = self._prepare(model_config)
             self._disk_loader(manifest).load_weights(model, model_config)
 

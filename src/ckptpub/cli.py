@@ -52,7 +52,7 @@ from .printing import (
 from .progress import ProgressBar
 from .publishing import publish
 from .read import read_manifest
-from .runview import lineage, list_run
+from .runview import RunEntry, lineage, list_run
 from .scan import SIGNATURE_NAME
 from .strict_json import read_bounded
 
@@ -673,21 +673,26 @@ def _cmd_ls(args: RunArguments) -> int:
         print_json([e.as_dict() for e in entries])
     else:
         print_run_table(entries)
-    unusable = sum(e.status == "unusable" for e in entries)
-    published = sum(e.status == "ok" for e in entries)
-    gone = sum(e.status == "gone" for e in entries)
-    note(
-        f"{plural(published, 'published checkpoint')} under {args.run_dir}"
-        + (f", {gone} rotated away" if gone else "")
-        + (f", {unusable} unusable" if unusable else "")
-    )
-    return ExitCode.UNUSABLE if unusable else ExitCode.OK
+    return _run_outcome(args.run_dir, entries)
 
 
 def _cmd_log(args: RunArguments) -> int:
     entries = list_run(args.run_dir)
     print_tree(lineage(entries), args.json)
-    return ExitCode.UNUSABLE if any(e.status == "unusable" for e in entries) else ExitCode.OK
+    return _run_outcome(args.run_dir, entries)
+
+
+def _run_outcome(run_dir: str, entries: list[RunEntry]) -> int:
+    """What every view of a run ends with: the summary line (unusable ones counted), and exit 2 if any."""
+    unusable = sum(e.status == "unusable" for e in entries)
+    published = sum(e.status == "ok" for e in entries)
+    gone = sum(e.status == "gone" for e in entries)
+    note(
+        f"{plural(published, 'published checkpoint')} under {run_dir}"
+        + (f", {gone} rotated away" if gone else "")
+        + (f", {unusable} unusable" if unusable else "")
+    )
+    return ExitCode.UNUSABLE if unusable else ExitCode.OK
 
 
 BUILT_IN: tuple[Command[Any], ...] = (

@@ -1223,4 +1223,25 @@ RUN_CASES = [
         ("checkpoint-10",),
         ("checkpoint-20",),
     ),
+    RunCase(
+        "manifest of a checkpoint is truncated",
+        lambda r: os.truncate(r / "checkpoint-20" / "ckptpub.json", 100),
+        2,
+        ("checkpoint-10",),
+        ("checkpoint-20",),
+    ),
+    RunCase(
+        "manifest of a checkpoint breaks a table rule",
+        lambda r: TABLE_CASES[0].damage(r / "checkpoint-20"),
+        2,
+        ("checkpoint-10",),
+        ("checkpoint-20",),
+    ),
+    RunCase(
+        "run index is a FIFO",
+        lambda r: os.mkfifo(r / "ckptpub-index.jsonl"),
+        2,
+        ("checkpoint-10", "checkpoint-20"),
+        ("ckptpub-index.jsonl",),
+    ),
 ]

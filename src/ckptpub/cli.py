@@ -21,6 +21,7 @@ import enum
 import functools
 import gc
 import io
+import logging
 import os
 import sys
 import traceback
@@ -127,6 +128,32 @@ def _without_cycle_collector() -> Iterator[None]:
             gc.enable()
 
 
+class _StderrLines(logging.Handler):
+    """Each record as one line on stderr, as every note of the CLI is (its text starts ``ckptpub: ``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        to_stderr(one_line(record.getMessage()))
+
+
+@contextlib.contextmanager
+def _library_warnings_on_stderr() -> Iterator[None]:
+    """Warnings the library logs while a command runs (``ckptpub`` logger), each a line on stderr.
+
+    Such a warning does not change the outcome (a published manifest whose folder's
+    modification time could not be put back); it is shown once, not also by a handler
+    of the root logger.
+    """
+    library = logging.getLogger("ckptpub")
+    handler = _StderrLines(logging.WARNING)
+    library.addHandler(handler)
+    propagate, library.propagate = library.propagate, False
+    try:
+        yield
+    finally:
+        library.removeHandler(handler)
+        library.propagate = propagate
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with exact option names, and a usage error raised as one ``UsageError`` line."""
 
@@ -151,7 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             program = named.program
         command, arguments = _parse(commands, argv)
         try:
-            with _without_cycle_collector() if command.one_shot else contextlib.nullcontext():
+            with (
+                _library_warnings_on_stderr(),
+                _without_cycle_collector() if command.one_shot else contextlib.nullcontext(),
+            ):
                 code = command.run(arguments)
         except UsageError as error:
             error.program = error.program or f"ckptpub {command.name}"
@@ -165,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fail(str(done.code), program=program)  # sys.exit("message"), as Python itself would print it
         return ExitCode.UNUSABLE
     except BrokenPipeError:  # the reader of stdout went away: nothing to say, nobody to say it to
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _discard_stdout()
         return ExitCode.BROKEN_PIPE
     except (Exception, KeyboardInterrupt) as error:
         if debugging():
@@ -311,6 +341,11 @@ def _escape_unencodable_output() -> None:
         if isinstance(stream, io.TextIOWrapper):  # not None (closed at start-up) nor a test's StringIO
             with contextlib.suppress(ValueError, OSError):
                 stream.reconfigure(errors="backslashreplace")
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null: output it could not take is dropped, not retried (and failed) at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _flush_stdout() -> None:
@@ -530,13 +565,14 @@ def _cmd_publish(args: PublishArguments) -> int:
         else:
             print(manifest.identity)
         _flush_stdout()
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError) as error:  # the manifest is published: say so, and that its identity is here
         if isinstance(error, BrokenPipeError):
             raise
-        raise CkptpubError(
-            f"published {os.path.join(args.folder, MANIFEST_NAME)} (identity {manifest.identity}), "
+        _discard_stdout()
+        note(
+            f"warning: published {os.path.join(args.folder, MANIFEST_NAME)} (identity {manifest.identity}), "
             f"but could not write to stdout: {getattr(error, 'strerror', None) or error}"
-        ) from None
+        )
     note(
         f"published {os.path.join(args.folder, MANIFEST_NAME)}: {manifest.tensor_count} tensors, "
         f"{len(manifest.files)} files, {gb(sum(f.size for f in manifest.files))}"

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 
 from .compare import Problem
 from .errors import CkptpubError, NoManifestError
-from .jsonfiles import write_atomically
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from .safe_open import READ_FLAGS, kind_of, open_failure
 from .scan import SIGNATURE_NAME, as_path
@@ -154,28 +153,24 @@ def signed_resources(
     return sorted(resources)
 
 
-def sign_checkpoint(
+def signature_for(
     root: str,
     manifest: Manifest,
     file_sha256: Mapping[str, str],
     signer: Signer,
     *,
     allow_symlinks: bool = False,
-    mode: int = 0o644,
-) -> None:
-    """Sign the published folder ``root``: write ``root/model.sig`` atomically.
+) -> bytes:
+    """The bytes of ``model.sig`` for the folder ``root`` published with ``manifest``.
 
-    ``manifest`` is the one just written to ``root/ckptpub.json`` (its canonical bytes
-    are what is signed), ``file_sha256`` the SHA-256 of each of its files, read in the
-    same pass as their BLAKE3 digests (``hashing.hash_spans(file_sha256=...)``).
-    ``allow_symlinks`` is recorded as model_signing records it: a folder with symlinks
-    verifies with ``model_signing verify --allow_symlinks``. ``mode``: the signature's
-    permissions (the manifest's). Raises ``CkptpubError`` when the signature cannot be
-    written; nothing is left half-written.
+    ``manifest``'s canonical bytes (what ``ckptpub.json`` holds) are what is signed,
+    ``file_sha256`` is the SHA-256 of each of its files, read in the same pass as
+    their BLAKE3 digests (``hashing.hash_spans(file_sha256=...)``). ``allow_symlinks``
+    is recorded as model_signing records it: a folder with symlinks verifies with
+    ``model_signing verify --allow_symlinks``.
     """
     resources = signed_resources(manifest, file_sha256, manifest.to_json())
-    bundle = signer.sign(os.path.basename(root), resources, allow_symlinks)
-    write_atomically(os.path.join(root, SIGNATURE_NAME), bundle, mode)
+    return signer.sign(os.path.basename(root), resources, allow_symlinks)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 from . import __version__
 from .compare import diff_manifests, verify
+from .console import interrupted
 from .distributed import DEFAULT_TIMEOUT_S, DistributedHasher, env_world, init_from_env, publish_on_ranks
 from .errors import CkptpubError, one_line
 from .explain import base_of, is_adapter
@@ -206,25 +207,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> NoReturn:
-    """Console entry point: ``main()``, then exit with exactly its code.
+    """Console entry point (through ``console.main``): ``main()``, then exit with exactly its code.
 
     Output is flushed here, so a full or closed stdout still ends with the exit code
     ``main`` chose (interpreter shutdown would flush it again, print a warning and
     exit 120); ``os._exit`` then skips that second flush. A manifest is already
     fsynced by then. Under ``CKPTPUB_DEBUG`` the traceback ``main`` let through is
-    printed, and the exit code still says "no verdict" (2), never Python's 1.
+    printed, and the exit code still says "no verdict" (2), never Python's 1. A
+    Ctrl-C at any moment here ends the run with exit 130 and one line.
     """
     try:
-        code = main()
-    except KeyboardInterrupt as error:  # Ctrl-C while main was already handling another outcome
-        if debugging():
+        try:
+            code = main()
+        except KeyboardInterrupt as error:  # Ctrl-C while main was already handling another outcome
+            if debugging():
+                traceback.print_exception(error)
+            else:
+                fail("interrupted")
+            code = ExitCode.INTERRUPTED
+        except Exception as error:  # only under CKPTPUB_DEBUG: main re-raised it
             traceback.print_exception(error)
-        else:
-            fail("interrupted")
-        code = ExitCode.INTERRUPTED
-    except Exception as error:  # only under CKPTPUB_DEBUG: main re-raised it
-        traceback.print_exception(error)
-        code = ExitCode.UNUSABLE
+            code = ExitCode.UNUSABLE
+        code = _flush_streams(code)
+    except KeyboardInterrupt:  # another Ctrl-C while the first one, or the output, was handled
+        interrupted()
+    os._exit(code)
+
+
+def _flush_streams(code: int) -> int:
+    """Flush stdout and stderr; the exit code, or 141/2 for output lost when there was nothing else to say."""
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
@@ -233,7 +244,7 @@ def run() -> NoReturn:
             code = code or ExitCode.BROKEN_PIPE
         except (OSError, ValueError):  # full, closed: main already reported what it could
             code = code or ExitCode.UNUSABLE
-    os._exit(code)
+    return code
 
 
 def debugging() -> bool:

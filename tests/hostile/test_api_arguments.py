@@ -143,3 +143,12 @@ def test_errors_name_paths_exactly(tmp_path: Path, name: str) -> None:
     message = str(raised.value)
     assert message.startswith(missing.encode("unicode_escape").decode("ascii") + ": "), message
     assert message.isprintable(), message
+
+
+def test_every_public_name_is_there() -> None:
+    """``ckptpub``'s names are loaded on first use (PEP 562): each one in ``__all__`` resolves."""
+    for name in ckptpub.__all__:
+        assert getattr(ckptpub, name) is not None, name
+    assert set(ckptpub.__all__) <= set(dir(ckptpub))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        ckptpub.nope  # noqa: B018

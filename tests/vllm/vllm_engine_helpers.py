@@ -14,6 +14,8 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 TAMPERED_TENSOR = "model.norm.weight"
+#: Engine loads of the ``toggled`` checkpoint while a writer changes its bytes under them.
+TOGGLED_LOADS = 4
 
 
 def run_engines(jobs: list[dict], env: dict | None = None, timeout: int = 600) -> tuple[list[dict], str]:

@@ -229,6 +229,8 @@ def run() -> NoReturn:
             traceback.print_exception(error)
             code = ExitCode.UNUSABLE
         code = _flush_streams(code)
+        for hasher in _JOINED:  # torchrun stops every rank once one exits non-zero: let rank 0 say why first
+            hasher.meet()
     except KeyboardInterrupt:  # another Ctrl-C while the first one, or the output, was handled
         interrupted()
     os._exit(code)
@@ -435,11 +437,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+#: The torchrun job a command joined (``_join_ranks``): its ranks meet once more before they exit.
+_JOINED: list[DistributedHasher] = []
+
+
 def _join_ranks(timeout_s: float) -> DistributedHasher | None:
     """Under ``torchrun`` with several processes: join its group; ranks other than 0 then print nothing."""
     if env_world() is None:
         return None
     hasher = init_from_env(timeout_s)
+    _JOINED.append(hasher)
     if hasher.rank != 0:  # rank 0 reports for all of them, including every rank's failure
         devnull = os.open(os.devnull, os.O_WRONLY)
         for fd in (1, 2):

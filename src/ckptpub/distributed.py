@@ -260,6 +260,23 @@ class DistributedHasher:
             for at, owner in zip(range(_DIGESTS_AT, sha256_at, DIGEST_BYTES), owners, strict=True)
         ]
 
+    def close(self) -> None:
+        """Leave the hasher's own group on every rank together: a barrier, then the group destroyed.
+
+        For a group made for hashing (``new_group``), at a point every rank reaches after
+        its last call (a training's end). The barrier means no rank is inside a collective
+        of the group any more when any rank takes it down; left to the interpreter's exit,
+        its teardown on a rank whose peer already exited aborts the process (SIGABRT,
+        "terminate called without an active exception"). The default group (``None``) is
+        its creator's to end. A failed barrier leaves the group as it is, broken.
+        """
+        if self._group is None or not self.meet():
+            return
+        import torch.distributed as dist
+
+        dist.destroy_process_group(self._group)
+        self.broken = "its group was closed"
+
     def meet(self) -> bool:
         """A barrier of every rank of the group; False (and the hasher broken) when it fails or is broken."""
         if self.broken is not None:

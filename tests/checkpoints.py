@@ -134,7 +134,7 @@ def forged_tables(data: bytes, edit: Callable[[bytes, bytes], tuple[bytes, bytes
     """The ckptpub/2 manifest ``data`` with its two tables edited (``edit(model, layout)``) and the
     header's table sizes and identity recomputed, as a careful forger would: only the rules of the
     tables themselves can catch it."""
-    from ckptpub.manifest import FileRecord, Tables, identity_of_tables
+    from ckptpub._format.manifest import FileRecord, Tables, identity_of_tables
 
     head, _, tables = data.partition(b"\n")
     header = json.loads(head)

@@ -10,27 +10,42 @@ until a name is used (PEP 562): the ``ckptpub`` command imports the modules it n
 inside its own Ctrl-C handling (``console``), and a program that uses one function
 pays for that function's modules only. The Trainer callback's two names have
 transformers behind them.
+
+The package is layered; each layer is a private subpackage whose docstring maps its
+modules, and imports go downwards only (``tests/core/test_layers.py`` checks it):
+
+    (public)      ckptpub (this API), cli, console, signing, distributed, integration, errors
+    _cli          the command line: parser, built-in commands, printing, progress
+    _training     the Trainer callback, the accelerate helper
+    _runs         a run's checkpoints at a glance (ls, log)
+    _operations   publish, verify, diff and explain, sign
+    _hashing      the hashing engine, its options, distributed hashing
+    _filesystem   safe opens and reads, folder scans, atomic JSON files, model files, the run index
+    _format       the manifest, its tables, safetensors headers, strict and canonical JSON, digests
+    errors, _version   what every layer may import
 """
 
 from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
+
 #: ``typing.TYPE_CHECKING`` without importing ``typing`` (10 ms of a start-up a Ctrl-C may land in).
 TYPE_CHECKING = False
 
 if TYPE_CHECKING:
     from typing import Any
 
-    from .callback import PublishCallback, publish_accelerate_state
-    from .compare import ManifestDiff, Problem, VerifyReport, diff_manifests, verify
+    from ._filesystem.read import read_manifest
+    from ._filesystem.run_index import read as read_run_index
+    from ._format.digest import digest_bytes as tensor_digest
+    from ._format.manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, config_digest
+    from ._operations.diff import ManifestDiff, diff_manifests
+    from ._operations.publishing import build_manifest, publish
+    from ._operations.verify import Problem, VerifyReport, verify
+    from ._training.callback import PublishCallback, publish_accelerate_state
     from .errors import CkptpubError, NoManifestError
-    from .hashing import digest_bytes as tensor_digest
-    from .manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, config_digest
-    from .publishing import build_manifest, publish
-    from .read import read_manifest
-    from .run_index import read as read_run_index
 
 __all__ = [
     "MANIFEST_NAME",
@@ -55,25 +70,25 @@ __all__ = [
 ]
 #: Each public name: (the module that defines it, its name there).
 _WHERE = {
-    "MANIFEST_NAME": (".manifest", "MANIFEST_NAME"),
+    "MANIFEST_NAME": ("._format.manifest", "MANIFEST_NAME"),
     "CkptpubError": (".errors", "CkptpubError"),
-    "FileRecord": (".manifest", "FileRecord"),
-    "Manifest": (".manifest", "Manifest"),
-    "ManifestDiff": (".compare", "ManifestDiff"),
+    "FileRecord": ("._format.manifest", "FileRecord"),
+    "Manifest": ("._format.manifest", "Manifest"),
+    "ManifestDiff": ("._operations.diff", "ManifestDiff"),
     "NoManifestError": (".errors", "NoManifestError"),
-    "Problem": (".compare", "Problem"),
-    "PublishCallback": (".callback", "PublishCallback"),
-    "TensorRecord": (".manifest", "TensorRecord"),
-    "VerifyReport": (".compare", "VerifyReport"),
-    "build_manifest": (".publishing", "build_manifest"),
-    "config_digest": (".manifest", "config_digest"),
-    "diff_manifests": (".compare", "diff_manifests"),
-    "publish": (".publishing", "publish"),
-    "publish_accelerate_state": (".callback", "publish_accelerate_state"),
-    "read_manifest": (".read", "read_manifest"),
-    "read_run_index": (".run_index", "read"),
-    "tensor_digest": (".hashing", "digest_bytes"),
-    "verify": (".compare", "verify"),
+    "Problem": ("._operations.verify", "Problem"),
+    "PublishCallback": ("._training.callback", "PublishCallback"),
+    "TensorRecord": ("._format.manifest", "TensorRecord"),
+    "VerifyReport": ("._operations.verify", "VerifyReport"),
+    "build_manifest": ("._operations.publishing", "build_manifest"),
+    "config_digest": ("._format.manifest", "config_digest"),
+    "diff_manifests": ("._operations.diff", "diff_manifests"),
+    "publish": ("._operations.publishing", "publish"),
+    "publish_accelerate_state": ("._training.callback", "publish_accelerate_state"),
+    "read_manifest": ("._filesystem.read", "read_manifest"),
+    "read_run_index": ("._filesystem.run_index", "read"),
+    "tensor_digest": ("._format.digest", "digest_bytes"),
+    "verify": ("._operations.verify", "verify"),
 }
 
 

@@ -26,11 +26,11 @@ def main() -> NoReturn:
     try:
         from .cli import run
     except KeyboardInterrupt:
-        interrupted()
+        _interrupted()
     run()
 
 
-def interrupted() -> NoReturn:
+def _interrupted() -> NoReturn:
     """End the process as an interrupted command: one line on stderr (if it can take it), exit 130."""
     try:  # noqa: SIM105 - contextlib is one import more in the start-up this module keeps short
         os.write(2, b"ckptpub: error: interrupted\n")

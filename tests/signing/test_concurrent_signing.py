@@ -17,7 +17,8 @@ import signhelpers
 from checkpoints import flip_byte
 
 import ckptpub
-from ckptpub import jsonfiles, signing
+from ckptpub import signing
+from ckptpub._filesystem import jsonfiles
 
 TRIALS = 6
 

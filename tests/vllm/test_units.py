@@ -260,7 +260,7 @@ def test_a_write_to_the_shard_after_the_check_never_reaches_the_model(models, tm
 
 
 def _nbytes(entry) -> int:
-    from ckptpub.safetensors import DTYPE_BITS
+    from ckptpub._format.safetensors import DTYPE_BITS
 
     count = 1
     for dim in entry.shape:

@@ -29,13 +29,18 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NoReturn, TypeVar
 
-from . import __version__
-from .compare import diff_manifests, verify
-from .console import interrupted
-from .distributed import DEFAULT_TIMEOUT_S, DistributedHasher, env_world, init_from_env, publish_on_ranks
-from .errors import CkptpubError, one_line
-from .explain import base_of, is_adapter
-from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
+from .._filesystem.read import read_manifest
+from .._filesystem.safe_open import read_bounded
+from .._filesystem.scan import SIGNATURE_NAME
+from .._format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
+from .._hashing.distributed import DEFAULT_TIMEOUT_S, DistributedHasher, env_world, init_from_env
+from .._operations.diff import diff_manifests
+from .._operations.explain import base_of, is_adapter
+from .._operations.publishing import publish, publish_on_ranks
+from .._operations.verify import verify
+from .._runs.runview import RunEntry, lineage, list_run
+from .._version import __version__
+from ..errors import CkptpubError, one_line
 from .printing import (
     diff_json,
     gb,
@@ -52,11 +57,6 @@ from .printing import (
     verify_json,
 )
 from .progress import ProgressBar
-from .publishing import publish
-from .read import read_manifest
-from .runview import RunEntry, lineage, list_run
-from .scan import SIGNATURE_NAME
-from .strict_json import read_bounded
 
 #: Entry-point group through which other distributions add commands; each entry point is a ``Command``.
 COMMANDS_GROUP = "ckptpub.commands"
@@ -232,7 +232,9 @@ def run() -> NoReturn:
         for hasher in _JOINED:  # torchrun stops every rank once one exits non-zero: let rank 0 say why first
             hasher.meet()
     except KeyboardInterrupt:  # another Ctrl-C while the first one, or the output, was handled
-        interrupted()
+        with contextlib.suppress(KeyboardInterrupt):  # and one more while this line is written
+            fail("interrupted")
+        code = ExitCode.INTERRUPTED
     os._exit(code)
 
 
@@ -464,7 +466,7 @@ def _add_json(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_hashing(parser: argparse.ArgumentParser) -> None:
-    """The options of the two commands that hash: the knobs of ``hashing.hash_spans``."""
+    """The options of the two commands that hash: the knobs of ``_hashing.options.HashOptions``."""
     parser.add_argument(
         "--threads", type=_positive, metavar="N", help="hashing threads (default: one per CPU)"
     )
@@ -626,7 +628,7 @@ def _cmd_verify(args: VerifyArguments) -> int:
             if trusted is None:
                 report = verify(args.folder, hasher=hasher, **options)
             else:  # the signature first: it must cover exactly the manifest verified
-                from .signing import verify_signed
+                from .._operations.signing import verify_signed
 
                 report = verify_signed(args.folder, trusted, hasher=hasher, **options)
     finally:
@@ -658,7 +660,7 @@ def _signing_key(args: PublishArguments) -> Any:
                 "--signing-certificate and --certificate-chain need --sign KEY", "ckptpub publish"
             )
         return None
-    from .signing import SigningKey  # only a signing run imports it
+    from .._operations.signing import SigningKey  # only a signing run imports it
 
     return SigningKey(args.sign, args.signing_certificate, tuple(args.certificate_chain or ()))
 
@@ -669,7 +671,7 @@ def _trusted_key(args: VerifyArguments) -> Any:
         return None
     if args.public_key is not None and args.certificate_chain:
         raise UsageError("give --public-key or --certificate-chain, not both", "ckptpub verify")
-    from .signing import TrustedKey
+    from .._operations.signing import TrustedKey
 
     return TrustedKey(args.public_key, tuple(args.certificate_chain or ()))
 

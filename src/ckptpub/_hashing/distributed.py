@@ -2,8 +2,8 @@
 
 Why: a multi-node job's checkpoint sits on shared storage that each node reads at its
 own link's bandwidth, so hashing it on one rank leaves every other link idle.
-``DistributedHasher`` is a drop-in for ``hashing.hash_spans`` (``publish``, ``verify``
-and ``build_manifest`` take it as ``hasher=``): every rank calls it with the same spans
+``DistributedHasher`` is a ``SpanHasher`` (``options``; ``publish``, ``verify`` and
+``build_manifest`` take it as ``hasher=``): every rank calls it with the same spans
 (each rank scans the same folder), each hashes the files it owns (whole files, balanced
 by bytes), and the digests travel through the group's own collectives, so every rank
 returns every digest and the writing rank builds exactly the manifest one process would.
@@ -35,17 +35,19 @@ without it. torch is imported only here, and only when a hasher is made.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import heapq
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import blake3
 
-from .errors import CkptpubError
-from .hashing import DIGEST_PREFIX, ProgressCallback, Span, hash_spans
-from .manifest import Manifest
+from .._format.digest import DIGEST_PREFIX
+from ..errors import CkptpubError
+from .engine import FileDigests, Span
+from .options import HashOptions
 
 log = logging.getLogger("ckptpub")
 
@@ -65,20 +67,6 @@ _PLAN_MESSAGE_AT = _PLAN_SHA256 + 1
 _PLAN_BYTES = _PLAN_MESSAGE_AT + MESSAGE_BYTES
 # A digest row: status byte, message, DIGEST_BYTES per span, then (when wanted) a SHA-256 per file.
 _DIGESTS_AT = 1 + MESSAGE_BYTES
-
-
-class SpanHasher(Protocol):
-    """What ``publish``/``verify`` call to hash spans: ``hashing.hash_spans`` or a ``DistributedHasher``."""
-
-    def __call__(
-        self,
-        spans: Sequence[Span],
-        *,
-        threads: int | None = ...,
-        use_mmap: bool = ...,
-        on_progress: ProgressCallback | None = ...,
-        file_sha256: list[str] | None = ...,
-    ) -> list[str]: ...
 
 
 def new_group(timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
@@ -170,7 +158,8 @@ def storage_fingerprint(spans: Sequence[Span]) -> bytes:
 
 
 class DistributedHasher:
-    """``hash_spans`` spread over the ranks of a process group (``None``: the default group).
+    """``engine.hash_spans`` (and ``hash_files``) spread over the ranks of a process group (``None``: the
+    default group).
 
     Every rank of the group must call it, with the same spans, the same number of
     times. ``broken`` says why it stopped being usable (None while usable).
@@ -185,25 +174,25 @@ class DistributedHasher:
         self.broken: str | None = None
         self._joined = False
 
-    def __call__(
-        self,
-        spans: Sequence[Span],
-        *,
-        threads: int | None = None,
-        use_mmap: bool = True,
-        on_progress: ProgressCallback | None = None,
-        file_sha256: list[str] | None = None,
-    ) -> list[str]:
-        """Every span's digest in order, as ``hash_spans`` returns them; ``file_sha256`` as it fills it.
+    def span_digests(self, spans: Sequence[Span], options: HashOptions) -> list[str]:
+        """Every span's digest in order, as ``hash_spans`` returns them."""
+        return self._hash(spans, options, sha256=False).spans
 
-        When any rank asks for ``file_sha256`` (the writer, when it signs), every rank
+    def file_digests(self, spans: Sequence[Span], options: HashOptions) -> FileDigests:
+        """Every span's digest and every file's SHA-256, as ``hash_files`` returns them.
+
+        When any rank asks for the SHA-256 (the writer, when it signs), every rank
         computes the SHA-256 of the files it owns, so the rows keep one size.
         """
+        return self._hash(spans, options, sha256=True)
+
+    def _hash(self, spans: Sequence[Span], options: HashOptions, *, sha256: bool) -> FileDigests:
+        """One distributed call: plan, hash this rank's files, exchange (``sha256`` empty unless asked)."""
         self._joined = True
         plan = bytearray(_PLAN_BYTES)
         plan[_PLAN_SAME] = len(spans).to_bytes(8, "little") + plan_fingerprint(spans)
         plan[_PLAN_STORAGE] = storage_fingerprint(spans)
-        plan[_PLAN_SHA256] = file_sha256 is not None
+        plan[_PLAN_SHA256] = sha256
         plans = self._all_gather(plan)
         _raise_failures(plans, _PLAN_MESSAGE_AT)
         if any(other[_PLAN_SAME] != plan[_PLAN_SAME] for other in plans):
@@ -223,21 +212,19 @@ class DistributedHasher:
         sha256_wanted = any(other[_PLAN_SHA256] for other in plans)
         sha256_at = _DIGESTS_AT + DIGEST_BYTES * len(spans)
         rows = bytearray(sha256_at + (DIGEST_BYTES * len(files) if sha256_wanted else 0))
-        my_sha256: list[str] | None = [] if sha256_wanted else None
+        my_spans = [spans[i] for i in mine]
+        local = dataclasses.replace(options, hasher=None)  # this rank's share, on its own threads
         try:
-            digests = hash_spans(
-                [spans[i] for i in mine],
-                threads=threads,
-                use_mmap=use_mmap,
-                on_progress=on_progress,
-                file_sha256=my_sha256,
-            )
+            if sha256_wanted:
+                digests, my_sha256 = local.file_digests(my_spans)
+            else:
+                digests, my_sha256 = local.span_digests(my_spans), []
         except CkptpubError as error:
             _write_failure(rows, 1, str(error))
         else:
             places = [_DIGESTS_AT + DIGEST_BYTES * i for i in mine]
             values = [digest.removeprefix(DIGEST_PREFIX) for digest in digests]
-            if my_sha256 is not None:
+            if sha256_wanted:
                 places += [
                     sha256_at + DIGEST_BYTES * f
                     for f, first in enumerate(files)
@@ -250,15 +237,19 @@ class DistributedHasher:
         _raise_failures(gathered, 1)
         if not shared:
             _raise_differences(gathered, spans, sha256_at)
-        if file_sha256 is not None:
-            file_sha256.extend(
+        file_sha256 = (
+            [
                 gathered[owners[first]][at : at + DIGEST_BYTES].hex()
                 for at, first in zip(range(sha256_at, len(rows), DIGEST_BYTES), files, strict=True)
-            )
-        return [
+            ]
+            if sha256
+            else []
+        )
+        span_digests = [
             DIGEST_PREFIX + gathered[owner][at : at + DIGEST_BYTES].hex()
             for at, owner in zip(range(_DIGESTS_AT, sha256_at, DIGEST_BYTES), owners, strict=True)
         ]
+        return FileDigests(span_digests, file_sha256)
 
     def close(self) -> None:
         """Leave the hasher's own group on every rank together: a barrier, then the group destroyed.
@@ -360,21 +351,3 @@ def _first_line(error: BaseException) -> str:
     """The first line of a gloo error, without its ``[source.cc:123]`` prefix."""
     line = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return line.split("] ", 1)[1] if line.startswith("[") and "] " in line else line
-
-
-def publish_on_ranks(folder: str | os.PathLike[str], hasher: DistributedHasher, **options: Any) -> Manifest:
-    """``publish`` on rank 0 of the hasher's group, ``build_manifest`` (nothing written) on the others.
-
-    Every rank of the group calls it with the same folder (as each rank sees it) and
-    options; all hash together, and rank 0's manifest is the one a single process
-    would write. ``base``/``adapter`` are resolved, and ``sign`` signs, on rank 0 only
-    (the other ranks compute the SHA-256 of their files for that signature).
-    """
-    from .publishing import build_manifest, publish
-
-    with hasher.taking_part():
-        if hasher.rank == 0:
-            return publish(folder, hasher=hasher, **options)
-        for rank_0_only in ("base", "adapter", "sign"):
-            options.pop(rank_0_only, None)
-        return build_manifest(folder, hasher=hasher, **options)

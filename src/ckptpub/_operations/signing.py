@@ -27,18 +27,14 @@ import os
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from .compare import Problem
-from .errors import CkptpubError, NoManifestError
-from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
-from .safe_open import READ_FLAGS, kind_of, open_failure
-from .scan import SIGNATURE_NAME, as_path
-
-if TYPE_CHECKING:
-    from .compare import VerifyReport
-    from .distributed import SpanHasher
-    from .hashing import ProgressCallback
+from .._filesystem.safe_open import READ_FLAGS, kind_of, open_failure
+from .._filesystem.scan import SIGNATURE_NAME, as_path
+from .._format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from .._hashing.engine import ProgressCallback
+from .._hashing.options import SpanHasher
+from ..errors import CkptpubError, NoManifestError
+from .verify import Problem, VerifyReport, verify
 
 #: Paths ``model_signing`` leaves out of a signature unless told otherwise (its "git paths"),
 #: each a file or a folder at the top of the checkpoint. ``model_signing verify`` leaves them
@@ -165,9 +161,9 @@ def signature_for(
 
     ``manifest``'s canonical bytes (what ``ckptpub.json`` holds) are what is signed,
     ``file_sha256`` is the SHA-256 of each of its files, read in the same pass as
-    their BLAKE3 digests (``hashing.hash_spans(file_sha256=...)``). ``allow_symlinks``
-    is recorded as model_signing records it: a folder with symlinks verifies with
-    ``model_signing verify --allow_symlinks``.
+    their BLAKE3 digests (``engine.hash_files``). ``allow_symlinks`` is recorded as
+    model_signing records it: a folder with symlinks verifies with ``model_signing
+    verify --allow_symlinks``.
     """
     resources = signed_resources(manifest, file_sha256, manifest.to_json())
     return signer.sign(os.path.basename(root), resources, allow_symlinks)
@@ -269,8 +265,6 @@ def verify_signed(
     ``hasher`` is ``verify``'s (a ``distributed.DistributedHasher`` spreads the bytes
     over a job's ranks; each rank checks the signature itself, which reads two small files).
     """
-    from .compare import verify
-
     check = check_signature(folder, trusted)
     report = verify(
         folder,

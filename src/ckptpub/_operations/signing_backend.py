@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import CkptpubError
-from .strict_json import read_bounded
+from .._filesystem.safe_open import read_bounded
+from ..errors import CkptpubError
 
 try:
     from cryptography.exceptions import UnsupportedAlgorithm

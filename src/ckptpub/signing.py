@@ -1,0 +1,26 @@
+"""Signed checkpoints: ``model.sig``, a signature that OpenSSF's ``model_signing verify`` accepts.
+
+``publish(folder, sign=SigningKey(...))`` (or a private key's path) writes it;
+``check_signature`` checks it reading only ``model.sig`` and ``ckptpub.json``;
+``verify_signed`` checks it and then every byte. ``model_signing`` is the optional
+``sign`` extra, imported only when a signature is made or checked. The chain of
+trust is in ``docs/security.md``; the implementation is ``ckptpub._operations.signing``.
+"""
+
+from ._operations.signing import (
+    SignatureCheck,
+    Signer,
+    SigningKey,
+    TrustedKey,
+    check_signature,
+    verify_signed,
+)
+
+__all__ = [
+    "SignatureCheck",
+    "Signer",
+    "SigningKey",
+    "TrustedKey",
+    "check_signature",
+    "verify_signed",
+]

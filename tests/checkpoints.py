@@ -6,12 +6,15 @@ are real JSON files, so the tests exercise ckptpub on the bytes users' tools wri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -127,6 +130,24 @@ def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     return state
 
 
+def forged_tables(data: bytes, edit: Callable[[bytes, bytes], tuple[bytes, bytes]]) -> bytes:
+    """The ckptpub/2 manifest ``data`` with its two tables edited (``edit(model, layout)``) and the
+    header's table sizes and identity recomputed, as a careful forger would: only the rules of the
+    tables themselves can catch it."""
+    from ckptpub._format.manifest import FileRecord, Tables, identity_of_tables
+
+    head, _, tables = data.partition(b"\n")
+    header = json.loads(head)
+    model, layout = edit(tables[: header["tables"]["model"]], tables[header["tables"]["model"] :])
+    header["tables"] = {"model": len(model), "layout": len(layout)}
+    files = [FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in header["files"]]
+    counts = tuple(f["tensors"] for f in header["files"] if "header_size" in f)
+    header["identity"] = identity_of_tables(
+        Tables(model, layout, counts), files, header["weights"], header["config"]
+    )
+    return json.dumps(header).encode() + b"\n" + model + layout
+
+
 def copy_checkpoint(source: Path, target: Path) -> Path:
     shutil.copytree(source, target)
     return target
@@ -141,3 +162,23 @@ def run_cli(*args: object, timeout: float = 120, cwd: Path | None = None) -> sub
         timeout=timeout,
         cwd=cwd,
     )
+
+
+@contextlib.contextmanager
+def deadline(seconds: int, what: str) -> Iterator[None]:
+    """Fail (``TimeoutError``) instead of hanging when the block runs longer than ``seconds``.
+
+    For calls made in the test's own process (the Python API, the loader's functions),
+    as a subprocess's ``timeout`` does for the CLI. Main thread only (SIGALRM).
+    """
+
+    def hang(signum: int, frame: object) -> None:
+        raise TimeoutError(f"{what} ran past {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -17,7 +17,6 @@ from ._operations.signing import (
     TrustedKey,
     check_signature,
     read_trusted_manifest,
-    sign_checkpoint,
     verify_signed,
 )
 
@@ -28,6 +27,5 @@ __all__ = [
     "TrustedKey",
     "check_signature",
     "read_trusted_manifest",
-    "sign_checkpoint",
     "verify_signed",
 ]

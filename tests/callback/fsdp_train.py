@@ -66,7 +66,19 @@ def main(out: str, state_dict_type: str) -> None:
         cb,
         model_class=type(trainer.model_wrapped).__name__,
         distributed_type=trainer.accelerator.distributed_type.value,
+        process_groups=len(torch.distributed.distributed_c10d._world.pg_map),  # the callback's is closed
     )
+    end_of_job(trainer)
+
+
+def end_of_job(trainer: Any) -> None:
+    """End as a distributed script should (``Trainer.end``, transformers' documented last call): every
+    rank past a barrier, then the Trainer's process group destroyed, so no group is left to the
+    interpreter's exit, whose teardown on a rank whose peer has already exited can abort it."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    trainer.end()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from checkpoints import run_cli, write_checkpoint
+from checkpoints import forged_tables, run_cli, write_checkpoint
 
 import ckptpub
 from ckptpub._format.manifest import FORMAT, FORMAT_V1, parse_manifest
@@ -93,25 +93,11 @@ def v2_bytes(tmp_path: Path) -> bytes:
     return ckptpub.build_manifest(folder).to_json()
 
 
-def reidentified(header: dict, model: bytes, layout: bytes) -> bytes:
-    """A manifest with edited tables whose sizes and identity are recomputed, as a careful forger would."""
-    from ckptpub._format.manifest import FileRecord, Tables, identity_of_tables
-
-    header = header | {"tables": {"model": len(model), "layout": len(layout)}}
-    files = [FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in header["files"]]
-    counts = tuple(f["tensors"] for f in header["files"] if "header_size" in f)
-    header["identity"] = identity_of_tables(
-        Tables(model, layout, counts), files, header["weights"], header["config"]
-    )
-    return json.dumps(header).encode() + b"\n" + model + layout
-
-
 def edit_model(change: Callable[[list[bytes]], list[bytes]]) -> Callable[[bytes], bytes]:
     def edit(data: bytes) -> bytes:
-        header, tables = split(data)
-        model, layout = tables[: header["tables"]["model"]], tables[header["tables"]["model"] :]
-        lines = model.splitlines(keepends=True)
-        return reidentified(header, b"".join(change(lines)), layout)
+        return forged_tables(
+            data, lambda model, layout: (b"".join(change(model.splitlines(keepends=True))), layout)
+        )
 
     return edit
 
@@ -146,8 +132,12 @@ TABLE_CASES = [
 @pytest.mark.parametrize(
     ("damage", "expected"), [c[1:] for c in TABLE_CASES], ids=[c[0] for c in TABLE_CASES]
 )
-def test_broken_tables_are_refused_when_tensors_are_used(v2_bytes: bytes, damage, expected: str) -> None:
-    manifest = parse_manifest(damage(v2_bytes), "m.json")  # the identity matches the (forged) tables
+def test_broken_tables_are_refused(v2_bytes: bytes, damage, expected: str) -> None:
+    """On reading (the identity matches the forged tables); a reader of the identity alone
+    (``check_tables=False``) is refused when it first uses the tensors."""
+    with pytest.raises(ckptpub.CkptpubError, match=f"^m.json: .*({expected})"):
+        parse_manifest(damage(v2_bytes), "m.json")
+    manifest = parse_manifest(damage(v2_bytes), "m.json", check_tables=False)
     with pytest.raises(ckptpub.CkptpubError, match=f"^m.json: .*({expected})"):
         manifest.tensors  # noqa: B018 - decoding is the check
 

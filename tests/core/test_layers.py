@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "ckptpub",
         "ckptpub.__main__",
         "ckptpub.cli",
+        "ckptpub.console",
         "ckptpub.distributed",
         "ckptpub.integration",
         "ckptpub.signing",

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from checkpoints import flip_byte, locate
+from checkpoints import flip_byte, forged_tables, locate
 
 import ckptpub
 from ckptpub._filesystem.model_files import read_layout
@@ -311,6 +311,47 @@ def deep_provenance(depth: int) -> Callable[[Path], None]:
 
 def nested(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
+
+
+def forge_tables(edit: Callable[[bytes, bytes], tuple[bytes, bytes]]) -> Callable[[Path], None]:
+    """Edit the (ckptpub/2) manifest's model and layout tables; sizes and identity recomputed to match."""
+
+    def damage(folder: Path) -> None:
+        path = folder / "ckptpub.json"
+        path.write_bytes(forged_tables(path.read_bytes(), edit))
+
+    return damage
+
+
+def model_line(change: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    """Change the first line of the model table (``name TAB dtype TAB shape TAB digest``)."""
+
+    def edit(model: bytes, layout: bytes) -> tuple[bytes, bytes]:
+        first, rest = model.split(b"\n", 1)
+        return change(first) + b"\n" + rest, layout
+
+    return forge_tables(edit)
+
+
+def field(index: int, change: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
+    """A change of one tab-separated field of a table line."""
+
+    def edit(line: bytes) -> bytes:
+        fields = line.split(b"\t")
+        fields[index] = change(fields[index])
+        return b"\t".join(fields)
+
+    return edit
+
+
+def layout_lines(change: Callable[[list[bytes]], list[bytes]]) -> Callable[[Path], None]:
+    return forge_tables(lambda model, layout: (model, b"".join(change(layout.splitlines(keepends=True)))))
+
+
+def swapped(lines: list[bytes], a: int, b: int) -> list[bytes]:
+    lines = list(lines)
+    lines[a], lines[b] = lines[b], lines[a]
+    return lines
 
 
 _PROBE = """
@@ -1049,6 +1090,99 @@ CASES = [
     ),
 ]
 
+#: ckptpub/2 manifests whose tables break a rule while the header and identity agree with them
+#: (a careful forger's): every reader must refuse them alike (show and ls as verify and diff do).
+TABLE_CASES = [
+    Case(
+        "model table unsorted",
+        forge_tables(
+            lambda model, layout: (b"".join(swapped(model.splitlines(keepends=True), 0, 1)), layout)
+        ),
+        True,
+        BAD_MANIFEST,
+        "model table: names are not sorted and unique",
+    ),
+    Case(
+        "model table line of three fields",
+        model_line(lambda line: line.rsplit(b"\t", 1)[0]),
+        True,
+        BAD_MANIFEST,
+        "name, dtype, shape and digest separated by tabs",
+    ),
+    Case(
+        "model table unknown dtype",
+        model_line(field(1, lambda dtype: b"F33")),
+        True,
+        BAD_MANIFEST,
+        "unknown dtype",
+    ),
+    Case(
+        "model table dtype of another width",
+        model_line(field(1, lambda dtype: b"F16")),
+        True,
+        BAD_MANIFEST,
+        "do not add up to the file size",
+    ),
+    Case(
+        "model table digest in capitals",
+        model_line(field(3, bytes.upper)),
+        True,
+        BAD_MANIFEST,
+        "64 lowercase hex digits",
+    ),
+    Case(
+        "model table shape not integers",
+        model_line(field(2, lambda shape: shape + b"x")),
+        True,
+        BAD_MANIFEST,
+        "is not comma-separated non-negative integers",
+    ),
+    Case(
+        "model table name not UTF-8",
+        model_line(field(0, lambda name: b"\xff" + name)),
+        True,
+        BAD_MANIFEST,
+        "model table is not valid UTF-8",
+    ),
+    Case(
+        "model table empty name",
+        model_line(field(0, lambda name: b"")),
+        True,
+        BAD_MANIFEST,
+        "a tensor name is empty",
+    ),
+    Case(
+        "model table without its last newline",
+        forge_tables(lambda model, layout: (model[:-1], layout)),
+        True,
+        BAD_MANIFEST,
+        "line counts do not match",
+    ),
+    Case(
+        "layout names a tensor the model table lacks",
+        layout_lines(lambda lines: [x.replace(b"model.norm.weight", b"model.norm.weigh") for x in lines]),
+        True,
+        BAD_MANIFEST,
+        "is not a model-table tensor name",
+    ),
+    Case(
+        "layout places a tensor twice",
+        layout_lines(lambda lines: [lines[0] if x == b"model.norm.weight\n" else x for x in lines]),
+        True,
+        BAD_MANIFEST,
+        "a tensor name occurs twice",
+    ),
+    # Every rule holds, but the layout lies about where tensors lie: a mismatch for verify; the
+    # model table (what the identity and an engine use, by name) is the true one.
+    Case(
+        "layout lines in another order",
+        layout_lines(lambda lines: swapped(lines, 2, len(lines) - 1)),
+        True,
+        {"publish": 0, "verify": 1, "verify-pinned": 1, "show": 0, "diff": 0},
+    ),
+]
+CASES += TABLE_CASES
+
 RUN_CASES = [
     RunCase("intact run", lambda r: None, 0, ("checkpoint-10", "checkpoint-20"), ()),
     RunCase(
@@ -1088,5 +1222,26 @@ RUN_CASES = [
         2,
         ("checkpoint-10",),
         ("checkpoint-20",),
+    ),
+    RunCase(
+        "manifest of a checkpoint is truncated",
+        lambda r: os.truncate(r / "checkpoint-20" / "ckptpub.json", 100),
+        2,
+        ("checkpoint-10",),
+        ("checkpoint-20",),
+    ),
+    RunCase(
+        "manifest of a checkpoint breaks a table rule",
+        lambda r: TABLE_CASES[0].damage(r / "checkpoint-20"),
+        2,
+        ("checkpoint-10",),
+        ("checkpoint-20",),
+    ),
+    RunCase(
+        "run index is a FIFO",
+        lambda r: os.mkfifo(r / "ckptpub-index.jsonl"),
+        2,
+        ("checkpoint-10", "checkpoint-20"),
+        ("ckptpub-index.jsonl",),
     ),
 ]

@@ -7,15 +7,19 @@ result from a single ``run_engine.py`` subprocess started once per session.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 pytest.importorskip("vllm")
 ckptpub = pytest.importorskip("ckptpub")
 
-from vllm_engine_helpers import TAMPERED_TENSOR, run_engines, same_size_edit  # noqa: E402
+from checkpoints import forged_tables  # noqa: E402
+from vllm_engine_helpers import TAMPERED_TENSOR, TOGGLED_LOADS, run_engines, same_size_edit  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +65,13 @@ def models(tmp_path_factory) -> dict[str, str]:
         f.write("{{ messages[0]['content'] }}")
     manifestdir = shutil.copytree(nomanifest, str(root / "manifestdir"))
     os.mkdir(os.path.join(manifestdir, ckptpub.MANIFEST_NAME))
+    toggled = shutil.copytree(v1, str(root / "toggled"))
+    tables = shutil.copytree(v1, str(root / "tables"))
+    with open(os.path.join(tables, ckptpub.MANIFEST_NAME), "r+b") as f:
+        unsorted = forged_tables(f.read(), lambda model, layout: (_swap_first_lines(model), layout))
+        f.seek(0)
+        f.truncate()
+        f.write(unsorted)
     return {
         "v1": v1,
         "tampered": tampered,
@@ -71,7 +82,14 @@ def models(tmp_path_factory) -> dict[str, str]:
         "tokenizer": tokenizer,
         "template": template,
         "manifestdir": manifestdir,
+        "tables": tables,
+        "toggled": toggled,
     }
+
+
+def _swap_first_lines(table: bytes) -> bytes:
+    first, second, rest = table.split(b"\n", 2)
+    return b"\n".join((second, first, rest))
 
 
 ENGINE_JOBS = {
@@ -87,6 +105,8 @@ ENGINE_JOBS = {
     "tokenizer_manifest": ("tokenizer", "manifest_cache", {}),
     "template_manifest": ("template", "manifest_cache", {}),
     "manifestdir_manifest": ("manifestdir", "manifest_cache", {"require_manifest": False}),
+    "tables_manifest": ("tables", "manifest_cache", {}),
+    **{f"toggled_{n}": ("toggled", "manifest_cache", {}) for n in range(TOGGLED_LOADS)},
     "tampered_unverified": ("tampered", "manifest_cache", {"verify": False}),
     "v1_bad_option": ("v1", "manifest_cache", {"no_such_option": 1}),
     "v1_no_fallback": ("v1", "manifest_cache", {"fallback": False}),
@@ -105,5 +125,41 @@ def engine_results(models) -> tuple[dict[str, dict], str]:
     )
     names = list(all_jobs)
     jobs = [{"model": models[m], "load_format": fmt, "extra": extra} for m, fmt, extra in all_jobs.values()]
-    results, log = run_engines(jobs)
+    with toggling(models["toggled"], [TAMPERED_TENSOR, "model.embed_tokens.weight"]):
+        results, log = run_engines(jobs)
     return dict(zip(names, results, strict=True)), log
+
+
+_TOGGLER = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the finally below puts the bytes back
+spans = [(os.open(p, os.O_RDWR), int(a), int(b)) for p, a, b in zip(*[iter(sys.argv[1:])] * 3)]
+original = [os.pread(fd, end - start, start) for fd, start, end in spans]
+try:
+    while True:
+        for zeros in (True, False):
+            for (fd, start, end), old in zip(spans, original):
+                os.pwrite(fd, bytes(end - start) if zeros else old, start)
+            time.sleep(0.0002)
+finally:
+    for (fd, start, _), old in zip(spans, original):
+        os.pwrite(fd, old, start)
+"""
+
+
+@contextlib.contextmanager
+def toggling(folder: str, names: list[str]):
+    """A writer that sets the tensors ``names`` to zeros and back every 0.2 ms (a ``pwrite`` of the
+    shard, as another process sharing the file could), for as long as the block runs."""
+    from support.safetensors_files import find_tensor_file, tensor_location
+
+    spans = []
+    for name in names:
+        shard = find_tensor_file(folder, name)
+        spans += [shard, *map(str, tensor_location(shard, name))]
+    writer = subprocess.Popen([sys.executable, "-c", _TOGGLER, *spans])
+    try:
+        yield
+    finally:
+        writer.terminate()
+        writer.wait(timeout=30)

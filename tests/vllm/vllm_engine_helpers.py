@@ -14,6 +14,8 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 TAMPERED_TENSOR = "model.norm.weight"
+#: Engine loads of the ``toggled`` checkpoint while a writer changes its bytes under them.
+TOGGLED_LOADS = 4
 #: What every test engine of the tiny Qwen3 runs with: small, eager, deterministic.
 TINY_ENGINE = {
     "dtype": "float32",

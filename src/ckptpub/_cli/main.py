@@ -21,6 +21,7 @@ import enum
 import functools
 import gc
 import io
+import logging
 import os
 import sys
 import traceback
@@ -37,7 +38,7 @@ from .._operations.diff import diff_manifests
 from .._operations.explain import base_of, is_adapter
 from .._operations.publishing import publish, publish_on_ranks
 from .._operations.verify import verify
-from .._runs.runview import lineage, list_run
+from .._runs.runview import RunEntry, lineage, list_run
 from .._settings import DEBUG_ENV, env_flag, seconds
 from .._version import __version__
 from ..errors import CkptpubError, one_line
@@ -127,6 +128,32 @@ def _without_cycle_collector() -> Iterator[None]:
             gc.enable()
 
 
+class _StderrLines(logging.Handler):
+    """Each record as one line on stderr, as every note of the CLI is (its text starts ``ckptpub: ``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        to_stderr(one_line(record.getMessage()))
+
+
+@contextlib.contextmanager
+def _library_warnings_on_stderr() -> Iterator[None]:
+    """Warnings the library logs while a command runs (``ckptpub`` logger), each a line on stderr.
+
+    Such a warning does not change the outcome (a published manifest whose folder's
+    modification time could not be put back); it is shown once, not also by a handler
+    of the root logger.
+    """
+    library = logging.getLogger("ckptpub")
+    handler = _StderrLines(logging.WARNING)
+    library.addHandler(handler)
+    propagate, library.propagate = library.propagate, False
+    try:
+        yield
+    finally:
+        library.removeHandler(handler)
+        library.propagate = propagate
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with exact option names, and a usage error raised as one ``UsageError`` line."""
 
@@ -153,7 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             program = named.program
         command, arguments = _parse(commands, argv)
         try:
-            with _without_cycle_collector() if command.one_shot else contextlib.nullcontext():
+            with (
+                _library_warnings_on_stderr(),
+                _without_cycle_collector() if command.one_shot else contextlib.nullcontext(),
+            ):
                 code = command.run(arguments)
         except UsageError as error:
             error.program = error.program or f"ckptpub {command.name}"
@@ -167,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fail(str(done.code), program=program)  # sys.exit("message"), as Python itself would print it
         return ExitCode.UNUSABLE
     except BrokenPipeError:  # the reader of stdout went away: nothing to say, nobody to say it to
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _discard_stdout()
         return ExitCode.BROKEN_PIPE
     except (Exception, KeyboardInterrupt) as error:
         if tracebacks:
@@ -178,25 +208,39 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> NoReturn:
-    """Console entry point: ``main()``, then exit with exactly its code.
+    """Console entry point (through ``console.main``): ``main()``, then exit with exactly its code.
 
     Output is flushed here, so a full or closed stdout still ends with the exit code
     ``main`` chose (interpreter shutdown would flush it again, print a warning and
     exit 120); ``os._exit`` then skips that second flush. A manifest is already
     fsynced by then. Under ``CKPTPUB_DEBUG`` the traceback ``main`` let through is
-    printed, and the exit code still says "no verdict" (2), never Python's 1.
+    printed, and the exit code still says "no verdict" (2), never Python's 1. A
+    Ctrl-C at any moment here ends the run with exit 130 and one line.
     """
     try:
-        code = main()
-    except KeyboardInterrupt as error:  # Ctrl-C while main was already handling another outcome
-        if _tracebacks_wanted():
+        try:
+            code = main()
+        except KeyboardInterrupt as error:  # Ctrl-C while main was already handling another outcome
+            if _tracebacks_wanted():
+                traceback.print_exception(error)
+            else:
+                fail("interrupted")
+            code = ExitCode.INTERRUPTED
+        except Exception as error:  # only under CKPTPUB_DEBUG: main re-raised it
             traceback.print_exception(error)
-        else:
+            code = ExitCode.UNUSABLE
+        code = _flush_streams(code)
+        for hasher in _JOINED:  # torchrun stops every rank once one exits non-zero: let rank 0 say why first
+            hasher.meet()
+    except KeyboardInterrupt:  # another Ctrl-C while the first one, or the output, was handled
+        with contextlib.suppress(KeyboardInterrupt):  # and one more while this line is written
             fail("interrupted")
         code = ExitCode.INTERRUPTED
-    except Exception as error:  # only under CKPTPUB_DEBUG: main re-raised it
-        traceback.print_exception(error)
-        code = ExitCode.UNUSABLE
+    os._exit(code)
+
+
+def _flush_streams(code: int) -> int:
+    """Flush stdout and stderr; the exit code, or 141/2 for output lost when there was nothing else to say."""
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
@@ -205,7 +249,7 @@ def run() -> NoReturn:
             code = code or ExitCode.BROKEN_PIPE
         except (OSError, ValueError):  # full, closed: main already reported what it could
             code = code or ExitCode.UNUSABLE
-    os._exit(code)
+    return code
 
 
 def debugging() -> bool:
@@ -323,6 +367,11 @@ def _escape_unencodable_output() -> None:
                 stream.reconfigure(errors="backslashreplace")
 
 
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null: output it could not take is dropped, not retried (and failed) at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def _flush_stdout() -> None:
     """Flush results inside ``main`` so a full or closed stdout is reported as one line, exit 2."""
     if sys.stdout is not None:
@@ -397,11 +446,16 @@ def seconds_argument(text: str) -> float:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+#: The torchrun job a command joined (``_join_ranks``): its ranks meet once more before they exit.
+_JOINED: list[DistributedHasher] = []
+
+
 def _join_ranks(timeout_s: float) -> DistributedHasher | None:
     """Under ``torchrun`` with several processes: join its group; ranks other than 0 then print nothing."""
     if env_world() is None:
         return None
     hasher = init_from_env(timeout_s)
+    _JOINED.append(hasher)
     if hasher.rank != 0:  # rank 0 reports for all of them, including every rank's failure
         devnull = os.open(os.devnull, os.O_WRONLY)
         for fd in (1, 2):
@@ -538,13 +592,14 @@ def _cmd_publish(args: PublishArguments) -> int:
         else:
             print(manifest.identity)
         _flush_stdout()
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError) as error:  # the manifest is published: say so, and that its identity is here
         if isinstance(error, BrokenPipeError):
             raise
-        raise CkptpubError(
-            f"published {os.path.join(args.folder, MANIFEST_NAME)} (identity {manifest.identity}), "
+        _discard_stdout()
+        note(
+            f"warning: published {os.path.join(args.folder, MANIFEST_NAME)} (identity {manifest.identity}), "
             f"but could not write to stdout: {getattr(error, 'strerror', None) or error}"
-        ) from None
+        )
     note(
         f"published {os.path.join(args.folder, MANIFEST_NAME)}: {manifest.tensor_count} tensors, "
         f"{len(manifest.files)} files, {gb(sum(f.size for f in manifest.files))}"
@@ -681,21 +736,26 @@ def _cmd_ls(args: RunArguments) -> int:
         print_json([e.as_dict() for e in entries])
     else:
         print_run_table(entries)
-    unusable = sum(e.status == "unusable" for e in entries)
-    published = sum(e.status == "ok" for e in entries)
-    gone = sum(e.status == "gone" for e in entries)
-    note(
-        f"{plural(published, 'published checkpoint')} under {args.run_dir}"
-        + (f", {gone} rotated away" if gone else "")
-        + (f", {unusable} unusable" if unusable else "")
-    )
-    return ExitCode.UNUSABLE if unusable else ExitCode.OK
+    return _run_outcome(args.run_dir, entries)
 
 
 def _cmd_log(args: RunArguments) -> int:
     entries = list_run(args.run_dir)
     print_tree(lineage(entries), args.json)
-    return ExitCode.UNUSABLE if any(e.status == "unusable" for e in entries) else ExitCode.OK
+    return _run_outcome(args.run_dir, entries)
+
+
+def _run_outcome(run_dir: str, entries: list[RunEntry]) -> int:
+    """What every view of a run ends with: the summary line (unusable ones counted), and exit 2 if any."""
+    unusable = sum(e.status == "unusable" for e in entries)
+    published = sum(e.status == "ok" for e in entries)
+    gone = sum(e.status == "gone" for e in entries)
+    note(
+        f"{plural(published, 'published checkpoint')} under {run_dir}"
+        + (f", {gone} rotated away" if gone else "")
+        + (f", {unusable} unusable" if unusable else "")
+    )
+    return ExitCode.UNUSABLE if unusable else ExitCode.OK
 
 
 BUILT_IN: tuple[Command[Any], ...] = (

@@ -20,8 +20,12 @@ from .safe_open import OpenError, read_bounded
 from .scan import as_path
 
 
-def read_manifest(location: str | os.PathLike[str]) -> Manifest:
+def read_manifest(location: str | os.PathLike[str], *, check_tables: bool = True) -> Manifest:
     """Read and validate the manifest of a checkpoint folder (or a manifest file given directly).
+
+    Every rule is checked; ``check_tables=False`` leaves a ``ckptpub/2`` manifest's
+    tables for the first use of its tensors (see ``parse_manifest``), for a reader
+    that needs the identity alone (an engine's weight-cache key).
 
     Raises ``NoManifestError`` (a ``CkptpubError``) when nothing is at the folder's
     ``ckptpub.json``, and ``CkptpubError`` when something is there that cannot be
@@ -49,7 +53,7 @@ def read_manifest(location: str | os.PathLike[str]) -> Manifest:
             raise _absent(path, manifest_path) from None
         else:
             raise
-    return parse_manifest(data, manifest_path)
+    return parse_manifest(data, manifest_path, check_tables=check_tables)
 
 
 def _read(path: str) -> bytes:

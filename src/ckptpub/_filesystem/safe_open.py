@@ -11,7 +11,9 @@ The one implementation of three rules every reader of an untrusted folder applie
   the read is refused, not read.
 * **bounded small-file read** (``read_bounded``): the size is checked against a limit
   before anything is read, and the read stops past it should the file grow; one
-  ``open``, one ``fstat`` and (for a file that keeps its size) one ``read``.
+  ``open``, one ``fstat`` and (for a file that keeps its size) one ``read``. Only a
+  file an operator names (a key, a certificate) may be read through a symlink
+  (``follow_symlinks``), never a file of a checkpoint.
 * **symlinks stay inside** (``resolve_inside``): a symlink counts as the file it
   points to only when that is inside the folder and not one of ckptpub's own files
   (the manifest, the signature, a temporary file), which publishing replaces.
@@ -50,7 +52,8 @@ def open_regular(
     """Open ``path`` (for reading, unless ``flags`` say otherwise); return the descriptor and its ``fstat``.
 
     ``expect`` is the ``(st_dev, st_ino)`` the folder scan saw; a different file
-    at that path now is refused. ``flags`` must keep ``O_NOFOLLOW|O_NONBLOCK``.
+    at that path now is refused. ``flags`` must keep ``O_NONBLOCK``, and ``O_NOFOLLOW``
+    for every file of a checkpoint (only a file the operator names, a key, may be a link).
     Raises ``CkptpubError`` naming ``display_name`` (``OpenError`` when the open failed).
     """
     try:
@@ -100,13 +103,18 @@ def read_bounded(
     expect: tuple[int, int] | None = None,
     *,
     limit_name: str = "limit for this file",
+    follow_symlinks: bool = False,
 ) -> bytes:
     """Read a whole small regular file, refusing one larger than ``limit`` bytes before reading it.
 
-    Opened as ``open_regular`` opens (no symlink, no FIFO, the file the scan saw).
-    ``limit_name`` ends the message for a file over the limit (``manifest limit``).
+    Opened as ``open_regular`` opens (no FIFO or device, never blocking; the file the scan
+    saw). A symlink is refused unless ``follow_symlinks``, which is for files an operator
+    names (a key, a certificate: often a link, as in a mounted secret), never for a
+    checkpoint's own files. ``limit_name`` ends the message for a file over the limit
+    (``manifest limit``).
     """
-    fd, info = open_regular(path, display_name, expect)
+    flags = READ_FLAGS & ~os.O_NOFOLLOW if follow_symlinks else READ_FLAGS
+    fd, info = open_regular(path, display_name, expect, flags)
     try:
         return _read_whole(fd, info.st_size, limit, display_name, limit_name)
     finally:

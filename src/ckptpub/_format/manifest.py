@@ -173,6 +173,17 @@ class Manifest:
             return len(self.weight_tensors())
         return self.tables.model.count(b"\n")
 
+    def check(self) -> Manifest:
+        """Check every rule now, the tables' too (decoding them once); ``CkptpubError`` names the first.
+
+        ``parse_manifest`` and ``read_manifest`` call it unless told not to, so every
+        command that says whether a manifest is usable (``show``, ``ls``, ``verify``,
+        ``diff``, an engine's start) gives the same answer; only a reader that needs
+        the identity alone (a weight-cache key) skips it, as ``docs/format.md`` allows.
+        """
+        _ = self.tensors
+        return self
+
     def model(self) -> dict[str, ModelEntry]:
         """The model's tensors by name, as the identity covers them (dtype, shape, digest; no place).
 
@@ -335,11 +346,12 @@ def config_meaning(data: bytes, name: str) -> tuple[dict[str, Any], str]:
         raise CkptpubError(f"{name}: config cannot be encoded canonically: {error}") from None
 
 
-def parse_manifest(data: bytes, display_name: str = MANIFEST_NAME) -> Manifest:
+def parse_manifest(data: bytes, display_name: str = MANIFEST_NAME, *, check_tables: bool = True) -> Manifest:
     """Parse and validate manifest bytes (``ckptpub/2`` or ``/1``); ``CkptpubError`` names the first problem.
 
-    A ``ckptpub/2`` manifest's header, sizes and identity are checked here; its
-    tables line by line when ``Manifest.tensors`` is first used.
+    Every rule is checked (``Manifest.check``). With ``check_tables=False`` a
+    ``ckptpub/2`` manifest's header, sizes and identity are checked, its tables only
+    when its tensors are first used: for a reader that needs the identity alone.
     """
     if len(data) > MAX_MANIFEST_BYTES:
         raise CkptpubError(
@@ -354,7 +366,8 @@ def parse_manifest(data: bytes, display_name: str = MANIFEST_NAME) -> Manifest:
     except CkptpubError:  # a ckptpub/1 document over several lines, or no JSON at all
         return validator.manifest_v1(loads_strict(data, display_name, "manifest"))
     if isinstance(document, dict) and document.get("format") == FORMAT:
-        return validator.manifest_v2(document, rest)
+        manifest = validator.manifest_v2(document, rest)
+        return manifest.check() if check_tables else manifest
     if bytes(rest).strip():
         document = loads_strict(data, display_name, "manifest")
     return validator.manifest_v1(document)

@@ -26,7 +26,6 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .._filesystem.jsonfiles import write_atomically
 from .._filesystem.read import read_manifest
 from .._filesystem.safe_open import OpenError, read_bounded
 from .._filesystem.scan import as_path
@@ -172,28 +171,24 @@ def signed_resources(
     return sorted(resources)
 
 
-def sign_checkpoint(
+def signature_for(
     root: str,
     manifest: Manifest,
     file_sha256: Mapping[str, str],
     signer: Signer,
     *,
     allow_symlinks: bool = False,
-    mode: int = 0o644,
-) -> None:
-    """Sign the published folder ``root``: write ``root/model.sig`` atomically.
+) -> bytes:
+    """The bytes of ``model.sig`` for the folder ``root`` published with ``manifest``.
 
-    ``manifest`` is the one just written to ``root/ckptpub.json`` (its canonical bytes
-    are what is signed), ``file_sha256`` the SHA-256 of each of its files, read in the
-    same pass as their BLAKE3 digests (``engine.hash_files``).
-    ``allow_symlinks`` is recorded as model_signing records it: a folder with symlinks
-    verifies with ``model_signing verify --allow_symlinks``. ``mode``: the signature's
-    permissions (the manifest's). Raises ``CkptpubError`` when the signature cannot be
-    written; nothing is left half-written.
+    ``manifest``'s canonical bytes (what ``ckptpub.json`` holds) are what is signed,
+    ``file_sha256`` is the SHA-256 of each of its files, read in the same pass as
+    their BLAKE3 digests (``engine.hash_files``). ``allow_symlinks`` is recorded as
+    model_signing records it: a folder with symlinks verifies with ``model_signing
+    verify --allow_symlinks``.
     """
     resources = signed_resources(manifest, file_sha256, manifest.to_json())
-    bundle = signer.sign(os.path.basename(root), resources, allow_symlinks)
-    write_atomically(os.path.join(root, SIGNATURE_NAME), bundle, mode)
+    return signer.sign(os.path.basename(root), resources, allow_symlinks)
 
 
 @dataclass(frozen=True)
@@ -229,6 +224,10 @@ def check_signature(folder: str | os.PathLike[str], trusted: TrustedKey) -> Sign
     root = as_path(folder, "folder")
     if not isinstance(trusted, TrustedKey):
         raise CkptpubError(f"trusted: expected a TrustedKey, got {type(trusted).__name__}")
+    from . import signing_backend
+
+    # The key first: one that cannot be used is said whatever the folder holds.
+    verifier = signing_backend.load_verifier(trusted.public_key, trusted.certificate_chain)
     signature = _read_small(root, SIGNATURE_NAME, MAX_SIGNATURE_BYTES)
     if signature is None:
         raise CkptpubError(
@@ -237,11 +236,7 @@ def check_signature(folder: str | os.PathLike[str], trusted: TrustedKey) -> Sign
     manifest_bytes = _read_small(root, MANIFEST_NAME, MAX_MANIFEST_BYTES)
     if manifest_bytes is None:
         raise NoManifestError(f"{root}: no {MANIFEST_NAME}; run 'ckptpub publish' on it first")
-    from . import signing_backend
-
-    statement = signing_backend.verify_bundle(
-        signature, trusted.public_key, trusted.certificate_chain, SIGNATURE_NAME
-    )
+    statement = signing_backend.verify_bundle(signature, verifier, SIGNATURE_NAME)
     if isinstance(statement, str):
         return SignatureCheck(None, (Problem(SIGNATURE_NAME, "signature", statement),))
     problems = list(_serialization_problems(statement.serialization))

@@ -95,6 +95,9 @@ def lineage(entries: list[RunEntry]) -> list[dict[str, Any]]:
 
     A checkpoint whose base is another checkpoint of this run (a merge of step 40
     published with ``--base``) hangs under that one; bases outside the run are roots.
+    Unusable checkpoints, whose base cannot be known, are the children of one last
+    root marked ``"unusable": true``: no view of a run leaves a checkpoint out
+    silently (rotated ones are left out: ``ls`` lists them).
     """
     nodes: dict[str | None, dict[str, Any]] = {}
     roots: list[dict[str, Any]] = []
@@ -111,6 +114,9 @@ def lineage(entries: list[RunEntry]) -> list[dict[str, Any]]:
                 roots.append(parent)
         parent["children"].append(node)
         nodes.setdefault(entry.identity, node)
+    unusable = [{"entry": e.as_dict(), "children": []} for e in entries if e.status == "unusable"]
+    if unusable:
+        roots.append({"base_identity": None, "unusable": True, "children": unusable})
     return roots
 
 

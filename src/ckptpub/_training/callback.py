@@ -17,6 +17,7 @@ has the Trainer facts it relies on):
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.metadata
 import logging
@@ -215,14 +216,30 @@ class _Publisher:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._loop, name="ckptpub-publisher", daemon=True)
             self._thread.start()
+            atexit.register(self.join)
         self._queue.put(job)
 
     def join(self) -> None:
-        """Wait until every submitted save is published (or skipped), then stop the worker."""
+        """Wait until every submitted save is published (or skipped), then stop the worker.
+
+        ``on_train_end`` calls it; so does the interpreter's exit when training ended
+        without it (an exception in ``train()``), so the worker is never cut off
+        inside a collective (or a manifest's write) while the process tears down.
+        """
+        atexit.unregister(self.join)
         if self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
         self._thread = None
+
+    def close_hasher(self) -> None:
+        """End the job-wide hashing group with the other ranks, once no publish runs (``join`` first).
+
+        So the group does not outlive the training: the next ``train()`` makes a new one.
+        """
+        if self.hasher is not None:
+            self.hasher.close()
+            self.hasher = None
 
     def take_done(self) -> list[Published]:
         with self._done_lock:
@@ -486,6 +503,7 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
     ) -> None:
         self._release()
         self._pub.join()
+        self._pub.close_hasher()  # every rank is here, after its last collective
         self._deliver(state)
         for p in self.published:  # a checkpoint deleted after its publish leaves no manifest behind
             if not os.path.isfile(os.path.join(p.folder, TRAINER_STATE_NAME)):

@@ -186,9 +186,14 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
             return self._load_model(vllm_config, model_config, prefix)
 
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
-        """Used by the weight-cache daemon (and reloads): always a verified disk load."""
+        """Used by the weight-cache daemon (and reloads): always a verified disk load.
+
+        In a daemon, against the manifest its key was computed from (``daemon.run_daemon``
+        checked it and keeps it in force), never a second read of ``ckptpub.json``.
+        """
         with refusals_logged():
-            manifest = self._prepare(model_config)
+            decided = key.checked_for(model_config.model)
+            manifest = decided.manifest if decided is not None else self._prepare(model_config)
             self._disk_loader(manifest).load_weights(model, model_config)
 
     def _load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:
@@ -208,8 +213,6 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
             return self._disk_loader(manifest).load_model(
                 vllm_config=vllm_config, model_config=model_config, prefix=prefix
             )
-        if manifest is None:
-            return super().load_model(vllm_config, model_config, prefix)
         with key.checked(model_config.model, manifest):
             return super().load_model(vllm_config, model_config, prefix)
 

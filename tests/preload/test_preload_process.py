@@ -311,8 +311,9 @@ def test_failed_preload_keeps_old_daemon_and_says_so(tmp_path):
     assert len([r for r in sup.standin() if r["event"] == "start"]) == 2
 
 
-def test_one_at_a_time_with_a_fixed_socket_dir(tmp_path):
-    """With one socket directory, the old daemon must be gone before the new one binds (vLLM's GPU lock)."""
+def test_the_new_daemon_takes_the_socket_path_over_while_the_old_one_serves(tmp_path):
+    """Overlap on one socket path (here a fixed --socket-dir): the new daemon loads while the old one serves,
+    waits for the path's lock, and takes it once the old one handed it over; the old one is then stopped."""
     a, b = tmp_path / "a", tmp_path / "b"
     ia, ib = make_checkpoint(a, seed=1), make_checkpoint(b, seed=2)
     os.symlink("a", tmp_path / "serve")
@@ -323,9 +324,38 @@ def test_one_at_a_time_with_a_fixed_socket_dir(tmp_path):
     try:
         wait_for(ready_with(sup, ia), 30, "first", sup)
         _flip_link(tmp_path / "serve", "b")
+        status = wait_for(ready_with(sup, ib), 30, "second", sup)
+        assert status["mode"] == "overlap"
+        assert status["socket_dir"] == str(sockets)
+        assert status["held"]["sockets"] == [str(sockets / "vllm_weight_cache_standin.sock")]
+        wait_for(lambda: _outcomes(sup, "stopped-old"), 30, "old daemon stopped", sup)
+        assert sup.terminate() == 0
+    finally:
+        sup.cleanup()
+    events = [(r["event"], r.get("identity")) for r in sup.standin()]
+    # b started while a served; a handed over before b took the path; a stopped after b was ready
+    assert events.index(("start", ib)) < events.index(("handed-over", ia)) < events.index(("ready", ib))
+    assert events.index(("ready", ib)) < events.index(("stop", ia))
+    assert not [r for r in sup.standin() if r["event"] == "fail"]
+    whys = [e["why"] for e in sup.decisions()]
+    assert (
+        whys.index("hand-over")
+        < whys.index("ready", whys.index("weights-changed"))
+        < whys.index("stopped-old")
+    )
+
+
+def test_one_at_a_time(tmp_path):
+    """--one-at-a-time: the old daemon is gone before the new one starts loading."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    ia, ib = make_checkpoint(a, seed=1), make_checkpoint(b, seed=2)
+    os.symlink("a", tmp_path / "serve")
+    sup = SupervisorProc(tmp_path, [str(tmp_path / "serve")], extra_opts=["--one-at-a-time"]).start()
+    try:
+        wait_for(ready_with(sup, ia), 30, "first", sup)
+        _flip_link(tmp_path / "serve", "b")
         wait_for(ready_with(sup, ib), 30, "second", sup)
         assert sup.status()["mode"] == "one-at-a-time"
-        assert sup.status()["socket_dir"] == str(sockets)
         assert sup.terminate() == 0
     finally:
         sup.cleanup()
@@ -334,6 +364,63 @@ def test_one_at_a_time_with_a_fixed_socket_dir(tmp_path):
     assert not [r for r in sup.standin() if r["event"] == "fail"]
     whys = [e["why"] for e in sup.decisions()]
     assert whys.index("stopped-old") < whys.index("launched", whys.index("weights-changed"))
+
+
+ENGINE_STANDIN = """
+import pickle, socket, struct, sys, time
+conn = socket.socket(socket.AF_UNIX)
+conn.connect(sys.argv[1])
+payload = pickle.dumps({"cmd": "get_state"})
+conn.sendall(struct.pack("!Q", len(payload)) + payload)
+conn.recv(1 << 16)
+conn.close()
+print("mapped", flush=True)
+sys.stdin.read()  # holds the weights it mapped until the test closes its stdin
+"""
+
+
+def test_a_replaced_daemon_is_kept_while_an_engine_it_served_runs(tmp_path):
+    """``zero_copy`` engines map the daemon's memory: a replaced daemon hands its path over at once but is
+    stopped only after every engine process it handed weights to has exited (pids from SO_PEERCRED)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    ia, ib = make_checkpoint(a, seed=1), make_checkpoint(b, seed=2)
+    os.symlink("a", tmp_path / "serve")
+    sup = SupervisorProc(tmp_path, [str(tmp_path / "serve")]).start()
+    engine = None
+    try:
+        status = wait_for(ready_with(sup, ia), 30, "first", sup)
+        old_pid = status["held"]["pid"]
+        (path,) = status["held"]["sockets"]
+        engine = subprocess.Popen(
+            [sys.executable, "-c", ENGINE_STANDIN, path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert engine.stdout.readline().strip() == "mapped"
+        wait_for(lambda: sup.status()["held"]["engines"] == [engine.pid], 30, "engine recorded", sup)
+        _flip_link(tmp_path / "serve", "b")
+        status = wait_for(ready_with(sup, ib), 30, "second", sup)
+        status = wait_for(lambda: (s := sup.status())["retired"] and s, 30, "old retired", sup)
+        assert [(d["pid"], d["identity"], d["engines"]) for d in status["retired"]] == [
+            (old_pid, ia, [engine.pid])
+        ]
+        time.sleep(1)  # several polls: still kept
+        assert pid_alive(old_pid)
+        assert not _outcomes(sup, "stopped-old")
+        kept = _outcomes(sup, "kept-for-engines")
+        assert len(kept) == 1
+        assert f"engine pid(s) {engine.pid} still map its weights" in kept[0]["reason"]
+        engine.stdin.close()
+        engine.wait(timeout=10)
+        wait_for(lambda: sup.status()["retired"] == [], 30, "old stopped after the engine exited", sup)
+        assert _outcomes(sup, "stopped-old")
+        assert not pid_alive(old_pid)
+        assert sup.terminate() == 0
+    finally:
+        if engine is not None and engine.poll() is None:
+            engine.kill()
+        sup.cleanup()
 
 
 def test_sigterm_while_loading_and_cli_errors(tmp_path):
@@ -371,7 +458,7 @@ def test_sigterm_while_loading_and_cli_errors(tmp_path):
         [m, "--interval", "0"],
         [m, "--daemon-cmd", "echo hi"],
         [m, "--", "--weight-cache-socket-dir", "/x"],
-        [m, "--identity-pattern", "keyed"],
+        [m, "--daemon-cmd", "wrap {socket_dir} {folder}"],
         [m, "--ready-pattern", "("],
     ):
         result = cli(*args)

@@ -14,6 +14,8 @@ exactly those bytes: when the folder has a manifest and the daemon would load it
 with a plain disk format, the daemon's load format is switched to
 ``manifest_cache``, whose ``load_weights`` verifies every tensor while loading,
 against the very manifest object the key was computed from (:func:`run_daemon`).
+What the plugin adds to the daemon while it serves (reports, taking over a socket
+path, hand-over) is in :mod:`.daemon_serving`.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def keyed_manifest(vllm_config: Any, folder: str) -> ckptpub.Manifest | None:
     With ``manifest_cache`` these are the engine's start-time checks (pin, signature,
     engine files); with another load format the key's own read. The object returned
     keys the daemon, is what its load verifies every tensor against, and is what it
-    logs (``is keyed by checkpoint``).
+    reports (``daemon_reports.KEYED``).
     """
     from . import LOAD_FORMAT
     from .key import read_folder_manifest
@@ -129,15 +131,16 @@ def run_daemon(*args: Any, **kwargs: Any) -> None:
     The manifest is read once, here; the key vLLM computes in ``WeightCacheDaemon.__init__``
     and the verified load in ``load_weights`` both take that object (``key.checked``,
     in force for the daemon's whole life), so swapping another manifest in between
-    cannot make the daemon load, or log, anything but the identity it is keyed by.
+    cannot make the daemon load, or report, anything but the identity it is keyed by.
     """
-    from . import register
+    from . import daemon_reports, daemon_serving, register
     from .key import checked
     from .loader import refusals_logged
-    from .log import logger
 
     register()
     install(force=True)
+    daemon_serving.install()
+    daemon_reports.enable()
     original = _vllm_run_daemon()
     found = _daemon_folder(original, args, kwargs)
     if found is None:  # pragma: no cover - another vLLM's signature: run it unchanged
@@ -146,10 +149,12 @@ def run_daemon(*args: Any, **kwargs: Any) -> None:
     _upgrade_load_format(vllm_config, folder)
     with refusals_logged():
         manifest = keyed_manifest(vllm_config, folder)
-    logger.info(
-        "ckptpub: weight-cache daemon for %s is keyed by checkpoint %s",
-        folder,
-        manifest.identity if manifest is not None else None,
+    daemon_reports.report(
+        daemon_reports.KEYED, folder=folder, identity=manifest.identity if manifest is not None else None
     )
     with checked(folder, manifest):
-        return original(*args, **kwargs)
+        try:
+            return original(*args, **kwargs)
+        except daemon_serving.HandOver as handed:
+            daemon_serving.keep_weights_for_mapped_engines(handed)
+    return None

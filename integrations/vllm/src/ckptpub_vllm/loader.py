@@ -31,7 +31,7 @@ from vllm.model_executor.model_loader.weight_cache.ipc_loader import IpcModelLoa
 
 import ckptpub
 
-from . import LOAD_FORMAT, key
+from . import LOAD_FORMAT, daemon_reports, key, mismatch
 from .errors import RefusedError
 from .log import logger
 from .options import Options, split_extra_config
@@ -120,6 +120,12 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
         assert verifier is not None
         assert self.manifest is not None
         verifier.finish()
+        daemon_reports.report(
+            daemon_reports.VERIFIED,
+            folder=model_config.model,
+            identity=self.manifest.identity,
+            tensors=verifier.verified_tensors,
+        )
         logger.info(
             "ckptpub: loaded and verified %d tensors (%.2f GiB) of %s from disk in %.2f s; identity %s",
             verifier.verified_tensors,
@@ -166,8 +172,10 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         self.options, rest = split_extra_config(load_config.model_loader_extra_config)
         super().__init__(dataclasses.replace(load_config, model_loader_extra_config=rest))
         self._manifest: ckptpub.Manifest | None = None
+        self._folder = ""
 
     def _prepare(self, model_config: ModelConfig) -> ckptpub.Manifest | None:
+        self._folder = model_config.model
         self._manifest = check_before_start(model_config.model, self.options)
         return self._manifest
 
@@ -221,8 +229,11 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         logger.info("ckptpub: asking the weight-cache daemon for checkpoint %s", cache_key.checkpoint)
         try:
             state = super()._request_state(cache_key, **kwargs)
-        except protocol.CacheConfigMismatchError as e:
-            logger.warning("ckptpub: the daemon holds something else (%s); it will not be mapped", e)
+        except protocol.CacheConfigMismatchError as error:
+            what = mismatch.describe(cache_key, mismatch.ask_held(self), str(error))
+            if not self.fallback:
+                raise RefusedError(self._folder, f"{what}; fallback is false, so nothing is loaded") from None
+            logger.warning("ckptpub: %s: not mapped; falling back to a verified disk load", what)
             raise
         logger.info("ckptpub: the daemon holds %s: mapping its weights", cache_key.checkpoint)
         return state

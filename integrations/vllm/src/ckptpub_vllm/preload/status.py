@@ -6,9 +6,9 @@ Layout of ``--state-dir`` (one supervisor per directory, enforced by a lock)::
     decisions.jsonl    the decision log, one JSON object a line, appended
     daemon.json        the daemon that holds the weights now (pid, identity, command)
     loading.json       a daemon being loaded and not yet confirmed (absent otherwise)
+    retired.json       replaced daemons kept running for the engines that still map their weights
     supervisor.lock    flock held by the running supervisor
     logs/daemon-G.log  stdout and stderr of generation G's daemon command
-    sockets/gG/        generation G's weight-cache socket directory (overlap mode)
 
 Every JSON file is replaced atomically and the decision log appended a whole line
 at a time, both by :mod:`ckptpub.jsonfiles` (the manifest's and the run index's
@@ -33,6 +33,7 @@ STATUS = "status.json"
 DECISIONS = "decisions.jsonl"
 DAEMON = "daemon.json"
 LOADING = "loading.json"
+RETIRED = "retired.json"
 LOCK = "supervisor.lock"
 
 STATE_DIR_ENV = "CKPTPUB_PRELOAD_STATE_DIR"

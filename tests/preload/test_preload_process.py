@@ -405,6 +405,8 @@ def test_a_replaced_daemon_is_kept_while_an_engine_it_served_runs(tmp_path):
         assert [(d["pid"], d["identity"], d["engines"]) for d in status["retired"]] == [
             (old_pid, ia, [engine.pid])
         ]
+        human = _status_cli(sup.state_dir).stdout
+        assert f"retired:    {ia} (pid {old_pid}), kept for engine pid(s) {engine.pid}" in human
         time.sleep(1)  # several polls: still kept
         assert pid_alive(old_pid)
         assert not _outcomes(sup, "stopped-old")
@@ -455,6 +457,8 @@ def test_sigterm_while_loading_and_cli_errors(tmp_path):
         [tmp_path / "missing"],
         [tmp_path / "bare"],
         ["--status", "--state-dir", tmp_path / "nothing"],
+        ["--history", "--state-dir", tmp_path / "nothing"],
+        ["--history", "--status"],
         [m, "--interval", "0"],
         [m, "--daemon-cmd", "echo hi"],
         [m, "--", "--weight-cache-socket-dir", "/x"],
@@ -491,6 +495,35 @@ def test_second_supervisor_on_the_same_state_dir_is_refused(tmp_path):
             "no daemon held",
         ):
             assert text in human.stdout, (text, human.stdout)
+        history = subprocess.run(
+            [sys.executable, "-m", "ckptpub", "preload", "--history", "--state-dir", str(sup.state_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert history.returncode == 0, history
+        lines = history.stdout.splitlines()
+        assert len(lines) == len(sup.decisions())  # one line per entry, oldest first
+        assert "outcome  info [supervisor-start]" in lines[0]
+        assert any(
+            f"decision start [first-preload] no daemon held; preloading {identity[:19]}" in x for x in lines
+        )
+        as_json = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ckptpub",
+                "preload",
+                "--history",
+                "--json",
+                "--state-dir",
+                str(sup.state_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert [json.loads(x) for x in as_json.stdout.splitlines()] == sup.decisions()
         data = json.loads(_status_cli(sup.state_dir, "--json").stdout)
         assert data["supervisor_alive"]
         assert data["held"]["identity"] == identity

@@ -12,6 +12,9 @@ What it installs (each step is idempotent):
 * ``loader.install``: ``--load-format manifest_cache`` (:class:`ManifestCacheLoader`).
 * ``daemon.install``: ``vllm preload`` spawns its daemons through a wrapper defined
   here, because daemon children never load plugins themselves.
+* ``frontend.install``: in the process that starts an engine, ``manifest_cache``'s
+  options and start checks run at config time, and refusals of its engine processes
+  are raised there in their own words.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ def register() -> None:
     global _warned
     import vllm
 
-    from . import daemon, key, loader
+    from . import daemon, frontend, key, loader
     from .log import logger
 
     if not _warned and not vllm.__version__.startswith(SUPPORTED_VLLM):
@@ -43,3 +46,4 @@ def register() -> None:
     key.install()
     loader.install()
     daemon.install()
+    frontend.install()

@@ -30,3 +30,10 @@ class RefusedError(RuntimeError):
     def for_problems(cls, folder: str, problems: Sequence[str], hint: str = "") -> RefusedError:
         """The refusal for the first of ``problems`` (not empty), counting the rest."""
         return cls(folder, problems[0], more=len(problems) - 1, hint=hint)
+
+    @classmethod
+    def relayed(cls, folder: str, message: str) -> RefusedError:
+        """The refusal another process (an engine worker) made, raised again with its very words."""
+        error = cls(folder, message)
+        error.args = (message.replace("\r", "\\r").replace("\n", "\\n"),)
+        return error

@@ -31,7 +31,7 @@ from vllm.model_executor.model_loader.weight_cache.ipc_loader import IpcModelLoa
 
 import ckptpub
 
-from . import LOAD_FORMAT, daemon_reports, key, mismatch
+from . import LOAD_FORMAT, daemon_reports, frontend, key, mismatch
 from .errors import RefusedError
 from .log import logger
 from .options import Options, split_extra_config
@@ -44,12 +44,14 @@ def refusals_logged() -> Iterator[None]:
     """Log a refusal once, in its own words, before vLLM wraps it.
 
     vLLM re-raises a loader's error as a worker traceback or a generic "Engine core
-    initialization failed"; this line is what an operator reads in the log.
+    initialization failed"; this line is what an operator reads in the log. It is also
+    relayed to the process that started the engine (``frontend``), which raises it there.
     """
     try:
         yield
     except RefusedError as error:
         logger.error("%s", error)
+        frontend.relay(error)
         raise
 
 

@@ -51,6 +51,7 @@ class PreloadArguments:
     ready_pattern: str
     quiet: bool
     status: bool
+    history: bool
     json: bool
     extra: list[str]
 
@@ -144,12 +145,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="do not echo decisions on stderr")
     p.add_argument("--status", action="store_true", help="print what the supervisor holds and why, then exit")
     p.add_argument(
-        "--json", action="store_true", help="with --status: print status.json (plus supervisor_alive)"
+        "--history", action="store_true", help="print every decision and outcome, oldest first, then exit"
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="with --status: print status.json (plus supervisor_alive); with --history: the log's JSON lines",
     )
 
 
 def run(args: PreloadArguments) -> int:
     """Run the supervisor until SIGTERM/SIGINT, or with ``--status`` report what it holds."""
+    if args.status and args.history:
+        raise UsageError("give --status or --history, not both")
+    if args.history:
+        return _history(args)
     return _status(args) if args.status else _supervise(args)
 
 
@@ -240,6 +250,15 @@ def supervisor_alive(state_dir: str) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def _history(args: PreloadArguments) -> int:
+    state_dir = args.state_dir or st.default_state_dir()
+    if not os.path.isfile(os.path.join(state_dir, st.DECISIONS)):
+        raise CkptpubError(f"{state_dir}: no decision log (has a supervisor run with this --state-dir?)")
+    for entry in st.read_decisions(state_dir):
+        print(json.dumps(entry, sort_keys=True) if args.json else st.format_entry(entry))
+    return ExitCode.OK
 
 
 def _status(args: PreloadArguments) -> int:

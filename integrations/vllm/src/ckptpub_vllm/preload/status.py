@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from ckptpub import jsonfiles
-from ckptpub.errors import CkptpubError
+from ckptpub.errors import CkptpubError, one_line
 
 STATUS = "status.json"
 DECISIONS = "decisions.jsonl"
@@ -130,11 +130,23 @@ def _ago(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m ago"
 
 
+def _clock(stamp: object) -> str:
+    if not isinstance(stamp, int | float) or isinstance(stamp, bool) or not stamp:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
 def _when(stamp: float | None, now: float) -> str:
     if not stamp:
         return "-"
-    text = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
-    return f"{text} ({_ago(now - stamp)})"
+    return f"{_clock(stamp)} ({_ago(now - stamp)})"
+
+
+def format_entry(entry: dict[str, Any]) -> str:
+    """One decision-log entry as one line (``ckptpub preload --history``): when, what, why, in words."""
+    kind = "decision" if entry.get("event") == "decision" else "outcome "
+    text = f"{kind} {entry.get('action')} [{entry.get('why')}] {entry.get('reason', '')}"
+    return f"{_clock(entry.get('time'))}  {one_line(text)}"
 
 
 def format_status(status: dict[str, Any], now: float | None = None) -> str:
@@ -156,8 +168,15 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
             f"  since:    {_when(held.get('since'), now)}",
             f"  folder:   {held.get('folder')}",
             f"  pid:      {held.get('pid')}" + ("" if held.get("alive", True) else " (exited)"),
-            f"  sockets:  {held.get('socket_dir')}",
+            f"  sockets:  {', '.join(held.get('sockets') or []) or held.get('socket_dir')}",
         ]
+        if held.get("engines"):
+            lines.append(f"  engines:  pid {', '.join(map(str, held['engines']))} (mapped its weights)")
+    for old in status.get("retired") or []:
+        engines = ", ".join(map(str, old.get("engines") or [])) or "none"
+        lines.append(
+            f"retired:    {old.get('identity')} (pid {old.get('pid')}), kept for engine pid(s) {engines}"
+        )
     if loading:
         lines.append(
             f"loading:    {loading.get('identity')} from {loading.get('folder')} (pid {loading.get('pid')})"

@@ -583,3 +583,68 @@ def test_hostile_run_index_lines_are_skipped_and_a_fatal_error_stops_the_daemon(
         )
     finally:
         sup.cleanup()
+
+
+def test_follow_on_an_adapter_run_preloads_the_base_its_adapters_record(tmp_path):
+    """A LoRA run's steps are adapters: the daemon is launched on the base their manifests record (found
+    through adapter_config.json, checked against the base's own manifest), never on an adapter folder."""
+    from preload_helpers import Run, make_adapter
+
+    base = tmp_path / "base"
+    base_identity = make_checkpoint(base, seed=7)
+    run = Run(tmp_path / "lora-run")
+    for step in (10, 20):
+        identity = make_adapter(run.root / f"checkpoint-{step}", base, base_identity, seed=step)
+        run.append(step, f"checkpoint-{step}", identity)
+    sup = SupervisorProc(tmp_path, ["--follow", str(run.root)]).start()
+    try:
+        status = wait_for(ready_with(sup, base_identity), 30, "the base held", sup)
+        assert status["held"]["folder"] == str(base.resolve())
+        assert status["target"]["step"] == 20
+        assert any(f"step 20 is an adapter on base {base_identity}" in n for n in status["target"]["notes"])
+        identity = make_adapter(run.root / "checkpoint-30", base, base_identity, seed=30)
+        run.append(30, "checkpoint-30", identity)
+        wait_for(lambda: sup.status()["target"].get("step") == 30, 30, "step 30 observed", sup)
+        assert sup.status()["held"]["pid"] == status["held"]["pid"]  # a new adapter: the same base, kept
+        assert sup.terminate() == 0
+    finally:
+        sup.cleanup()
+    assert [r["folder"] for r in sup.standin() if r["event"] == "start"] == [str(base.resolve())]
+
+
+def test_an_adapter_run_whose_base_is_in_the_run_index(tmp_path):
+    from preload_helpers import Run, make_adapter
+
+    run = Run(tmp_path / "lora-run")
+    base_identity = make_checkpoint(run.root / "base", seed=7)
+    run.append(0, "base", base_identity)  # a base published into the run (adapter_config names a hub id)
+    run.append(10, "checkpoint-10", make_adapter(run.root / "checkpoint-10", None, base_identity))
+    sup = SupervisorProc(tmp_path, ["--follow", str(run.root)]).start()
+    try:
+        status = wait_for(ready_with(sup, base_identity), 30, "the base held", sup)
+        assert status["held"]["folder"] == str((run.root / "base").resolve())
+        assert sup.terminate() == 0
+    finally:
+        sup.cleanup()
+
+
+def test_an_adapter_run_whose_base_cannot_be_found_stops_naming_the_identity(tmp_path):
+    from preload_helpers import Run, make_adapter
+
+    run = Run(tmp_path / "lora-run")
+    missing = tmp_path / "moved-away-base"
+    base_identity = "blake3:" + "7" * 64
+    run.append(10, "checkpoint-10", make_adapter(run.root / "checkpoint-10", missing, base_identity))
+    sup = SupervisorProc(tmp_path, ["--follow", str(run.root)])
+    done = subprocess.run(sup.argv, capture_output=True, text=True, env=sup.env, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, lines
+    assert lines[-1].startswith("ckptpub preload: error: "), lines
+    assert (
+        f"its adapters apply on base {base_identity}, and no folder with that identity was found" in lines[-1]
+    )
+    assert "preload that base with `ckptpub preload BASE_DIR`" in lines[-1]
+    assert "Traceback" not in done.stderr
+    assert not [
+        r for r in sup.standin() if r["event"] == "start"
+    ]  # no daemon, on an adapter or anything else

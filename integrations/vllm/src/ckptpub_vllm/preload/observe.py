@@ -16,6 +16,7 @@ import ckptpub
 from ckptpub.errors import and_more
 
 from ..signature import read_trusted_manifest
+from . import adapter_runs
 from .decide import Held, Stamp, Target
 
 #: Run-index lines that are not records are named, up to this many, then counted.
@@ -119,6 +120,8 @@ def observe_run(run_dir: str, cache: ManifestCache, *, verified_only: bool = Fal
     or (with ``verified_only``) that fails ``ckptpub verify`` is skipped and noted.
     Index lines that are not records (``"step": 1e999``, wrong types, an unsafe
     path) are skipped and listed in ``skipped`` (the supervisor warns about each).
+    When the newest usable step is an adapter, the target is the base it records
+    (``adapter_runs``; ``BaseNotFoundError`` when no folder holds it).
     """
     skips: list[str] = []
     try:
@@ -142,6 +145,22 @@ def observe_run(run_dir: str, cache: ManifestCache, *, verified_only: bool = Fal
             continue
         seen.add(path)
         target = observe_folder(path, cache, verified_only=verified_only, step=record["step"])
+        if target.error is None and adapter_runs.is_adapter_target(target, cache.manifest):
+            target = Target(
+                folder=target.folder,
+                identity=target.identity,
+                stamp=target.stamp,
+                step=target.step,
+                notes=tuple(notes[-4:]),
+                skipped=tuple(skipped),
+            )
+            return adapter_runs.base_target(
+                run_dir,
+                target,
+                records,
+                cache.manifest,
+                lambda folder: observe_folder(folder, cache, verified_only=verified_only),
+            )
         if target.error is None:
             if target.identity != record.get("identity"):
                 notes.append(

@@ -39,6 +39,7 @@ from typing import Any
 
 from ckptpub import CkptpubError
 
+from . import adapter_runs
 from . import status as st
 from .daemon_process import DEFAULT_COMMAND, READY_PATTERN, Daemon, build_argv
 from .decide import Decision, Failure, Held, Target, decide
@@ -158,7 +159,11 @@ class Supervisor:
     def observe(self) -> Target:
         if self.cfg.follow:
             return observe_run(self.cfg.follow, self.cache, verified_only=self.cfg.verified_only)
-        return observe_folder(self.cfg.model_dir or "", self.cache, verified_only=self.cfg.verified_only)
+        target = observe_folder(self.cfg.model_dir or "", self.cache, verified_only=self.cfg.verified_only)
+        if target.error is None and adapter_runs.is_adapter_target(target, self.cache.manifest):
+            error = f"{self.cfg.model_dir}: an adapter, which engines apply on a base model; not preloaded"
+            return Target(folder=target.folder, error=error)
+        return target
 
     def held_view(self) -> Held | None:
         d = self.held

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from checkpoints import run_cli, write_checkpoint
+from checkpoints import edit_model_table, run_cli, write_checkpoint
 
 import ckptpub
 from ckptpub.manifest import FORMAT, FORMAT_V1, parse_manifest
@@ -93,25 +93,9 @@ def v2_bytes(tmp_path: Path) -> bytes:
     return ckptpub.build_manifest(folder).to_json()
 
 
-def reidentified(header: dict, model: bytes, layout: bytes) -> bytes:
-    """A manifest with edited tables whose sizes and identity are recomputed, as a careful forger would."""
-    from ckptpub.manifest import FileRecord, Tables, identity_of_tables
-
-    header = header | {"tables": {"model": len(model), "layout": len(layout)}}
-    files = [FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in header["files"]]
-    counts = tuple(f["tensors"] for f in header["files"] if "header_size" in f)
-    header["identity"] = identity_of_tables(
-        Tables(model, layout, counts), files, header["weights"], header["config"]
-    )
-    return json.dumps(header).encode() + b"\n" + model + layout
-
-
 def edit_model(change: Callable[[list[bytes]], list[bytes]]) -> Callable[[bytes], bytes]:
     def edit(data: bytes) -> bytes:
-        header, tables = split(data)
-        model, layout = tables[: header["tables"]["model"]], tables[header["tables"]["model"] :]
-        lines = model.splitlines(keepends=True)
-        return reidentified(header, b"".join(change(lines)), layout)
+        return edit_model_table(data, change)
 
     return edit
 

@@ -648,3 +648,42 @@ def test_an_adapter_run_whose_base_cannot_be_found_stops_naming_the_identity(tmp
     assert not [
         r for r in sup.standin() if r["event"] == "start"
     ]  # no daemon, on an adapter or anything else
+
+
+def test_a_malformed_step_is_skipped_and_the_held_daemon_kept(tmp_path):
+    """A published step whose model table is unsorted, its identity recomputed to match, reads as a valid
+    manifest and makes the change description raise; it is skipped with one warning naming it, the daemon
+    held keeps serving, and the next usable step is preloaded (issue 26, item 3)."""
+    from checkpoints import edit_model_table
+    from preload_helpers import Run
+
+    run = Run(tmp_path / "run")
+    i10 = make_checkpoint(run.root / "checkpoint-10", seed=1)
+    run.append(10, "checkpoint-10", i10)
+    sup = SupervisorProc(tmp_path, ["--follow", str(run.root)]).start()
+    try:
+        pid = wait_for(ready_with(sup, i10), 30, "step 10 held", sup)["held"]["pid"]
+        step20 = run.root / "checkpoint-20"
+        make_checkpoint(step20, seed=2)
+        forged = edit_model_table((step20 / "ckptpub.json").read_bytes(), lambda lines: lines[::-1])
+        (step20 / "forged.tmp").write_bytes(forged)
+        os.replace(step20 / "forged.tmp", step20 / "ckptpub.json")
+        run.append(20, "checkpoint-20", json.loads(forged.partition(b"\n")[0])["identity"])
+        named = f"skipped {step20.resolve()} (step 20): its ckptpub.json cannot be used"
+
+        def warned():
+            return [e for e in _outcomes(sup, "warning") if e["reason"].startswith(named)]
+
+        (warning,) = wait_for(warned, 30, "a warning naming step 20", sup)
+        assert "not sorted" in warning["reason"]
+        time.sleep(1)  # many polls: one warning, the same daemon, still supervising
+        assert len(warned()) == 1
+        status = sup.status()
+        assert (status["state"], status["held"]["pid"], status["held"]["identity"]) == ("ready", pid, i10)
+        assert sup.proc.poll() is None
+        i30 = make_checkpoint(run.root / "checkpoint-30", seed=3)
+        run.append(30, "checkpoint-30", i30)
+        wait_for(ready_with(sup, i30), 30, "step 30 preloaded", sup)
+        assert sup.terminate() == 0
+    finally:
+        sup.cleanup()

@@ -43,7 +43,7 @@ from . import adapter_runs
 from . import status as st
 from .daemon_process import DEFAULT_COMMAND, READY_PATTERN, Daemon, build_argv
 from .decide import Decision, Failure, Held, Target, decide
-from .observe import ManifestCache, manifests_to_compare, observe_folder, observe_run
+from .observe import ManifestCache, manifests_to_compare, observe_folder, observe_run, unusable
 
 #: A daemon that ran at least this long after READY is "healthy": its death restarts at once.
 HEALTHY_S = 60.0
@@ -196,16 +196,24 @@ class Supervisor:
             if note not in seen:
                 self._outcome("info", "warning", f"{self.cfg.follow}: {note}")
         held = self.held_view()
-        held_manifest, target_manifest = manifests_to_compare(held, target, self.cache)
-        decision = decide(
-            held,
-            target,
-            previous=self.previous,
-            failure=self.failure,
-            now=now,
-            held_manifest=held_manifest,
-            target_manifest=target_manifest,
-        )
+        decision = None
+        while decision is None:
+            try:
+                held_manifest, target_manifest = manifests_to_compare(held, target, self.cache)
+                decision = decide(
+                    held,
+                    target,
+                    previous=self.previous,
+                    failure=self.failure,
+                    now=now,
+                    held_manifest=held_manifest,
+                    target_manifest=target_manifest,
+                )
+            except Exception as error:  # noqa: BLE001 - one candidate, however broken, never stops the supervisor
+                if target.folder is None or target.stamp is None:
+                    raise
+                self._skip(target, error)
+                target = self.observe()
         changed = self.previous is None or target.fingerprint() != self.previous.fingerprint()
         key = (decision.action, decision.why)
         if changed or decision.preloads or (decision.action == "wait" and key != self.last_logged):
@@ -218,6 +226,15 @@ class Supervisor:
             self._settle_state(decision)
             self._write_status()
         return decision
+
+    def _skip(self, target: Target, error: Exception) -> None:
+        """Skip a candidate whose manifest made the decision fail (one warning naming it); keep the daemon."""
+        assert target.folder is not None
+        assert target.stamp is not None
+        why = unusable(error)
+        self.cache.reject(target.folder, target.stamp, why)
+        step = f" (step {target.step})" if target.step is not None else ""
+        self._outcome("info", "warning", f"skipped {target.folder}{step}: {why}")
 
     def _settle_state(self, decision: Decision) -> None:
         if decision.why == "target-unusable":

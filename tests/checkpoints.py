@@ -135,7 +135,7 @@ def copy_checkpoint(source: Path, target: Path) -> Path:
 def reidentified(header: dict, model: bytes, layout: bytes) -> bytes:
     """A ckptpub/2 manifest with edited tables whose sizes and identity are recomputed, as a careful
     forger would (so only the table rules, not the identity check, can refuse it)."""
-    from ckptpub.manifest import FileRecord, Tables, identity_of_tables
+    from ckptpub._format.manifest import FileRecord, Tables, identity_of_tables
 
     header = header | {"tables": {"model": len(model), "layout": len(layout)}}
     files = [FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in header["files"]]

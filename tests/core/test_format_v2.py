@@ -17,7 +17,7 @@ import pytest
 from checkpoints import edit_model_table, run_cli, write_checkpoint
 
 import ckptpub
-from ckptpub.manifest import FORMAT, FORMAT_V1, parse_manifest
+from ckptpub._format.manifest import FORMAT, FORMAT_V1, parse_manifest
 
 VECTORS = Path(__file__).parent.parent / "vectors"
 UPDATE = os.environ.get("CKPTPUB_UPDATE_VECTORS") == "1"

@@ -23,8 +23,8 @@ from typing import NamedTuple
 from checkpoints import flip_byte, locate
 
 import ckptpub
-from ckptpub.manifest import FORMAT_V1, FileRecord, TensorRecord, compute_identity, parse_manifest
-from ckptpub.safetensors import read_layout
+from ckptpub._filesystem.model_files import read_layout
+from ckptpub._format.manifest import FORMAT_V1, FileRecord, TensorRecord, compute_identity, parse_manifest
 
 
 class Case(NamedTuple):
@@ -315,7 +315,7 @@ def nested(depth: int) -> bytes:
 
 _PROBE = """
 from ckptpub.errors import CkptpubError
-from ckptpub.strict_json import loads_strict
+from ckptpub._format.strict_json import loads_strict
 low, high = 1, 100_000
 while low < high:
     middle = (low + high + 1) // 2

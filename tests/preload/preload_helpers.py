@@ -25,7 +25,7 @@ from checkpoints import CONFIG, model_tensors, write_checkpoint
 from safetensors.numpy import save_file
 
 import ckptpub
-from ckptpub import jsonfiles, run_index
+from ckptpub._filesystem import jsonfiles, run_index
 
 HERE = Path(__file__).parent
 STANDIN = HERE / "standin_daemon.py"

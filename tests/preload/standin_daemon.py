@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 
-from ckptpub import jsonfiles
+from ckptpub._filesystem import jsonfiles
 
 SOCKET_NAME = "vllm_weight_cache_standin.sock"
 

@@ -84,7 +84,7 @@ def lookup(folder: str | None) -> Served | None:
 
 def record_model(model_config: Any, manifest: ckptpub.Manifest) -> None:
     """Record the engine's model (the manifest its start checks passed) and show it on model cards."""
-    from ckptpub.explain import base_of
+    from ckptpub.integration import base_of
 
     names = model_config.served_model_name
     name = names[0] if isinstance(names, list | tuple) and names else str(names or model_config.model)

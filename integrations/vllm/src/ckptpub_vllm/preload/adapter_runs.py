@@ -22,8 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ckptpub
-from ckptpub.explain import base_of, is_adapter
-from ckptpub.jsonfiles import read_json
+from ckptpub.integration import base_of, is_adapter, jsonfiles
 
 from .decide import Target
 
@@ -104,7 +103,8 @@ def _candidates(run_dir: str, adapter_folder: str, records: Sequence[dict[str, A
 def _base_path(adapter_folder: str) -> str | None:
     """``base_model_name_or_path`` of an adapter folder's ``adapter_config.json``, when it has one."""
     try:
-        config = read_json(os.path.join(adapter_folder, ADAPTER_CONFIG), MAX_CONFIG_BYTES, ADAPTER_CONFIG)
+        path = os.path.join(adapter_folder, ADAPTER_CONFIG)
+        config = jsonfiles.read_json(path, MAX_CONFIG_BYTES, ADAPTER_CONFIG)
     except ckptpub.CkptpubError:
         return None
     named = config.get("base_model_name_or_path") if isinstance(config, dict) else None

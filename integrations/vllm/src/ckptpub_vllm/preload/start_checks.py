@@ -25,7 +25,7 @@ import sys
 
 import ckptpub
 from ckptpub.cli import UsageError
-from ckptpub.explain import base_of, is_adapter
+from ckptpub.integration import base_of, is_adapter
 
 from .daemon_process import DEFAULT_COMMAND, build_argv
 

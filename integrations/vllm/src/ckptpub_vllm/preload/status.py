@@ -11,7 +11,7 @@ Layout of ``--state-dir`` (one supervisor per directory, enforced by a lock)::
     logs/daemon-G.log  stdout and stderr of generation G's daemon command
 
 Every JSON file is replaced atomically and the decision log appended a whole line
-at a time, both by :mod:`ckptpub.jsonfiles` (the manifest's and the run index's
+at a time, both by :mod:`ckptpub.integration.jsonfiles` (the manifest's and the run index's
 writer): a reader (``ckptpub preload --status``, a health check, the next
 supervisor) never sees half a file, and a crash leaves at worst a torn last log
 line, which readers skip.
@@ -26,8 +26,8 @@ import os
 import time
 from typing import Any
 
-from ckptpub import jsonfiles
 from ckptpub.errors import CkptpubError, one_line
+from ckptpub.integration import jsonfiles
 
 STATUS = "status.json"
 DECISIONS = "decisions.jsonl"

@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import Any, TypeGuard
 
+from ..errors import CkptpubError
 from .canonical import canonical_json
-from .errors import CkptpubError
-from .hashing import DIGEST_PREFIX, digest_bytes
+from .digest import DIGEST_PREFIX, digest_bytes
 from .safetensors import DTYPE_BITS
 from .strict_json import loads_strict
 from .tables import (

@@ -1,6 +1,6 @@
 """What a difference between two manifests means: per-tensor changes, groups, config keys, lineage.
 
-``compare.diff_manifests`` says *which* tensors differ; a user asks *why* (a dtype
+``diff.diff_manifests`` says *which* tensors differ; a user asks *why* (a dtype
 cast, a shape change, training), *where* ("q/v_proj in layers 0-27", not 56 lines),
 *which config keys* moved, and *how the two relate* (an adapter on that base, a
 model trained from it). This module answers those from the manifests alone, plus
@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-from .errors import CkptpubError
-from .manifest import _VOLATILE_CONFIG_KEYS, CONFIG_FILES, MANIFEST_NAME, Manifest, ModelEntry
-from .model_files import read_config
+from .._filesystem.model_files import read_config
+from .._format.manifest import _VOLATILE_CONFIG_KEYS, CONFIG_FILES, MANIFEST_NAME, Manifest, ModelEntry
+from ..errors import CkptpubError
 
 #: A pattern lists at most this many alternatives at one position (``{a,b,... 40 more}`` beyond).
 _MAX_WORDS_SHOWN = 8

@@ -25,8 +25,8 @@ from itertools import accumulate, repeat
 from math import prod
 from typing import NamedTuple
 
-from .errors import CkptpubError
-from .hashing import DIGEST_PREFIX
+from ..errors import CkptpubError
+from .digest import DIGEST_PREFIX
 from .safetensors import DTYPE_BITS
 
 _HEX = frozenset("0123456789abcdef")

@@ -1,0 +1,22 @@
+"""What an integration built on ckptpub (the vLLM plugin, its ``ckptpub preload`` supervisor) may use
+besides the names of ``ckptpub`` itself, ``ckptpub.errors``, ``ckptpub.cli`` and ``ckptpub.signing``.
+
+Integrations use only public names, so the core's layers can change beneath them. Each
+name here is the core's one implementation of a rule an integration must apply the
+same way:
+
+* ``loads_strict(data, display_name, what)``: JSON as every ckptpub reader decodes it
+  (duplicate keys, NaN, ``1e400`` and lone surrogates refused, one ``CkptpubError`` line);
+* ``check_identity(value, what)``: an identity (``blake3:<64 lowercase hex>``) or a ``CkptpubError``;
+* ``jsonfiles``: files shared with readers, ``write_json``/``write_atomically`` (replaced
+  whole), ``read_json``, ``append_line``/``read_lines`` (a log a whole line at a time);
+* ``is_adapter(manifest)`` and ``base_of(manifest)``: whether a manifest is a PEFT
+  adapter's, and the base identity it records (what ``ckptpub show``/``diff`` say).
+"""
+
+from ._filesystem import jsonfiles
+from ._format.manifest import check_identity
+from ._format.strict_json import loads_strict
+from ._operations.explain import base_of, is_adapter
+
+__all__ = ["base_of", "check_identity", "is_adapter", "jsonfiles", "loads_strict"]

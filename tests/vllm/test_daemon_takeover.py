@@ -72,16 +72,16 @@ def scene(models, tmp_path_factory):
         [str(folder)],
         env={**env, "CKPTPUB_SIM_PAUSE_DIR": str(pause)},
         daemon_cmd=None,
-        extra_opts=["--interval", "0.5", "--ready-timeout", "300", "--retry-delay", "600"],
+        extra_opts=["--interval", "0.5", "--ready-timeout", "900", "--retry-delay", "600"],
         passthrough=DAEMON_ARGS,
     )
     sup.start()
     runner = None
     try:
-        wait_for(lambda: (pause / "paused").exists(), 300, "the first daemon keyed and paused", sup)
+        wait_for(lambda: (pause / "paused").exists(), 600, "the first daemon keyed and paused", sup)
         _put(b_dir, folder, swapped)  # between the key and the load
         (pause / "paused").unlink()
-        first = wait_for(ready_with(sup, b), 400, "a daemon holding the folder as it is now, B", sup)
+        first = wait_for(ready_with(sup, b), 900, "a daemon holding the folder as it is now, B", sup)
         after_swap = root / "swapped"
         jobs = [
             {"model": a_dir, "load_format": "auto"},
@@ -96,12 +96,12 @@ def scene(models, tmp_path_factory):
             {"model": str(folder), "load_format": "manifest_cache", "extra": {"fallback": False}},
         ]
         runner = EngineRunner(jobs, root / "engines.log", env=env)
-        wait_for(lambda: len(runner.results()) >= 4, 600, "the engines before the swap", sup)
+        wait_for(lambda: len(runner.results()) >= 4, 1200, "the engines before the swap", sup)
         _put(a_dir, folder, swapped)  # the swap: the folder holds A again
-        second = wait_for(ready_with(sup, a), 400, "the new daemon, holding A", sup)
+        second = wait_for(ready_with(sup, a), 900, "the new daemon, holding A", sup)
         kept = wait_for(lambda: (s := sup.status())["retired"] and s, 60, "the old daemon retired", sup)
         after_swap.touch()
-        results, log = runner.finish(timeout=600)
+        results, log = runner.finish(timeout=1200)
         drained = wait_for(
             lambda: (s := sup.status())["retired"] == [] and s, 120, "the old daemon stopped", sup
         )

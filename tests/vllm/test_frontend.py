@@ -58,7 +58,7 @@ def offline(models):
             "load_format": "manifest_cache",
         },  # refused in the worker, while loading
     ]
-    results, log = run_engines(jobs, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, timeout=900)
+    results, log = run_engines(jobs, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, timeout=1500)
     return results, log.split("CKPTPUB_RESULT ")
 
 
@@ -109,7 +109,7 @@ class Server:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as response:
             return response.read().decode()
 
-    def wait_up(self, timeout: float = 600) -> None:
+    def wait_up(self, timeout: float = 1200) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.lines()[-30:]
@@ -161,7 +161,7 @@ def test_a_refused_server_start_ends_with_the_reason(models, tmp_path):
         json.dumps({"expect_identity": OTHER}),
     )
     try:
-        code = server.proc.wait(timeout=300)
+        code = server.proc.wait(timeout=600)
     finally:
         server.stop()
     lines = server.lines()

@@ -65,7 +65,7 @@ def follow(tmp_path_factory):
         env=SHIM_ENV,  # and a TMPDIR of its own, under which vLLM's default socket folder is
         state_dir=state,
         daemon_cmd=None,
-        extra_opts=["--interval", "0.5", "--ready-timeout", "300", "--retry-delay", "600"],
+        extra_opts=["--interval", "0.5", "--ready-timeout", "900", "--retry-delay", "600"],
         passthrough=DAEMON_ARGS,
     )
     sup.start()
@@ -76,7 +76,7 @@ def follow(tmp_path_factory):
             [sys.executable, str(HERE / "follow_train.py"), str(run_dir), str(state)],
             capture_output=True,
             text=True,
-            timeout=1200,
+            timeout=2400,
         )
         assert train.returncode == 0, (
             f"training run failed:\n{train.stdout[-2000:]}\n{train.stderr[-3000:]}\n"
@@ -180,7 +180,9 @@ def engines(follow):
     specs = [
         {"model": str(folder), "load_format": fmt, "extra": extra} for folder, fmt, extra in jobs.values()
     ]
-    results, log = run_engines(specs, env=follow["env"], timeout=900)
+    results, log = run_engines(
+        specs, env=follow["env"], timeout=1800
+    )  # 9 engine starts, on a loaded machine too
     per_job = log.split("CKPTPUB_RESULT ")  # the runner prints each result after the job's own log lines
     folders = {name: str(folder) for name, (folder, _, _) in jobs.items()}
     return {

@@ -287,13 +287,15 @@ class Supervisor:
                     f"{target.identity}",
                     held=old,
                 )
-                old.hand_over()
-                self._retire(old)
-                if not self._wait_retired_gone(old):
+                retiring, self.held, old = old, None, None
+                retiring.hand_over()
+                self._retire(retiring)
+                self._forget()
+                if not self._wait_retired_gone(retiring):
                     return
             else:
                 old.stop(self.cfg.stop_timeout)
-            self._forget()
+                self._forget()
             self.held, self.held_dead, old = None, False, None
         try:
             argv = build_argv(
@@ -337,6 +339,8 @@ class Supervisor:
         if verdict != "ready":
             how = new.stop(self.cfg.stop_timeout)
             st.remove(os.path.join(self.state_dir, st.LOADING))
+            if old is not None:
+                old.watch.poll()
             if old is not None and old.watch.handed_over:  # it no longer serves: it can only be drained
                 self._retire(old)
                 self._forget()

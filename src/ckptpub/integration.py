@@ -10,13 +10,17 @@ same way:
 * ``check_identity(value, what)``: an identity (``blake3:<64 lowercase hex>``) or a ``CkptpubError``;
 * ``jsonfiles``: files shared with readers, ``write_json``/``write_atomically`` (replaced
   whole), ``read_json``, ``append_line``/``read_lines`` (a log a whole line at a time);
-* ``is_adapter(manifest)`` and ``base_of(manifest)``: whether a manifest is a PEFT
-  adapter's, and the base identity it records (what ``ckptpub show``/``diff`` say).
+* ``base_of(manifest)``: the base identity a manifest records (a fine-tune's or an
+  adapter's parent), or None; ``is_adapter(manifest)``: whether it is a PEFT adapter's
+  (what ``ckptpub show``/``diff`` say);
+* ``layout_in_memory(data, display_name)``: the tensors of a whole safetensors file held
+  in memory, with the header checks publishing applies (``CkptpubError`` otherwise).
 """
 
 from ._filesystem import jsonfiles
 from ._format.manifest import check_identity
+from ._format.safetensors import layout_in_memory
 from ._format.strict_json import loads_strict
 from ._operations.explain import base_of, is_adapter
 
-__all__ = ["base_of", "check_identity", "is_adapter", "jsonfiles", "loads_strict"]
+__all__ = ["base_of", "check_identity", "is_adapter", "jsonfiles", "layout_in_memory", "loads_strict"]

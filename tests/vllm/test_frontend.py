@@ -26,24 +26,12 @@ import time
 import urllib.request
 
 import pytest
-from vllm_engine_helpers import run_engines
+from vllm_engine_helpers import TINY_ENGINE, engine_flags, run_engines
 
 import ckptpub
 
 SERVER = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
-ENGINE_ARGS = [
-    "--load-format",
-    "manifest_cache",
-    "--dtype",
-    "float32",
-    "--max-model-len",
-    "128",
-    "--enforce-eager",
-    "--max-num-seqs",
-    "2",
-    "--kv-cache-memory-bytes",
-    str(64 << 20),
-]
+ENGINE_ARGS = ["--load-format", "manifest_cache", *engine_flags(TINY_ENGINE)]
 OTHER = "blake3:" + "1" * 64
 
 

@@ -3,7 +3,8 @@
 vLLM loads every ``vllm.general_plugins`` entry point once per process (CLI, API
 server, engine core, workers) and calls it; :func:`register` is that entry point.
 It must therefore be idempotent and cheap, and must never fail a process that does
-not use ckptpub: it patches two module attributes and registers one loader name.
+not use ckptpub: it patches a few attributes and registers one loader name, and each
+patch does nothing unless an engine loads through that name.
 
 What it installs (each step is idempotent):
 
@@ -15,6 +16,10 @@ What it installs (each step is idempotent):
 * ``frontend.install``: in the process that starts an engine, ``manifest_cache``'s
   options and start checks run at config time, and refusals of its engine processes
   are raised there in their own words.
+* ``adapter_gate.install`` and ``adapter_frontend.install``: LoRA adapters, checked
+  in the workers (``adapters``, installed by the loader once it served a base), are
+  admitted by the engine core only once loaded, and a refusal reaches the caller as
+  an error of that request. Inert for engines with any other load format.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ def register() -> None:
     global _warned
     import vllm
 
-    from . import daemon, frontend, key, loader
+    from . import adapter_frontend, adapter_gate, daemon, frontend, key, loader
     from .log import logger
 
     if not _warned and not vllm.__version__.startswith(SUPPORTED_VLLM):
@@ -47,3 +52,5 @@ def register() -> None:
     loader.install()
     daemon.install()
     frontend.install()
+    adapter_gate.install()
+    adapter_frontend.install()

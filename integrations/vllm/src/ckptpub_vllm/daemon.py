@@ -134,8 +134,8 @@ def run_daemon(*args: Any, **kwargs: Any) -> None:
     cannot make the daemon load, or report, anything but the identity it is keyed by.
     """
     from . import daemon_reports, daemon_serving, register
+    from .errors import refusals_logged
     from .key import checked
-    from .loader import refusals_logged
 
     register()
     install(force=True)

@@ -16,7 +16,7 @@ any failure as "Engine core initialization failed. See root cause above." So, fo
   they refuse (a re-publish between the two reads);
 * a **refusal made in a worker** while loading (a tensor that differs, a daemon holding
   another identity with ``fallback: false``) is written by the worker to a file this
-  process names in ``CKPTPUB_REFUSAL_FILE`` (``loader.refusals_logged``), and raised here
+  process names in ``CKPTPUB_REFUSAL_FILE`` (``errors.refusals_logged``), and raised here
   instead of vLLM's generic startup error;
 * the **served identity** is recorded for tools (``served``: ``/metrics`` and
   ``/v1/models`` of the OpenAI server).
@@ -59,7 +59,8 @@ def install() -> None:
 def check_at_config_time(vllm_config: Any) -> None:
     """For ``manifest_cache``: options, start checks, the pin for the workers, the relay, the record."""
     from . import LOAD_FORMAT, served
-    from .loader import ManifestCacheLoader, refusals_logged
+    from .errors import refusals_logged
+    from .loader import ManifestCacheLoader
     from .startup import check_before_start
 
     load_config = vllm_config.load_config
@@ -96,12 +97,14 @@ def _relay_refusals_from_workers() -> None:
 
     def wait_for_engine_startup(*args: Any, **kwargs: Any) -> Any:
         try:
-            return original(*args, **kwargs)
+            started = original(*args, **kwargs)
         except RuntimeError as error:
             refusal = relayed_refusal()
             if refusal is None:
                 raise
             raise refusal from error
+        _remove(os.environ.get(REFUSAL_FILE_ENV, ""))  # started: later refusals (adapters) are the requests'
+        return started
 
     setattr(wait_for_engine_startup, _PATCH_MARK, True)
     engine_utils.wait_for_engine_startup = wait_for_engine_startup
@@ -117,7 +120,7 @@ def relay(error: RefusedError) -> None:
     path = os.environ.get(REFUSAL_FILE_ENV)
     if not path:
         return
-    line = json.dumps({"folder": error.folder, "message": str(error)}) + "\n"
+    line = json.dumps({"message": str(error)}) + "\n"
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
@@ -142,5 +145,5 @@ def relayed_refusal() -> RefusedError | None:
         except ValueError:
             continue
         if isinstance(entry, dict) and isinstance(entry.get("message"), str):
-            return RefusedError.relayed(str(entry.get("folder")), entry["message"])
+            return RefusedError.relayed(entry["message"])
     return None

@@ -1,24 +1,23 @@
 """What this engine serves, by identity, where tools already look.
 
-The process that starts an engine records each model it serves (``frontend``, once the
-start checks passed, with the identity the workers are pinned to), and the OpenAI
-server shows the records:
+The process that starts an engine records the model it serves (``frontend``, once the
+start checks passed, with the identity the workers are pinned to); the adapters it
+serves are the ones ``adapters.served_adapters`` records (each adapter the OpenAI server
+loaded, its identity and its base's). The OpenAI server shows both:
 
-* ``/metrics``: ``ckptpub:served_info{name, kind, identity, base_identity, folder} 1``, an
-  info metric in the form vLLM's own take (``vllm:cache_config_info``): a gauge
-  permanently 1, which Prometheus' multiprocess mode supports and ``Info`` does not;
-* ``/v1/models``: each card whose ``root`` is a recorded folder carries
-  ``"ckptpub": {"identity": ..., "kind": ..., "base_identity": ...}`` (the OpenAI model
-  card allows extra fields; vLLM's ``ModelCard`` keeps them).
-
-Adapters are one :func:`record` away: whatever serves an adapter records it with
-``kind="adapter"`` and its base's identity, and its card (``root`` = the adapter's
-path) and metric follow.
+* ``/metrics``: ``ckptpub:served_info{name, kind, identity, base_identity, folder} 1`` for
+  the model and for each adapter (``kind`` ``model`` or ``adapter``), an info metric in
+  the form vLLM's own take (``vllm:cache_config_info``: a gauge always 1), read from the
+  records at each scrape;
+* ``/v1/models``: each card whose ``root`` is a served folder (the model's, or an
+  adapter's) carries ``"ckptpub": {"identity": ..., "kind": ..., "base_identity": ...}``
+  (the OpenAI model card allows extra fields; vLLM's ``ModelCard`` keeps them).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +34,7 @@ class Served:
 
     name: str
     kind: str  # "model" | "adapter"
-    identity: str
+    identity: str | None  # None: an adapter served without a manifest (adapter_require_manifest false)
     folder: str
     base_identity: str | None = None
 
@@ -43,52 +42,58 @@ class Served:
         return {"identity": self.identity, "kind": self.kind, "base_identity": self.base_identity}
 
 
-_served: dict[str, Served] = {}
-_gauge: Any = None
+_models: dict[str, Served] = {}
+_collector: Any = None
 
 
-def record(served: Served) -> None:
-    """Record what is served under ``served.folder``: its metric is set, its model card shows it."""
-    global _gauge
-    previous = _served.get(served.folder)
-    _served[served.folder] = served
-    try:
-        import prometheus_client
-    except ImportError:  # pragma: no cover - vLLM depends on it
-        return
-    if _gauge is None:
-        _gauge = prometheus_client.Gauge(
-            METRIC,
-            "What this engine serves, by ckptpub identity (always 1)",
-            labelnames=_LABELS,
-            multiprocess_mode="mostrecent",
-        )
-    if previous is not None and previous != served:
-        _gauge.remove(*_label_values(previous))
-    _gauge.labels(*_label_values(served)).set(1)
+def served() -> list[Served]:
+    """Everything served now: the model, then each adapter (the latest load of each name)."""
+    from .adapters import served_adapters
 
-
-def _label_values(served: Served) -> tuple[str, ...]:
-    return (served.name, served.kind, served.identity, served.base_identity or "", served.folder)
+    adapters = [Served(a.name, "adapter", a.identity, a.path, a.base_identity) for a in served_adapters()]
+    return [*_models.values(), *adapters]
 
 
 def lookup(folder: str | None) -> Served | None:
-    """What is recorded for ``folder`` (as given, or the same folder by another spelling)."""
+    """What is served from ``folder`` (as given, or the same folder by another spelling)."""
     if not folder:
         return None
-    if folder in _served:
-        return _served[folder]
     real = os.path.realpath(folder)
-    return next((s for s in _served.values() if os.path.realpath(s.folder) == real), None)
+    return next((s for s in served() if s.folder == folder or os.path.realpath(s.folder) == real), None)
+
+
+class _Collector:
+    """``ckptpub:served_info``, collected from the records at each scrape (adapters come and go)."""
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily(
+            METRIC, "What this engine serves, by ckptpub identity (always 1)", labels=_LABELS
+        )
+        for item in served():
+            family.add_metric(
+                [item.name, item.kind, item.identity or "", item.base_identity or "", item.folder], 1
+            )
+        yield family
 
 
 def record_model(model_config: Any, manifest: ckptpub.Manifest) -> None:
-    """Record the engine's model (the manifest its start checks passed) and show it on model cards."""
+    """Record the engine's model (the manifest its start checks passed); show it in metrics and cards."""
+    global _collector
     from ckptpub.integration import base_of
 
     names = model_config.served_model_name
     name = names[0] if isinstance(names, list | tuple) and names else str(names or model_config.model)
-    record(Served(name, "model", manifest.identity, model_config.model, base_of(manifest)))
+    _models.clear()  # a process serves the model of its latest engine
+    _models[model_config.model] = Served(
+        name, "model", manifest.identity, model_config.model, base_of(manifest)
+    )
+    if _collector is None:
+        from prometheus_client import REGISTRY
+
+        _collector = _Collector()
+        REGISTRY.register(_collector)
     _show_on_model_cards()
 
 
@@ -105,9 +110,9 @@ def _show_on_model_cards() -> None:
     async def show_available_models(self: Any) -> Any:
         models = await original(self)
         for card in models.data:
-            served = lookup(card.root)
-            if served is not None:
-                card.ckptpub = served.card()
+            item = lookup(card.root)
+            if item is not None:
+                card.ckptpub = item.card()
         return models
 
     setattr(show_available_models, _PATCH_MARK, True)

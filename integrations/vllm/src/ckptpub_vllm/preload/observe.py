@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ckptpub
@@ -163,35 +163,21 @@ def observe_run(run_dir: str, cache: ManifestCache, *, verified_only: bool = Fal
             continue
         seen.add(path)
         target = observe_folder(path, cache, verified_only=verified_only, step=record["step"])
-        if target.error is None and adapter_runs.is_adapter_target(target, cache.manifest):
-            target = Target(
-                folder=target.folder,
-                identity=target.identity,
-                stamp=target.stamp,
-                step=target.step,
-                notes=tuple(notes[-4:]),
-                skipped=tuple(skipped),
-            )
-            return adapter_runs.base_target(
-                run_dir,
-                target,
-                records,
-                cache.manifest,
-                lambda folder: observe_folder(folder, cache, verified_only=verified_only),
-            )
         if target.error is None:
             if target.identity != record.get("identity"):
                 notes.append(
                     f"step {record['step']}: index says {record.get('identity')}, "
                     f"the folder's manifest says {target.identity} (the manifest wins)"
                 )
-            return Target(
-                folder=target.folder,
-                identity=target.identity,
-                stamp=target.stamp,
-                step=target.step,
-                notes=tuple(notes[-5:]),
-                skipped=tuple(skipped),
+            chosen = replace(target, notes=tuple(notes[-5:]), skipped=tuple(skipped))
+            if not adapter_runs.is_adapter_target(chosen, cache.manifest):
+                return chosen
+            return adapter_runs.base_target(
+                run_dir,
+                chosen,
+                records,
+                cache.manifest,
+                lambda folder: observe_folder(folder, cache, verified_only=verified_only),
             )
         notes.append(f"skipped step {record['step']}: {target.error}")
     return Target(

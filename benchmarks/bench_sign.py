@@ -3,8 +3,12 @@
 On the Llama-shaped checkpoint of ``bench_hash.py`` (built once, reused), warm page cache:
 
 * ``ckptpub publish DIR`` against ``ckptpub publish DIR --sign KEY`` (SHA-256 of every file in
-  the BLAKE3 read pass, then an ECDSA signature), and ``model_signing sign key`` on the same
-  folder for reference; rounds interleaved, order rotated, median wall time;
+  the BLAKE3 read pass, then an ECDSA signature), ``--sign KEY --sign-hash blake3`` (a
+  whole-file BLAKE3 instead), and ``model_signing sign key`` on the same folder for
+  reference; rounds interleaved, order rotated, median wall and CPU time (``wait4``);
+* the bytes each way of publishing reads (``/proc/self/io`` ``rchar`` around the hashing,
+  in-process, reading with ``pread`` so that every byte read is counted): signing must
+  read no byte twice;
 * the serve-time check (``ckptpub.signing.check_signature``: ``model.sig``, the key and
   ``ckptpub.json``, no shard read) in a warm process, and in a fresh one (interpreter start
   and the ``model_signing`` import included, what an engine start pays once).
@@ -15,6 +19,7 @@ On the Llama-shaped checkpoint of ``bench_hash.py`` (built once, reused), warm p
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -56,10 +61,42 @@ def make_key(folder: Path) -> tuple[Path, Path]:
     return private, public
 
 
-def timed(argv: list[str]) -> float:
+READS = """
+import sys
+from ckptpub import read_manifest
+from ckptpub._hashing.engine import Span, hash_files, hash_spans
+
+def read_bytes():
+    with open("/proc/self/io") as io:
+        return int(next(line for line in io if line.startswith("rchar:")).split()[1])
+
+folder = sys.argv[1]
+manifest = read_manifest(folder)
+spans = []
+for record in manifest.files:
+    path = f"{folder}/{record.path}"
+    header = record.header_size or record.size
+    spans.append(Span(path, 0, header, record.path))
+    if record.header_size is not None:
+        spans += [Span(path, header + t.data_offsets[0], header + t.data_offsets[1], t.name)
+                  for t in manifest.tensors if t.file == record.path]
+for name, run in (("publish", lambda: hash_spans(spans, use_mmap=False)),
+                  ("sign sha256", lambda: hash_files(spans, "sha256", use_mmap=False)),
+                  ("sign blake3", lambda: hash_files(spans, "blake3", use_mmap=False))):
+    before = read_bytes()
+    run()
+    print(name, read_bytes() - before, sum(r.size for r in manifest.files))
+"""
+
+
+def timed(argv: list[str]) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of one run."""
     start = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(process.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"bench: {' '.join(argv)} failed")
+    return time.perf_counter() - start, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -78,25 +115,46 @@ def main() -> None:
     commands = {
         "ckptpub publish": [str(bin_dir / "ckptpub"), "publish", str(folder)],
         "ckptpub publish --sign": [str(bin_dir / "ckptpub"), "publish", str(folder), "--sign", str(private)],
+        "ckptpub publish --sign --sign-hash blake3": [
+            str(bin_dir / "ckptpub"), "publish", str(folder), "--sign", str(private), "--sign-hash", "blake3",
+        ],
         "model_signing sign key": [
             str(bin_dir / "model_signing"), "sign", "key", str(folder),
             "--signature", str(folder / "model.sig"), "--private_key", str(private),
         ],
     }  # fmt: skip
-    times: dict[str, list[float]] = {name: [] for name in commands}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
     names = list(commands)
     if not args.check_only:
         timed(commands["ckptpub publish"])  # warm the page cache
+        load = os.getloadavg()[0]
         for round_ in range(args.rounds):
             for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
                 times[name].append(timed(commands[name]))
-        print(f"checkpoint: {size / 1e9:.2f} GB in {folder}, {args.rounds} rounds, median wall")
-        print("| command | wall (s) | GB/s | vs publish |")
-        print("|---|---|---|---|")
-        base = statistics.median(times["ckptpub publish"])
+        print(
+            f"checkpoint: {size / 1e9:.2f} GB in {folder}, {args.rounds} rounds, median; "
+            f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+        )
+        print("| command | wall (s) | GB/s | wall vs publish | CPU (s) | CPU vs publish |")
+        print("|---|---|---|---|---|---|")
+        base_wall = statistics.median(wall for wall, _ in times["ckptpub publish"])
+        base_cpu = statistics.median(cpu for _, cpu in times["ckptpub publish"])
         for name in names:
-            median = statistics.median(times[name])
-            print(f"| `{name}` | {median:.2f} | {size / 1e9 / median:.2f} | {median / base:.2f}x |")
+            wall = statistics.median(w for w, _ in times[name])
+            cpu = statistics.median(c for _, c in times[name])
+            print(
+                f"| `{name}` | {wall:.2f} | {size / 1e9 / wall:.2f} | {wall / base_wall:.2f}x "
+                f"| {cpu:.2f} | {cpu / base_cpu:.2f}x |"
+            )
+        print()
+        print("| bytes read (pread, in-process) | bytes | x the folder's bytes |")
+        print("|---|---|---|")
+        reads = subprocess.run(
+            [sys.executable, "-c", READS, str(folder)], check=True, capture_output=True, text=True
+        ).stdout
+        for line in reads.splitlines():
+            *label, read, whole = line.split()
+            print(f"| {' '.join(label)} | {int(read)} | {int(read) / int(whole):.4f} |")
     timed(commands["ckptpub publish --sign"])  # the folder signed with this run's key
     fresh = []
     for _ in range(args.rounds):

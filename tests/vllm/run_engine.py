@@ -1,7 +1,9 @@
 """Run vLLM CPU engines for the tests and print one JSON result line per job.
 
 Usage: ``python run_engine.py JOBS_JSON`` where JOBS_JSON is a list of
-``{"model": DIR, "load_format": "auto"|"manifest_cache", "extra": {...}}``.
+``{"model": DIR, "load_format": "auto"|"manifest_cache", "extra": {...}}``, with
+``"tensor_parallel_size": 2`` for an engine of two worker processes (vLLM's ``mp``
+executor; the caller sets ``VLLM_CPU_OMP_THREADS_BIND``).
 Each result is printed as ``CKPTPUB_RESULT {"tokens": [[...], ...]}`` or
 ``CKPTPUB_RESULT {"error": "<one line>"}``. The engine core runs in this process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a loader error reaches ``LLM()`` with its
@@ -35,6 +37,7 @@ def run(job):
             max_num_seqs=2,
             kv_cache_memory_bytes=64 << 20,
             seed=0,
+            **parallel(job.get("tensor_parallel_size", 1)),
         )
         outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
         return {
@@ -55,6 +58,11 @@ def run(job):
             cleanup_dist_env_and_memory()
         except Exception:
             pass
+
+
+def parallel(size):
+    """``LLM`` arguments for ``size`` tensor-parallel workers (none for one)."""
+    return {} if size == 1 else {"tensor_parallel_size": size, "distributed_executor_backend": "mp"}
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ class Options:
     manifest" into "is this model" (a manifest is not a signature).
     ``public_key`` (a PEM file) or ``certificate_chain`` (PEM files): refuse unless
     ``model.sig`` signs exactly this manifest with that key (see ``signature``).
+    ``share_hashing``: when several ranks of one node load the model, each hashes a
+    share of the tensors (``node_share``); false: every rank hashes every tensor it
+    reads itself (the ranks still agree on the outcome).
     """
 
     verify: bool = True
@@ -49,6 +52,7 @@ class Options:
     expect_identity: str | None = None
     public_key: str | None = None
     certificate_chain: tuple[str, ...] = ()
+    share_hashing: bool = True
 
     @property
     def trusted(self) -> tuple[str | None, tuple[str, ...]] | None:

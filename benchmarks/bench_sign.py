@@ -6,6 +6,9 @@ On the Llama-shaped checkpoint of ``bench_hash.py`` (built once, reused), warm p
   the BLAKE3 read pass, then an ECDSA signature), ``--sign KEY --sign-hash blake3`` (a
   whole-file BLAKE3 instead), and ``model_signing sign key`` on the same folder for
   reference; rounds interleaved, order rotated, median wall and CPU time (``wait4``);
+  with ``--cold``, each run after the checkpoint's pages are dropped
+  (``posix_fadvise(POSIX_FADV_DONTNEED)``, as ``bench_hash.py`` does), where reading
+  the disk, not hashing, sets the pace;
 * the bytes each way of publishing reads (``/proc/self/io`` ``rchar`` around the hashing,
   in-process, reading with ``pread`` so that every byte read is counted): signing must
   read no byte twice;
@@ -13,7 +16,7 @@ On the Llama-shaped checkpoint of ``bench_hash.py`` (built once, reused), warm p
   ``ckptpub.json``, no shard read) in a warm process, and in a fresh one (interpreter start
   and the ``model_signing`` import included, what an engine start pays once).
 
-    python benchmarks/bench_sign.py [--dir /tmp/ckptpub-bench-sign] [--rounds 5] [--gb 2.1]
+    python benchmarks/bench_sign.py [--dir /tmp/ckptpub-bench-sign] [--rounds 5] [--gb 2.1] [--cold]
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_hash import build_checkpoint
+from bench_hash import build_checkpoint, drop_pages
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -106,6 +109,9 @@ def main() -> None:
     parser.add_argument("--gb", type=float, default=2.1)
     parser.add_argument("--checks", type=int, default=50, help="warm signature checks per process")
     parser.add_argument("--check-only", action="store_true", help="only the serve-time check (folder signed)")
+    parser.add_argument(
+        "--cold", action="store_true", help="drop the checkpoint's cached pages before each run"
+    )
     args = parser.parse_args()
     folder = args.dir / "checkpoint"
     build_checkpoint(folder, args.gb)
@@ -130,9 +136,12 @@ def main() -> None:
         load = os.getloadavg()[0]
         for round_ in range(args.rounds):
             for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+                if args.cold:
+                    drop_pages([str(p) for p in folder.rglob("*") if p.is_file()], drop_caches=False)
                 times[name].append(timed(commands[name]))
         print(
-            f"checkpoint: {size / 1e9:.2f} GB in {folder}, {args.rounds} rounds, median; "
+            f"checkpoint: {size / 1e9:.2f} GB in {folder}, {args.rounds} {'cold' if args.cold else 'warm'} "
+            f"rounds, median; "
             f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
         )
         print("| command | wall (s) | GB/s | wall vs publish | CPU (s) | CPU vs publish |")

@@ -249,24 +249,23 @@ def _work_items(spans: Sequence[Span], indices: Iterable[int]) -> list[_WorkItem
     (as ``publish`` and ``verify`` build them) make the fewest items; any order is correct.
     """
     items: list[_WorkItem] = []
-    run: list[int] = []
+    run: list[int] = []  # the small spans of the item being grown
     path, start, end, size = "", 0, 0, 0
     for index in indices:
         span = spans[index]
-        small = span.size <= SMALL_SPAN_BYTES
-        joins = (
-            small and run and span.path == path and start <= span.start and span.end - start <= BATCH_BYTES
-        )
-        if run and not joins:
-            items.append(_WorkItem(run, start, end, size))
-            run = []
-        if not small:
-            items.append(_WorkItem([index], span.start, span.end, span.size))
-        elif run:
+        length = span.end - span.start
+        if length > SMALL_SPAN_BYTES:
+            if run:
+                items.append(_WorkItem(run, start, end, size))
+                run = []
+            items.append(_WorkItem([index], span.start, span.end, length))
+        elif run and span.path == path and start <= span.start and span.end - start <= BATCH_BYTES:
             run.append(index)
-            end, size = max(end, span.end), size + span.size
+            end, size = max(end, span.end), size + length
         else:
-            run, path, start, end, size = [index], span.path, span.start, span.end, span.size
+            if run:
+                items.append(_WorkItem(run, start, end, size))
+            run, path, start, end, size = [index], span.path, span.start, span.end, length
     if run:
         items.append(_WorkItem(run, start, end, size))
     return items

@@ -9,11 +9,17 @@ same way:
   (duplicate keys, NaN, ``1e400`` and lone surrogates refused, one ``CkptpubError`` line);
 * ``check_identity(value, what)``: an identity (``blake3:<64 lowercase hex>``) or a ``CkptpubError``;
 * ``jsonfiles``: files shared with readers, ``write_json``/``write_atomically`` (replaced
-  whole), ``read_json``, ``append_line``/``read_lines`` (a log a whole line at a time).
+  whole), ``read_json``, ``append_line``/``read_lines`` (a log a whole line at a time);
+* ``base_of(manifest)``: the base identity a manifest records (a fine-tune's or an
+  adapter's parent), or None;
+* ``layout_in_memory(data, display_name)``: the tensors of a whole safetensors file held
+  in memory, with the header checks publishing applies (``CkptpubError`` otherwise).
 """
 
 from ._filesystem import jsonfiles
 from ._format.manifest import check_identity
+from ._format.safetensors import layout_in_memory
 from ._format.strict_json import loads_strict
+from ._operations.explain import base_of
 
-__all__ = ["check_identity", "jsonfiles", "loads_strict"]
+__all__ = ["base_of", "check_identity", "jsonfiles", "layout_in_memory", "loads_strict"]

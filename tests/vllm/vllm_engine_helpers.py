@@ -14,6 +14,25 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 TAMPERED_TENSOR = "model.norm.weight"
+#: What every test engine of the tiny Qwen3 runs with: small, eager, deterministic.
+TINY_ENGINE = {
+    "dtype": "float32",
+    "max_model_len": 128,
+    "enforce_eager": True,
+    "max_num_seqs": 2,
+    "kv_cache_memory_bytes": 64 << 20,
+    "seed": 0,
+}
+
+
+def same_size_edit(path: str, old: bytes, new: bytes) -> None:
+    """Replace ``old`` by ``new`` (of the same length) once in the file at ``path``."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert old in data
+    assert len(old) == len(new)
+    with open(path, "wb") as f:
+        f.write(data.replace(old, new, 1))
 
 
 def run_engines(jobs: list[dict], env: dict | None = None, timeout: int = 600) -> tuple[list[dict], str]:

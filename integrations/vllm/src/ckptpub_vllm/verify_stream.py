@@ -60,8 +60,16 @@ for _name, _code in (
         _DTYPE_CODES[getattr(torch, _name)] = _code
 
 
+_TORCH_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
+
+
 def dtype_code(dtype: torch.dtype) -> str:
     return _DTYPE_CODES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def torch_dtype(code: str) -> torch.dtype | None:
+    """The torch dtype of a safetensors dtype code, or None when torch has none (``F4``, ``C64``...)."""
+    return _TORCH_DTYPES.get(code)
 
 
 def raw_bytes(tensor: torch.Tensor) -> memoryview:
@@ -95,10 +103,12 @@ class StreamVerifier:
         *,
         threads: int = 2,
         max_pending_mib: int = 2048,
+        kind: str = "",
         peers: Peers | None = None,
         share_hashing: bool = True,
     ) -> None:
         self.folder = folder
+        self.kind = kind
         self.manifest = manifest
         self.identity = manifest.identity
         self.expected = manifest.model()  # what the identity covers: dtype, shape, digest by name
@@ -124,7 +134,9 @@ class StreamVerifier:
         return len(self.expected)
 
     def refuse(self, what: str, more: int = 0) -> RefusedError:
-        return RefusedError(self.folder, what, more=more, hint=f"the manifest's identity is {self.identity}")
+        return RefusedError(
+            self.folder, what, more=more, hint=f"the manifest's identity is {self.identity}", kind=self.kind
+        )
 
     def share(self, reads: int = node_share.READS_ALL, sees: Callable[[str], bool] | None = None) -> None:
         """Plan with the peers which tensors this rank hashes (collective: every rank calls it once).

@@ -9,6 +9,9 @@ On the Llama-shaped checkpoint of ``bench_hash.py`` (built once, reused), warm p
   with ``--cold``, each run after the checkpoint's pages are dropped
   (``posix_fadvise(POSIX_FADV_DONTNEED)``, as ``bench_hash.py`` does), where reading
   the disk, not hashing, sets the pace;
+* in one process with the key loaded once (as ``PublishCallback`` loads it when training starts,
+  so no save pays for importing ``model_signing``): ``ckptpub.publish(DIR)`` against
+  ``publish(DIR, sign=signer, sign_hash=...)`` for both hashes, interleaved, median;
 * the bytes each way of publishing reads (``/proc/self/io`` ``rchar`` around the hashing,
   in-process, reading with ``pread`` so that every byte read is counted): signing must
   read no byte twice;
@@ -92,6 +95,25 @@ for name, run in (("publish", lambda: hash_spans(spans, use_mmap=False)),
 """
 
 
+IN_PROCESS = """
+import statistics, sys, time
+import ckptpub
+from ckptpub.signing import Signer
+folder, key, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+signer = Signer.load(key)
+runs = {"publish": {}, "publish(sign=signer)": {"sign": signer},
+        "publish(sign=signer, sign_hash='blake3')": {"sign": signer, "sign_hash": "blake3"}}
+times = {name: [] for name in runs}
+for round_ in range(rounds):
+    for name, options in runs.items():
+        start = time.perf_counter()
+        ckptpub.publish(folder, **options)
+        times[name].append(time.perf_counter() - start)
+for name, values in times.items():
+    print(statistics.median(values), name)
+"""
+
+
 def timed(argv: list[str]) -> tuple[float, float]:
     """Wall and CPU (user + system) seconds of one run."""
     start = time.perf_counter()
@@ -100,6 +122,20 @@ def timed(argv: list[str]) -> tuple[float, float]:
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"bench: {' '.join(argv)} failed")
     return time.perf_counter() - start, usage.ru_utime + usage.ru_stime
+
+
+def in_process(folder: Path, private: Path, rounds: int) -> None:
+    print()
+    print("| in one process, key loaded once (as PublishCallback) | wall (s) | vs publish |")
+    print("|---|---|---|")
+    lines = subprocess.run(
+        [sys.executable, "-c", IN_PROCESS, str(folder), str(private), str(rounds)],
+        check=True, capture_output=True, text=True,
+    ).stdout.splitlines()  # fmt: skip
+    base = float(lines[0].split()[0])
+    for line in lines:
+        seconds, label = line.split(" ", 1)
+        print(f"| `{label}` | {float(seconds):.2f} | {float(seconds) / base:.2f}x |")
 
 
 def main() -> None:
@@ -155,6 +191,8 @@ def main() -> None:
                 f"| `{name}` | {wall:.2f} | {size / 1e9 / wall:.2f} | {wall / base_wall:.2f}x "
                 f"| {cpu:.2f} | {cpu / base_cpu:.2f}x |"
             )
+        if not args.cold:
+            in_process(folder, private, args.rounds)
         print()
         print("| bytes read (pread, in-process) | bytes | x the folder's bytes |")
         print("|---|---|---|")

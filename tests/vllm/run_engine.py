@@ -1,8 +1,10 @@
 """Run vLLM CPU engines for the tests and print one JSON result line per job.
 
 Usage: ``python run_engine.py JOBS_JSON`` where JOBS_JSON is a list of
-``{"model": DIR, "load_format": "auto"|"manifest_cache", "extra": {...}}``, or
-``{"wait_for": PATH}`` (wait until PATH exists: a test acts between two engines).
+``{"model": DIR, "load_format": "auto"|"manifest_cache", "extra": {...}}``, with
+``"tensor_parallel_size": 2`` for an engine of two worker processes (vLLM's ``mp``
+executor; the caller sets ``VLLM_CPU_OMP_THREADS_BIND``), or ``{"wait_for": PATH}``
+(wait until PATH exists: a test acts between two engines).
 Each result is printed as ``CKPTPUB_RESULT {"tokens": [[...], ...]}`` or
 ``CKPTPUB_RESULT {"error": "<one line>"}`` (``{"waited": true}`` for a wait). The
 engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a loader
@@ -47,6 +49,7 @@ def run(job):
             load_format=job.get("load_format", "auto"),
             model_loader_extra_config=job.get("extra") or {},
             **TINY_ENGINE,
+            **parallel(job.get("tensor_parallel_size", 1)),
         )
         outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
         return {
@@ -67,6 +70,11 @@ def run(job):
             cleanup_dist_env_and_memory()
         except Exception:
             pass
+
+
+def parallel(size):
+    """``LLM`` arguments for ``size`` tensor-parallel workers (none for one)."""
+    return {} if size == 1 else {"tensor_parallel_size": size, "distributed_executor_backend": "mp"}
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from .._filesystem import run_index
 from .._filesystem.read import read_manifest
 from .._format.manifest import MANIFEST_NAME, Manifest
 from .._hashing.distributed import DEFAULT_TIMEOUT_S, DistributedHasher, new_group
+from .._hashing.engine import check_file_hash
 from .._operations.publishing import publish, publish_on_ranks
 from .._operations.signing import Signer
 from ..errors import CkptpubError
@@ -178,11 +179,18 @@ class _Publisher:
     """
 
     def __init__(
-        self, *, background: bool, max_pending: int, require: str | None, signer: Signer | None = None
+        self,
+        *,
+        background: bool,
+        max_pending: int,
+        require: str | None,
+        signer: Signer | None = None,
+        sign_hash: str = "sha256",
     ) -> None:
         self.background = background
         self.require = require
         self.signer = signer
+        self.sign_hash = sign_hash
         self.rotation_lock = threading.Lock()
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max(1, max_pending))
         self._thread: threading.Thread | None = None
@@ -297,6 +305,7 @@ class _Publisher:
             "provenance": job.provenance,
             "allow_no_weights": True,
             "sign": self.signer,
+            "sign_hash": self.sign_hash,
         }
         try:
             if hasher is None:
@@ -345,6 +354,8 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
     * ``sign`` (default None): a private key's path (or a ``ckptpub.signing.SigningKey``):
       sign every checkpoint (``model.sig``, see ``docs/security.md``). The key is
       loaded here, so a key that cannot sign fails before training starts.
+    * ``sign_hash`` (default ``"sha256"``): the file digest ``model.sig`` lists,
+      ``"sha256"`` or ``"blake3"`` (as ``ckptpub.publish``'s; ``docs/security.md``).
 
     ``published`` lists what was published (filled on the main thread),
     ``failures`` the skipped saves with their reasons. The final
@@ -359,6 +370,7 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
         sign: object = None,
         distributed: bool = True,
         rank_timeout_s: float = DEFAULT_TIMEOUT_S,
+        sign_hash: str = "sha256",
     ) -> None:
         self.background = background
         self.index = index
@@ -366,7 +378,11 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
         self.rank_timeout_s = rank_timeout_s
         signer = None if sign is None else Signer.load(sign)
         self._pub = _Publisher(
-            background=background, max_pending=max_pending, require=_DONE_MARKER, signer=signer
+            background=background,
+            max_pending=max_pending,
+            require=_DONE_MARKER,
+            signer=signer,
+            sign_hash=check_file_hash(sign_hash, "sign_hash"),
         )
         self._holding = False
         self._base_identity: str | None = None

@@ -14,7 +14,10 @@ the line). Events and their fields (every report also has ``pid``):
 
 * ``keyed``: ``folder``, ``identity`` (``None``: no manifest, vLLM's own key): the
   manifest this daemon read, once; its key and its load both use that object.
-* ``verified``: ``folder``, ``identity``, ``tensors``: every tensor loaded matched it.
+* ``verified``: ``folder``, ``identity``, ``tensors``, ``total``, ``ranks``: every tensor
+  loaded matched it; this process hashed ``tensors`` of the identity's ``total``, the
+  rest hashed by the other ranks of its node (``ranks`` in all, ``node_share``) that
+  agreed on the outcome.
 * ``waiting``: ``identity``, ``socket``: loaded and warmed up; another daemon holds
   the socket path, and this one takes it over when that one hands it over.
 * ``serving``: ``identity``, ``socket``: this daemon holds the socket path's lock.

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -32,7 +32,7 @@ from vllm.model_executor.model_loader.weight_cache.ipc_loader import IpcModelLoa
 
 import ckptpub
 
-from . import LOAD_FORMAT, adapters, daemon_reports, key, mismatch
+from . import LOAD_FORMAT, adapters, daemon_reports, key, mismatch, node_share
 from .errors import RefusedError, refusals_logged
 from .log import logger
 from .options import Options, split_extra_config
@@ -43,7 +43,9 @@ from .verify_stream import StreamVerifier, check_shards_are_files
 class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is untyped for mypy here
     """vLLM's default disk loader with every tensor of the main checkpoint verified.
 
-    Tensors are hashed on a few threads as vLLM streams them into the model. In a
+    Tensors are hashed on a few threads as vLLM streams them into the model; when
+    several ranks load the model (tensor, context or pipeline parallel: vLLM's groups),
+    the ranks of one node split the hashing and agree on the outcome (``node_share``). In a
     full ``load_model`` the last hashes are awaited only after vLLM's weight
     post-processing, so they overlap it instead of delaying it: on real shapes the
     hashing costs more CPU than the copy it runs beside. The model is returned only
@@ -90,6 +92,8 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
             self.manifest,
             threads=self.options.hash_threads,
             max_pending_mib=self.options.max_pending_mib,
+            peers=node_share.peers_from_vllm(),
+            share_hashing=self.options.share_hashing,
         )
         try:
             super().load_weights(model, model_config)
@@ -112,13 +116,19 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
             folder=model_config.model,
             identity=self.manifest.identity,
             tensors=verifier.verified_tensors,
+            total=verifier.total_tensors,
+            ranks=verifier.helpers,
         )
+        others = verifier.helpers - 1
         logger.info(
-            "ckptpub: loaded and verified %d tensors (%.2f GiB) of %s from disk in %.2f s; identity %s",
+            "ckptpub: loaded and verified %d of %d tensors (%.2f GiB here) of %s from disk in %.2f s%s; "
+            "identity %s",
             verifier.verified_tensors,
+            verifier.total_tensors,
             verifier.verified_bytes / 2**30,
             model_config.model,
             time.perf_counter() - self._started,
+            f" (the rest by {others} other rank{'s' if others > 1 else ''} of this node)" if others else "",
             self.manifest.identity,
         )
 
@@ -135,7 +145,21 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
             return weights
         if source.is_unused_weight is not None or self._encoder_only_lm_prefixes is not None:
             self.verifier.mark_partial("vLLM skips shards this model does not use")
+            self.verifier.share(node_share.READS_UNKNOWN)  # which tensors it sees is vLLM's to say
+        elif self.local_expert_ids is not None:
+            self.verifier.share(node_share.READS_LISTED, expert_filter(self.local_expert_ids))
+        else:
+            self.verifier.share(node_share.READS_ALL)
         return self.verifier.wrap(weights)
+
+
+def expert_filter(local_expert_ids: set[int]) -> Callable[[str], bool] | None:
+    """Whether this rank sees a tensor under expert parallelism: vLLM's own filter, or None (unknown)."""
+    try:
+        from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
+    except ImportError:  # another vLLM: this rank hashes all it sees and takes no share
+        return None
+    return lambda name: not should_skip_weight(name, local_expert_ids)
 
 
 def ipc_unsupported_reason() -> str | None:

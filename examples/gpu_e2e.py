@@ -45,7 +45,11 @@ NO_PLUGIN = {"VLLM_PLUGINS": "none"}  # an allow-list that matches no plugin
 
 
 def engine_main(job: dict) -> None:
-    """Child mode: start one engine, print its greedy tokens as JSON."""
+    """Child mode: start one engine, print its greedy tokens as JSON.
+
+    With ``"hold": true`` the engine stays up and generates again, printing its
+    tokens again, for each line read from stdin, until stdin ends.
+    """
     from vllm import LLM, SamplingParams
 
     llm = LLM(
@@ -54,8 +58,11 @@ def engine_main(job: dict) -> None:
         model_loader_extra_config=job.get("extra") or {},
         **ENGINE,
     )
-    outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
-    print("E2E_RESULT " + json.dumps([list(o.outputs[0].token_ids) for o in outs]), flush=True)
+    while True:
+        outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+        print("E2E_RESULT " + json.dumps([list(o.outputs[0].token_ids) for o in outs]), flush=True)
+        if not job.get("hold") or not sys.stdin.readline():
+            return
 
 
 def run_engine(model: str, load_format: str, extra: dict | None = None, env: dict | None = None):

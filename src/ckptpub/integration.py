@@ -17,7 +17,8 @@ the way the core does (``docs/design.md`` lists where each rule lives):
   ``layout_in_memory`` (the tensors of a whole safetensors file held in memory, with the
   header checks publishing applies);
 * manifests: ``base_of`` (the base identity a manifest records, a fine-tune's or an
-  adapter's parent, or None);
+  adapter's parent, or None), ``is_adapter`` (whether it is a PEFT adapter's, as
+  ``ckptpub show``/``diff`` say);
 * files shared with readers, ``jsonfiles``: ``write_json``/``write_atomically`` (replaced
   whole), ``read_json``, ``append_line``/``read_lines`` (a log, a whole line at a time);
 * file names: ``MANIFEST_NAME``, ``SIGNATURE_NAME``, ``RUN_INDEX_NAME``,
@@ -45,7 +46,7 @@ from ._format.names import (
 )
 from ._format.safetensors import layout_in_memory
 from ._format.strict_json import loads_strict
-from ._operations.explain import base_of
+from ._operations.explain import base_of, is_adapter
 from ._settings import (
     CERTIFICATE_CHAIN_ENV,
     DEBUG_ENV,
@@ -79,6 +80,7 @@ __all__ = [
     "config_meaning",
     "env_flag",
     "flag",
+    "is_adapter",
     "jsonfiles",
     "layout_in_memory",
     "loads_strict",

@@ -1,6 +1,8 @@
-"""Signed checkpoints: ``model.sig``, a signature that OpenSSF's ``model_signing verify`` accepts.
+"""Signed checkpoints: ``model.sig``, a signature in OpenSSF ``model_signing``'s format.
 
-``publish(folder, sign=SigningKey(...))`` (or a private key's path) writes it;
+``publish(folder, sign=SigningKey(...))`` (or a private key's path) writes it, listing
+each file's SHA-256 (what the ``model_signing verify`` command checks) or, with
+``sign_hash="blake3"``, its BLAKE3 (``SIGN_HASHES``);
 ``check_signature`` checks it reading only ``model.sig`` and ``ckptpub.json``;
 ``verify_signed`` checks it and then every byte. ``read_trusted_manifest(folder,
 trusted)`` is where "signed or plain" is decided: with a ``TrustedKey`` (from options
@@ -11,6 +13,7 @@ trust is in ``docs/security.md``; the implementation is ``ckptpub._operations.si
 """
 
 from ._operations.signing import (
+    SIGN_HASHES,
     SignatureCheck,
     Signer,
     SigningKey,
@@ -21,6 +24,7 @@ from ._operations.signing import (
 )
 
 __all__ = [
+    "SIGN_HASHES",
     "SignatureCheck",
     "Signer",
     "SigningKey",

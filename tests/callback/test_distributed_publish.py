@@ -108,6 +108,22 @@ def test_a_signed_publish_under_torchrun_verifies_with_the_public_key(checkpoint
     assert entries(checkpoint) == entries(alone)
 
 
+def test_a_blake3_signed_publish_under_torchrun(checkpoint, tmp_path):
+    """``--sign-hash blake3`` on 2 ranks: each rank computes the whole-file BLAKE3 of the files it
+    hashes, and rank 0's signature is what model_signing's Python API accepts."""
+    sys.path.insert(0, str(HERE.parent / "signing"))
+    import signhelpers
+
+    key = signhelpers.make_key(tmp_path / "keys", "trainer")
+    signing = ["--sign", str(key.private), "--sign-hash", "blake3"]
+    command = torchrun(2, "-m", "--", "ckptpub", "publish", str(checkpoint), *signing)
+    r = run_group(command, timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert signhelpers.model_signing_api_verify(checkpoint, key.public) is None
+    verified = run_cli("verify", checkpoint, "--public-key", key.public)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
 def test_each_rank_hashes_its_own_share(checkpoint, tmp_path):
     out = tmp_path / "out"
     out.mkdir()

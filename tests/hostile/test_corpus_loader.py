@@ -55,12 +55,18 @@ LOADER_CASES = [c for c in CASES if c.published or c.name == "no manifest"]
 
 def load_like_the_engine(folder: str, options: Options | None = None) -> str | None:
     """What ManifestCacheLoader does before and while reading weights; returns the cache key."""
-    from safetensors import safe_open
-
     manifest = check_before_start(folder, options or Options())
     key = checkpoint_key(folder)
     if manifest is None:  # require_manifest false: vLLM's own key and an unverified load
         return key
+    verify_as_vllm_streams(folder, manifest)
+    return key
+
+
+def verify_as_vllm_streams(folder: str, manifest: ckptpub.Manifest) -> None:
+    """The loader's disk path: every shard read as vLLM reads it, each tensor checked against ``manifest``."""
+    from safetensors import safe_open
+
     check_shards_are_files(folder)
     verifier = StreamVerifier(folder, manifest, threads=1)
 
@@ -76,7 +82,6 @@ def load_like_the_engine(folder: str, options: Options | None = None) -> str | N
         verifier.finish()
     finally:
         verifier.close()
-    return key
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from lora_helpers import TAMPERED_LORA_B, flip_bit
-from vllm_engine_helpers import TINY_ENGINE
+from vllm_engine_helpers import TINY_ENGINE, engine_flags
 
 import ckptpub
 
@@ -235,8 +235,7 @@ def server(lora, offline, tmp_path_factory):
         "--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"good={lora['good']}",
         "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
-    for option, value in TINY_ENGINE.items():  # the offline engines' settings, as flags
-        command += [f"--{option.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    command += engine_flags(TINY_ENGINE)  # the offline engines' settings, as flags
     env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -318,3 +317,20 @@ def test_the_server_refuses_a_request_whose_evicted_adapter_changed_then_answers
     assert _tokens(_complete(url, "second")) == auto["second"]["tokens"]
     assert _tokens(_complete(url, lora["base"])) == auto["base"]["tokens"]
     assert _tokens(_complete(url, "good")) == auto["good"]["tokens"]
+
+
+def test_the_server_shows_each_served_adapters_identity_and_its_base(server, lora):
+    """/v1/models and /metrics name the base's identity and each adapter's, with the base it applies on."""
+    url, _ = server
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as response:
+        cards = {card["id"]: card for card in json.loads(response.read())["data"]}
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        metrics = [m for m in response.read().decode().splitlines() if m.startswith("ckptpub:served_info{")]
+    base, good = _identity(lora["base"]), _identity(lora["good"])
+    assert cards["good"]["ckptpub"] == {"identity": good, "kind": "adapter", "base_identity": base}
+    (model,) = [card for card in cards.values() if card.get("parent") is None]
+    assert model["ckptpub"] == {"identity": base, "kind": "model", "base_identity": None}
+    assert any(f'identity="{good}"' in m and 'kind="adapter"' in m and 'name="good"' in m for m in metrics), (
+        metrics
+    )
+    assert any(f'identity="{base}"' in m and 'kind="model"' in m for m in metrics), metrics

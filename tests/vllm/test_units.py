@@ -10,7 +10,7 @@ import pytest
 from ckptpub_vllm.engine_files import engine_file_problems, engine_reads
 from ckptpub_vllm.errors import RefusedError
 from ckptpub_vllm.options import Options, split_extra_config
-from ckptpub_vllm.verify_stream import INLINE_HASH_BYTES, StreamVerifier
+from ckptpub_vllm.verify_stream import INLINE_HASH_BYTES, StreamVerifier, raw_bytes, small_bytes
 from safetensors import safe_open
 from support.manifests import replaced
 
@@ -95,6 +95,17 @@ def test_a_changed_tensor_is_named_whichever_thread_hashes_it(models, large):
     items[index] = (name, changed)
     with pytest.raises(RefusedError, match=f"'{re.escape(name)}' differs from the manifest"):
         _verify_all(verifier(models["v1"]), items)
+
+
+def test_small_bytes_are_the_tensor_s_bytes_as_stored():
+    """The copy made from ``data_ptr()`` holds what the zero-copy view does, for a slice, a
+    transposed (non-contiguous) tensor, a 0-d tensor and several dtype widths."""
+    import torch
+
+    base = torch.arange(96, dtype=torch.float32).reshape(8, 12)
+    for tensor in (base, base[2:5], base.T, base.to(torch.bfloat16), base[3, 4], base.to(torch.int8)[1]):
+        expected = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        assert small_bytes(tensor) == bytes(raw_bytes(tensor)) == expected, tensor
 
 
 @pytest.mark.parametrize(

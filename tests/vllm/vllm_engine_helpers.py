@@ -16,6 +16,10 @@ HERE = Path(__file__).parent
 TAMPERED_TENSOR = "model.norm.weight"
 #: Engine loads of the ``toggled`` checkpoint while a writer changes its bytes under them.
 TOGGLED_LOADS = 4
+SHIM = HERE.parents[1] / "tests" / "daemon_sim"
+# the shim goes on PYTHONPATH on purpose: Python's `site` imports a `sitecustomize` found there in every
+# process, including the daemon children `vllm preload` spawns (see the shim's docstring)
+SHIM_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))}
 #: What every test engine of the tiny Qwen3 runs with: small, eager, deterministic.
 TINY_ENGINE = {
     "dtype": "float32",
@@ -25,6 +29,18 @@ TINY_ENGINE = {
     "kv_cache_memory_bytes": 64 << 20,
     "seed": 0,
 }
+
+
+def engine_flags(settings: dict) -> list[str]:
+    """Engine settings (``LLM(**settings)``) as the command-line flags of ``vllm serve``/``vllm preload``."""
+    flags: list[str] = []
+    for option, value in settings.items():
+        flags += [f"--{option.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return flags
+
+
+# the engines' settings that enter vLLM's weight-cache key: the daemon must match them
+DAEMON_ARGS = engine_flags({k: TINY_ENGINE[k] for k in ("dtype", "max_model_len", "enforce_eager")})
 
 
 def same_size_edit(path: str, old: bytes, new: bytes) -> None:
@@ -54,3 +70,40 @@ def run_engines(jobs: list[dict], env: dict | None = None, timeout: int = 600) -
     ]
     assert len(results) == len(jobs), f"runner failed (rc {proc.returncode}):\n{log[-4000:]}"
     return results, log
+
+
+class EngineRunner:
+    """``run_engine.py`` running beside the test, its output in a file: the test acts between its jobs
+    (``{"wait_for": PATH}``) and reads what the engines did so far."""
+
+    def __init__(self, jobs: list[dict], log_path: Path, env: dict | None = None) -> None:
+        self.jobs, self.log_path = jobs, log_path
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(HERE / "run_engine.py"), json.dumps(jobs)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+            )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def results(self) -> list[dict]:
+        return [
+            json.loads(line.split(" ", 1)[1])
+            for line in self.log().splitlines()
+            if line.startswith("CKPTPUB_RESULT ")
+        ]
+
+    def finish(self, timeout: int = 900) -> tuple[list[dict], str]:
+        """Wait for every job; the results and each job's own log lines (the text before its result)."""
+        self.proc.wait(timeout=timeout)
+        results, log = self.results(), self.log()
+        assert len(results) == len(self.jobs), f"runner failed (rc {self.proc.returncode}):\n{log[-4000:]}"
+        return results, log
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)

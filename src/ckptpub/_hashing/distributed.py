@@ -14,8 +14,9 @@ Each call is two ``all_gather`` s of fixed-size ``uint8`` tensors (no pickle):
    ranges, a fingerprint of its files' identities on storage (inode, size,
    modification and change times), or the error that stopped it before hashing
    (``taking_part``). Ranks that see different folders refuse together.
-2. the digests: 32 bytes per span, filled on the rows the rank owns, with a status
-   and a message, so a rank whose read failed makes every rank fail with its reason.
+2. the digests: 32 bytes per span, filled on the rows the rank owns (and, when a rank
+   signs, 32 per file owned: its SHA-256 or BLAKE3), with a status and a message, so a
+   rank whose read failed makes every rank fail with its reason.
 
 A rank trusts another's digest of a file it did not read only when the two see the
 very same file on storage (one shared file system, wherever each mounts it): equal
@@ -47,7 +48,7 @@ import blake3
 from .._format.digest import DIGEST_PREFIX
 from .._settings import seconds
 from ..errors import CkptpubError
-from .engine import FileDigests, Span
+from .engine import FILE_HASHES, FileDigests, Span, check_file_hash
 from .options import HashOptions
 
 log = logging.getLogger("ckptpub")
@@ -59,14 +60,15 @@ DIGEST_BYTES = 32
 #: Room for a rank's error message in each exchange (longer ones are cut).
 MESSAGE_BYTES = 512
 _FAILED = 1  # a row's status byte: 0 all went well
-# A plan row: status byte, span count (8 bytes), fingerprint, storage fingerprint, "SHA-256 wanted"
-# byte, message.
+# A plan row: status byte, span count (8 bytes), fingerprint, storage fingerprint, whole-file hash
+# wanted (0 none, else 1 + its index in FILE_HASHES), message.
 _PLAN_SAME = slice(1, 9 + DIGEST_BYTES)  # span count and fingerprint: equal on every rank
 _PLAN_STORAGE = slice(9 + DIGEST_BYTES, 9 + 2 * DIGEST_BYTES)  # equal where ranks read the same files
-_PLAN_SHA256 = 9 + 2 * DIGEST_BYTES
-_PLAN_MESSAGE_AT = _PLAN_SHA256 + 1
+_PLAN_FILE_HASH = 9 + 2 * DIGEST_BYTES
+_PLAN_MESSAGE_AT = _PLAN_FILE_HASH + 1
 _PLAN_BYTES = _PLAN_MESSAGE_AT + MESSAGE_BYTES
-# A digest row: status byte, message, DIGEST_BYTES per span, then (when wanted) a SHA-256 per file.
+# A digest row: status byte, message, DIGEST_BYTES per span, then (when wanted) a whole-file digest per
+# file (SHA-256 and BLAKE3 are both DIGEST_BYTES long).
 _DIGESTS_AT = 1 + MESSAGE_BYTES
 
 
@@ -178,23 +180,23 @@ class DistributedHasher:
 
     def span_digests(self, spans: Sequence[Span], options: HashOptions) -> list[str]:
         """Every span's digest in order, as ``hash_spans`` returns them."""
-        return self._hash(spans, options, sha256=False).spans
+        return self._hash(spans, options, None).spans
 
-    def file_digests(self, spans: Sequence[Span], options: HashOptions) -> FileDigests:
-        """Every span's digest and every file's SHA-256, as ``hash_files`` returns them.
+    def file_digests(self, spans: Sequence[Span], algorithm: str, options: HashOptions) -> FileDigests:
+        """Every span's digest and every file's ``algorithm`` digest, as ``hash_files`` returns them.
 
-        When any rank asks for the SHA-256 (the writer, when it signs), every rank
-        computes the SHA-256 of the files it owns, so the rows keep one size.
+        When any rank asks for whole-file digests (the writer, when it signs), every rank
+        computes them for the files it owns, so the rows keep one size.
         """
-        return self._hash(spans, options, sha256=True)
+        return self._hash(spans, options, check_file_hash(algorithm))
 
-    def _hash(self, spans: Sequence[Span], options: HashOptions, *, sha256: bool) -> FileDigests:
-        """One distributed call: plan, hash this rank's files, exchange (``sha256`` empty unless asked)."""
+    def _hash(self, spans: Sequence[Span], options: HashOptions, algorithm: str | None) -> FileDigests:
+        """One distributed call: plan, hash this rank's files, exchange (file digests empty unless asked)."""
         self._joined = True
         plan = bytearray(_PLAN_BYTES)
         plan[_PLAN_SAME] = len(spans).to_bytes(8, "little") + plan_fingerprint(spans)
         plan[_PLAN_STORAGE] = storage_fingerprint(spans)
-        plan[_PLAN_SHA256] = sha256
+        plan[_PLAN_FILE_HASH] = 0 if algorithm is None else 1 + FILE_HASHES.index(algorithm)
         plans = self._all_gather(plan)
         _raise_failures(plans, _PLAN_MESSAGE_AT)
         if any(other[_PLAN_SAME] != plan[_PLAN_SAME] for other in plans):
@@ -202,6 +204,10 @@ class DistributedHasher:
                 "the ranks see different checkpoints (file lists or layouts differ); "
                 "publish once every rank sees the complete folder"
             )
+        asked = {other[_PLAN_FILE_HASH] for other in plans} - {0}
+        if len(asked) > 1:
+            raise CkptpubError("the ranks ask for different whole-file hashes (sign_hash differs)")
+        wanted = FILE_HASHES[asked.pop() - 1] if asked else None
         shared = all(other[_PLAN_STORAGE] == plans[0][_PLAN_STORAGE] for other in plans)
         if not shared:
             log.warning(
@@ -211,47 +217,44 @@ class DistributedHasher:
         owners = assign_files(spans, self.world_size) if shared else [self.rank] * len(spans)
         mine = [i for i, owner in enumerate(owners) if owner == self.rank]
         files = [first for first, _ in files_of(spans)]  # each file's first span
-        sha256_wanted = any(other[_PLAN_SHA256] for other in plans)
-        sha256_at = _DIGESTS_AT + DIGEST_BYTES * len(spans)
-        rows = bytearray(sha256_at + (DIGEST_BYTES * len(files) if sha256_wanted else 0))
+        files_at = _DIGESTS_AT + DIGEST_BYTES * len(spans)
+        rows = bytearray(files_at + (DIGEST_BYTES * len(files) if wanted else 0))
         my_spans = [spans[i] for i in mine]
         local = dataclasses.replace(options, hasher=None)  # this rank's share, on its own threads
         try:
-            if sha256_wanted:
-                digests, my_sha256 = local.file_digests(my_spans)
+            if wanted:
+                digests, my_files = local.file_digests(my_spans, wanted)
             else:
-                digests, my_sha256 = local.span_digests(my_spans), []
+                digests, my_files = local.span_digests(my_spans), []
         except CkptpubError as error:
             _write_failure(rows, 1, str(error))
         else:
             places = [_DIGESTS_AT + DIGEST_BYTES * i for i in mine]
             values = [digest.removeprefix(DIGEST_PREFIX) for digest in digests]
-            if sha256_wanted:
+            if wanted:
                 places += [
-                    sha256_at + DIGEST_BYTES * f
-                    for f, first in enumerate(files)
-                    if owners[first] == self.rank
+                    files_at + DIGEST_BYTES * f for f, first in enumerate(files) if owners[first] == self.rank
                 ]
-                values += my_sha256
+                values += my_files
             for at, value in zip(places, values, strict=True):
                 rows[at : at + DIGEST_BYTES] = bytes.fromhex(value)
         gathered = self._all_gather(rows)
         _raise_failures(gathered, 1)
         if not shared:
-            _raise_differences(gathered, spans, sha256_at)
-        file_sha256 = (
+            _raise_differences(gathered, spans, files_at)
+        file_digests = (
             [
                 gathered[owners[first]][at : at + DIGEST_BYTES].hex()
-                for at, first in zip(range(sha256_at, len(rows), DIGEST_BYTES), files, strict=True)
+                for at, first in zip(range(files_at, len(rows), DIGEST_BYTES), files, strict=True)
             ]
-            if sha256
+            if algorithm
             else []
         )
         span_digests = [
             DIGEST_PREFIX + gathered[owner][at : at + DIGEST_BYTES].hex()
-            for at, owner in zip(range(_DIGESTS_AT, sha256_at, DIGEST_BYTES), owners, strict=True)
+            for at, owner in zip(range(_DIGESTS_AT, files_at, DIGEST_BYTES), owners, strict=True)
         ]
-        return FileDigests(span_digests, file_sha256)
+        return FileDigests(span_digests, file_digests)
 
     def close(self) -> None:
         """Leave the hasher's own group on every rank together: a barrier, then the group destroyed.
@@ -333,16 +336,16 @@ def _raise_failures(rows: list[bytes], message_at: int) -> None:
             raise CkptpubError(f"rank {rank}: {text}")
 
 
-def _raise_differences(rows: list[bytes], spans: Sequence[Span], sha256_at: int) -> None:
+def _raise_differences(rows: list[bytes], spans: Sequence[Span], files_at: int) -> None:
     """Refuse, on every rank alike, when ranks that each hashed every span read different bytes."""
     for rank, row in enumerate(rows):
         if row[_DIGESTS_AT:] == rows[0][_DIGESTS_AT:]:
             continue
         at = next(i for i in range(_DIGESTS_AT, len(row)) if row[i] != rows[0][i])
-        if at < sha256_at:
+        if at < files_at:
             where = spans[(at - _DIGESTS_AT) // DIGEST_BYTES].label
-        else:  # a file's SHA-256 (for a signature)
-            where = spans[files_of(spans)[(at - sha256_at) // DIGEST_BYTES][0]].name
+        else:  # a whole file's digest (for a signature)
+            where = spans[files_of(spans)[(at - files_at) // DIGEST_BYTES][0]].name
         raise CkptpubError(
             f"rank {rank} read other bytes than rank 0 in {where}: the ranks' copies of the folder "
             "differ; publish or verify where every rank reads the same files"

@@ -28,7 +28,7 @@ from .._format.manifest import MAX_MANIFEST_BYTES, Manifest, check_identity, ide
 from .._format.names import MANIFEST_NAME, RUN_INDEX_NAME, SIGNATURE_NAME
 from .._format.safetensors import ShardLayout
 from .._format.tables import FileRecord, check_name, encode_tables, line
-from .._hashing.engine import ProgressCallback, Span
+from .._hashing.engine import ProgressCallback, Span, check_file_hash
 from .._hashing.options import HashOptions, SpanHasher
 from .._version import __version__
 from ..errors import CkptpubError
@@ -83,6 +83,7 @@ class _Options:
     allow_no_weights: bool
     allow_nested: bool
     signer: Signer | None = None  # a loaded signing key: checked before anything is hashed
+    sign_hash: str = "sha256"  # the whole-file digest the signature lists (engine.FILE_HASHES)
 
     @classmethod
     def checked(
@@ -94,6 +95,7 @@ class _Options:
         allow_no_weights: Any,
         allow_nested: Any,
         sign: Any = None,
+        sign_hash: Any = "sha256",
         hasher: Any = None,
     ) -> _Options:
         if provenance is not None and not hasattr(provenance, "items"):
@@ -107,6 +109,7 @@ class _Options:
             allow_no_weights=bool(allow_no_weights),
             allow_nested=bool(allow_nested),
             signer=None if sign is None else _load_signer(sign),
+            sign_hash=check_file_hash(sign_hash, "sign_hash"),
         )
 
 
@@ -117,7 +120,7 @@ def _load_signer(sign: Any) -> Signer:
 
 
 def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], list[str]]:
-    """The manifest, the files it lists, and (when signing) the SHA-256 of each of them, in order."""
+    """The manifest, the files it lists, and (when signing) the ``sign_hash`` digest of each, in order."""
     entries = scan_folder(root)
     if not options.allow_nested:
         _refuse_nested_checkpoints(root, entries)
@@ -140,10 +143,10 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
     config = config_digests(by_path)
     provenance = _provenance(options.provenance)
     spans = list(_spans(entries, layouts))
-    if options.signer is not None:  # a signature lists each file's SHA-256: from the same reads
-        span_digests, file_sha256 = options.hashing.file_digests(spans)
+    if options.signer is not None:  # a signature lists each whole file's digest: from the same reads
+        span_digests, file_digests = options.hashing.file_digests(spans, options.sign_hash)
     else:
-        span_digests, file_sha256 = options.hashing.span_digests(spans), []
+        span_digests, file_digests = options.hashing.span_digests(spans), []
     digests = iter(span_digests)
     for entry in entries:
         if restat(entry) != entry.signature:
@@ -162,7 +165,7 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
     tables = encode_tables(files, weights, per_file)
     identity = identity_of_tables(tables, files, weights, config)
     manifest = Manifest.from_tables(identity, tables, tuple(files), weights, config, provenance)
-    return manifest, entries, file_sha256
+    return manifest, entries, file_digests
 
 
 def _refuse_nested_checkpoints(root: str, entries: list[FolderEntry]) -> None:
@@ -200,14 +203,18 @@ def publish(
     base: str | os.PathLike[str] | None = None,
     adapter: str | os.PathLike[str] | None = None,
     sign: str | os.PathLike[str] | SigningKey | Signer | None = None,
+    sign_hash: str = "sha256",
     hasher: SpanHasher | None = None,
 ) -> Manifest:
     """Build the manifest of ``folder`` and write it to ``folder/ckptpub.json`` atomically.
 
     ``sign`` (a private key's path, or a ``ckptpub.signing.SigningKey`` for a
     certificate) also writes ``folder/model.sig``, a signature over every file and
-    the manifest that ``model_signing verify`` accepts (``pip install ckptpub[sign]``);
-    the key is loaded before anything is hashed or written.
+    the manifest in model_signing's format (``pip install ckptpub[sign]``); the key is
+    loaded before anything is hashed or written. ``sign_hash`` is the file digest it
+    lists: ``"sha256"``, which the ``model_signing verify`` command checks, or
+    ``"blake3"``, which costs a fraction of it and verifies with model_signing's Python
+    API and ``ckptpub verify --public-key`` (``docs/security.md`` says which to choose).
 
     ``base`` and ``adapter`` record lineage for a merged or converted model: each
     is a published checkpoint folder or an identity (``blake3:<64 hex>``), recorded
@@ -233,6 +240,7 @@ def publish(
         allow_no_weights,
         allow_nested,
         sign,
+        sign_hash,
         hasher=hasher,
     )
     root = resolve_folder(folder)
@@ -240,14 +248,14 @@ def publish(
         before = os.stat(root)
     except OSError as error:
         raise CkptpubError(f"{root}: {error.strerror or error}") from None
-    manifest, entries, file_sha256 = _build(root, options)
+    manifest, entries, file_digests = _build(root, options)
     files = [(os.path.join(root, MANIFEST_NAME), _manifest_bytes(manifest))]
     if options.signer is not None:  # signed before anything is written; the manifest lands last
         files.insert(
             0,
             (
                 os.path.join(root, SIGNATURE_NAME),
-                _signature(root, manifest, entries, file_sha256, options.signer),
+                _signature(root, manifest, entries, file_digests, options.signer, options.sign_hash),
             ),
         )
     try:
@@ -261,14 +269,19 @@ def publish(
 
 
 def _signature(
-    root: str, manifest: Manifest, entries: list[FolderEntry], file_sha256: list[str], signer: Signer
+    root: str,
+    manifest: Manifest,
+    entries: list[FolderEntry],
+    file_digests: list[str],
+    signer: Signer,
+    sign_hash: str,
 ) -> bytes:
-    """``model.sig``'s bytes for the manifest about to be written."""
+    """``model.sig``'s bytes for the manifest about to be written (``sign_hash`` digests of its files)."""
     from .signing import signature_for
 
     symlinks = any(e.real_path != os.path.join(root, *e.path.split("/")) for e in entries)
-    sha256 = dict(zip((e.path for e in entries), file_sha256, strict=True))
-    return signature_for(root, manifest, sha256, signer, allow_symlinks=symlinks)
+    by_path = dict(zip((e.path for e in entries), file_digests, strict=True))
+    return signature_for(root, manifest, by_path, signer, sign_hash=sign_hash, allow_symlinks=symlinks)
 
 
 def _with_lineage(provenance: Any, **links: Any) -> Any:
@@ -371,11 +384,11 @@ def publish_on_ranks(folder: str | os.PathLike[str], hasher: DistributedHasher, 
     Every rank of the group calls it with the same folder (as each rank sees it) and
     options; all hash together, and rank 0's manifest is the one a single process
     would write. ``base``/``adapter`` are resolved, and ``sign`` signs, on rank 0 only
-    (the other ranks compute the SHA-256 of their files for that signature).
+    (the other ranks compute the ``sign_hash`` digests of their files for that signature).
     """
     with hasher.taking_part():
         if hasher.rank == 0:
             return publish(folder, hasher=hasher, **options)
-        for rank_0_only in ("base", "adapter", "sign"):
+        for rank_0_only in ("base", "adapter", "sign", "sign_hash"):
             options.pop(rank_0_only, None)
         return build_manifest(folder, hasher=hasher, **options)

@@ -1,7 +1,7 @@
 """The one module that imports ``model_signing``: statements, bundles and their signatures.
 
-ckptpub computes each file's SHA-256 in the pass that computes its BLAKE3 digests, so
-the signature must be built from digests computed elsewhere. ``model_signing`` (1.1.1,
+ckptpub computes each file's SHA-256 (or BLAKE3) in the pass that computes its tensors'
+BLAKE3 digests, so the signature must be built from digests computed elsewhere. ``model_signing`` (1.1.1,
 pinned in the ``sign`` extra) builds manifests from digests only through private
 modules (``manifest._FileSerialization``, ``_hashing.hashing.Digest``,
 ``_signing.signing.Payload``, ``_signing.sign_ec_key``, ``_signing.sign_certificate``);
@@ -37,8 +37,6 @@ except ImportError as error:  # the extra is not installed (or model_signing's u
         f"signing needs the model_signing package ({error.msg}): pip install 'ckptpub[sign]'"
     ) from None
 
-#: The only digest ``model_signing verify`` (its command line) accepts.
-HASH = "sha256"
 #: A key or certificate file (PEM) larger than this is refused unread; a chain of a few hundred
 #: certificates fits.
 MAX_PEM_BYTES = 1 << 20
@@ -76,22 +74,25 @@ def load_signer(
 def sign_statement(
     model_name: str,
     resources: Sequence[tuple[str, str]],
+    hash_name: str,
     ignore_paths: Iterable[str],
     allow_symlinks: bool,
     signer: sign_ec_key.Signer,
 ) -> bytes:
-    """The Sigstore bundle (JSON) over a ``files``/SHA-256 statement of ``resources`` (path, hex digest).
+    """The Sigstore bundle (JSON) over a ``files`` statement of ``resources`` (path, hex digest), each
+    digest a ``hash_name`` one (``sha256`` or ``blake3``, model_signing's names).
 
-    What ``model_signing sign key|certificate`` writes for the same files, digests and options:
+    What ``model_signing sign key|certificate`` writes for the same files, digests and options
+    (its ``hashing.Config().use_file_serialization(hashing_algorithm=hash_name)``):
     the statement is built by the same classes, so it holds the same data (``model_signing``
     itself does not write it byte-for-byte the same twice: protobuf orders the keys of its JSON
     objects at random, and the ignored paths come from a frozenset).
     """
     ignored = [pathlib.Path(path) for path in ignore_paths]
-    serialization = ms_manifest._FileSerialization(HASH, allow_symlinks, ignored)
+    serialization = ms_manifest._FileSerialization(hash_name, allow_symlinks, ignored)
     items = [
         ms_manifest.FileManifestItem(
-            path=pathlib.PurePosixPath(path), digest=ms_hashing.Digest(HASH, bytes.fromhex(digest))
+            path=pathlib.PurePosixPath(path), digest=ms_hashing.Digest(hash_name, bytes.fromhex(digest))
         )
         for path, digest in resources
     ]

@@ -35,6 +35,7 @@ from .._filesystem.read import read_manifest
 from .._format.manifest import Manifest
 from .._format.names import MANIFEST_NAME, TRAINER_STATE_NAME
 from .._hashing.distributed import DEFAULT_TIMEOUT_S, DistributedHasher, new_group
+from .._hashing.engine import check_file_hash
 from .._operations.publishing import publish, publish_on_ranks
 from .._operations.signing import Signer
 from .._settings import seconds
@@ -180,11 +181,18 @@ class _Publisher:
     """
 
     def __init__(
-        self, *, background: bool, max_pending: int, require: str | None, signer: Signer | None = None
+        self,
+        *,
+        background: bool,
+        max_pending: int,
+        require: str | None,
+        signer: Signer | None = None,
+        sign_hash: str = "sha256",
     ) -> None:
         self.background = background
         self.require = require
         self.signer = signer
+        self.sign_hash = sign_hash
         self.rotation_lock = threading.Lock()
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max(1, max_pending))
         self._thread: threading.Thread | None = None
@@ -315,6 +323,7 @@ class _Publisher:
             "provenance": job.provenance,
             "allow_no_weights": True,
             "sign": self.signer,
+            "sign_hash": self.sign_hash,
         }
         try:
             if hasher is None:
@@ -363,6 +372,8 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
     * ``sign`` (default None): a private key's path (or a ``ckptpub.signing.SigningKey``):
       sign every checkpoint (``model.sig``, see ``docs/security.md``). The key is
       loaded here, so a key that cannot sign fails before training starts.
+    * ``sign_hash`` (default ``"sha256"``): the file digest ``model.sig`` lists,
+      ``"sha256"`` or ``"blake3"`` (as ``ckptpub.publish``'s; ``docs/security.md``).
 
     ``published`` lists what was published (filled on the main thread),
     ``failures`` the skipped saves with their reasons. The final
@@ -377,6 +388,7 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
         sign: object = None,
         distributed: bool = True,
         rank_timeout_s: float = DEFAULT_TIMEOUT_S,
+        sign_hash: str = "sha256",
     ) -> None:
         self.background = background
         self.index = index
@@ -384,7 +396,11 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
         self.rank_timeout_s = seconds(rank_timeout_s, "rank_timeout_s")
         signer = None if sign is None else Signer.load(sign)
         self._pub = _Publisher(
-            background=background, max_pending=max_pending, require=TRAINER_STATE_NAME, signer=signer
+            background=background,
+            max_pending=max_pending,
+            require=TRAINER_STATE_NAME,
+            signer=signer,
+            sign_hash=check_file_hash(sign_hash, "sign_hash"),
         )
         self._holding = False
         self._base_identity: str | None = None

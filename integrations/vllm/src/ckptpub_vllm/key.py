@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import ckptpub
 
@@ -32,23 +33,45 @@ from .signature import signed_manifest, trusted_from_env
 
 _PATCH_MARK = "_ckptpub_original"
 _logged: set[tuple[str, str]] = set()
-#: Manifests the loader has just checked, by folder, for the key vLLM computes next (see ``checked``).
-_checked: dict[str, ckptpub.Manifest] = {}
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The manifest this process already read and checked for a folder (None: it has none)."""
+
+    manifest: ckptpub.Manifest | None
+
+
+#: Decisions in force, by folder (see ``checked``).
+_checked: dict[str, Checked] = {}
 
 
 @contextlib.contextmanager
-def checked(folder: str, manifest: ckptpub.Manifest) -> Iterator[None]:
-    """While the loader asks the daemon, key ``folder`` by the manifest it already checked.
+def checked(folder: str, manifest: ckptpub.Manifest | None) -> Iterator[None]:
+    """While the block runs, ``folder`` is keyed (and loaded) by the manifest already checked.
 
-    The key then names exactly the manifest whose engine files were checked (no
-    window in which another could be read), and ``ckptpub.json`` is read once per
-    engine start. Outside the block the key reads the file as usual.
+    The key then names exactly the manifest whose checks passed, and nothing reads
+    ``ckptpub.json`` again in between: an engine asks the daemon inside this block,
+    and a daemon runs its whole life inside it (``daemon.run_daemon``), so the key
+    computed in vLLM's ``WeightCacheDaemon.__init__`` and the verified
+    ``load_weights`` use the one object. ``None`` keeps the decision "no manifest"
+    (vLLM's own key) rather than reading again. Outside the block the key reads the
+    file as usual.
     """
-    _checked[folder] = manifest
+    previous = _checked.get(folder)
+    _checked[folder] = Checked(manifest)
     try:
         yield
     finally:
-        _checked.pop(folder, None)
+        if previous is None:
+            _checked.pop(folder, None)
+        else:
+            _checked[folder] = previous
+
+
+def checked_for(folder: str) -> Checked | None:
+    """The decision ``checked`` put in force for ``folder``, or None when there is none."""
+    return _checked.get(folder)
 
 
 def has_manifest(folder: str) -> bool:
@@ -84,8 +107,11 @@ def read_folder_manifest(
 def checkpoint_key(model: str) -> str | None:
     """Drop-in replacement for vLLM's ``protocol.hash_checkpoint``."""
     manifest = None
-    if isinstance(model, str):
-        manifest = _checked.get(model) or read_folder_manifest(model, check_tables=False)
+    decided = _checked.get(model) if isinstance(model, str) else None
+    if decided is not None:
+        manifest = decided.manifest
+    elif isinstance(model, str):
+        manifest = read_folder_manifest(model, check_tables=False)
     if manifest is not None:
         if (model, manifest.identity) not in _logged:
             _logged.add((model, manifest.identity))

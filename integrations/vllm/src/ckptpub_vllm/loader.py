@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -32,7 +32,7 @@ from vllm.model_executor.model_loader.weight_cache.ipc_loader import IpcModelLoa
 
 import ckptpub
 
-from . import LOAD_FORMAT, adapters, key
+from . import LOAD_FORMAT, adapters, daemon_reports, key, mismatch, node_share
 from .errors import RefusedError, refusals_logged
 from .log import logger
 from .options import Options, split_extra_config
@@ -43,7 +43,9 @@ from .verify_stream import StreamVerifier, check_shards_are_files
 class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is untyped for mypy here
     """vLLM's default disk loader with every tensor of the main checkpoint verified.
 
-    Tensors are hashed on a few threads as vLLM streams them into the model. In a
+    Tensors are hashed on a few threads as vLLM streams them into the model; when
+    several ranks load the model (tensor, context or pipeline parallel: vLLM's groups),
+    the ranks of one node split the hashing and agree on the outcome (``node_share``). In a
     full ``load_model`` the last hashes are awaited only after vLLM's weight
     post-processing, so they overlap it instead of delaying it: on real shapes the
     hashing costs more CPU than the copy it runs beside. The model is returned only
@@ -90,6 +92,8 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
             self.manifest,
             threads=self.options.hash_threads,
             max_pending_mib=self.options.max_pending_mib,
+            peers=node_share.peers_from_vllm(),
+            share_hashing=self.options.share_hashing,
         )
         try:
             super().load_weights(model, model_config)
@@ -107,12 +111,24 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
         assert verifier is not None
         assert self.manifest is not None
         verifier.finish()
+        daemon_reports.report(
+            daemon_reports.VERIFIED,
+            folder=model_config.model,
+            identity=self.manifest.identity,
+            tensors=verifier.verified_tensors,
+            total=verifier.total_tensors,
+            ranks=verifier.helpers,
+        )
+        others = verifier.helpers - 1
         logger.info(
-            "ckptpub: loaded and verified %d tensors (%.2f GiB) of %s from disk in %.2f s; identity %s",
+            "ckptpub: loaded and verified %d of %d tensors (%.2f GiB here) of %s from disk in %.2f s%s; "
+            "identity %s",
             verifier.verified_tensors,
+            verifier.total_tensors,
             verifier.verified_bytes / 2**30,
             model_config.model,
             time.perf_counter() - self._started,
+            f" (the rest by {others} other rank{'s' if others > 1 else ''} of this node)" if others else "",
             self.manifest.identity,
         )
 
@@ -129,7 +145,21 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
             return weights
         if source.is_unused_weight is not None or self._encoder_only_lm_prefixes is not None:
             self.verifier.mark_partial("vLLM skips shards this model does not use")
+            self.verifier.share(node_share.READS_UNKNOWN)  # which tensors it sees is vLLM's to say
+        elif self.local_expert_ids is not None:
+            self.verifier.share(node_share.READS_LISTED, expert_filter(self.local_expert_ids))
+        else:
+            self.verifier.share(node_share.READS_ALL)
         return self.verifier.wrap(weights)
+
+
+def expert_filter(local_expert_ids: set[int]) -> Callable[[str], bool] | None:
+    """Whether this rank sees a tensor under expert parallelism: vLLM's own filter, or None (unknown)."""
+    try:
+        from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
+    except ImportError:  # another vLLM: this rank hashes all it sees and takes no share
+        return None
+    return lambda name: not should_skip_weight(name, local_expert_ids)
 
 
 def ipc_unsupported_reason() -> str | None:
@@ -153,8 +183,10 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         self.options, rest = split_extra_config(load_config.model_loader_extra_config)
         super().__init__(dataclasses.replace(load_config, model_loader_extra_config=rest))
         self._manifest: ckptpub.Manifest | None = None
+        self._folder = ""
 
     def _prepare(self, model_config: ModelConfig) -> ckptpub.Manifest | None:
+        self._folder = model_config.model
         self._manifest = check_before_start(model_config.model, self.options)
         return self._manifest
 
@@ -176,9 +208,14 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         return model
 
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
-        """Used by the weight-cache daemon (and reloads): always a verified disk load."""
+        """Used by the weight-cache daemon (and reloads): always a verified disk load.
+
+        In a daemon, against the manifest its key was computed from (``daemon.run_daemon``
+        checked it and keeps it in force), never a second read of ``ckptpub.json``.
+        """
         with refusals_logged(model_config.model):
-            manifest = self._prepare(model_config)
+            decided = key.checked_for(model_config.model)
+            manifest = decided.manifest if decided is not None else self._prepare(model_config)
             self._disk_loader(manifest).load_weights(model, model_config)
 
     def _load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:
@@ -198,8 +235,6 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
             return self._disk_loader(manifest).load_model(
                 vllm_config=vllm_config, model_config=model_config, prefix=prefix
             )
-        if manifest is None:
-            return super().load_model(vllm_config, model_config, prefix)
         with key.checked(model_config.model, manifest):
             return super().load_model(vllm_config, model_config, prefix)
 
@@ -208,8 +243,11 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         logger.info("ckptpub: asking the weight-cache daemon for checkpoint %s", cache_key.checkpoint)
         try:
             state = super()._request_state(cache_key, **kwargs)
-        except protocol.CacheConfigMismatchError as e:
-            logger.warning("ckptpub: the daemon holds something else (%s); it will not be mapped", e)
+        except protocol.CacheConfigMismatchError as error:
+            what = mismatch.describe(cache_key, mismatch.ask_held(self), str(error))
+            if not self.fallback:
+                raise RefusedError(self._folder, f"{what}; fallback is false, so nothing is loaded") from None
+            logger.warning("ckptpub: %s: not mapped; falling back to a verified disk load", what)
             raise
         logger.info("ckptpub: the daemon holds %s: mapping its weights", cache_key.checkpoint)
         return state

@@ -3,7 +3,8 @@
 ``python -m torch.distributed.run --nproc_per_node 2 share_ranks.py FOLDER COPY``: every
 case runs on both ranks in turn over torch's default group (the stand-in for vLLM's
 tensor-parallel ``cpu_group``: the same gloo collectives), and each rank prints one
-``CKPTPUB_RANK`` JSON line per case: how many tensors it hashed, and its refusal if any.
+``CKPTPUB_RANK`` JSON line per case: how many tensors it hashed, how many it handed on
+without copying them (``views``), and its refusal if any.
 ``COPY`` is a copy of ``FOLDER`` (other inodes): rank 1 reads it in the "copy" case.
 """
 
@@ -47,9 +48,10 @@ def run(folder: str, case: str, peers: Peers, rank: int) -> dict:
     seen = [
         (n, t) for n, t in stream(folder, change) if case != "listed" or rank == 1 or n in everything[::2]
     ]
+    views = 0  # tensors handed on as the streamed tensor's own memory rather than a private copy
     try:
-        for _ in verifier.wrap(seen):
-            pass
+        for (_, streamed), (_, handed) in zip(seen, verifier.wrap(seen), strict=True):
+            views += handed.untyped_storage().data_ptr() == streamed.untyped_storage().data_ptr()
         if case == "listed":
             verifier.mark_partial("expert-parallel weight filter")
         verifier.finish()
@@ -60,6 +62,7 @@ def run(folder: str, case: str, peers: Peers, rank: int) -> dict:
         "verified": verifier.verified_tensors,
         "of": verifier.total_tensors,
         "mine": sorted(mine),
+        "views": views,
     }
 
 

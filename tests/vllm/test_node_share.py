@@ -45,6 +45,12 @@ def test_each_tensor_is_hashed_by_one_rank(ranks) -> None:
     assert not set(zero["mine"]) & set(one["mine"])
 
 
+def test_every_rank_hands_on_its_own_copy_of_every_tensor(ranks) -> None:
+    """Also the tensors another rank hashes: what a rank loads is never a view of the shard's memory."""
+    assert ranks["clean", 0]["views"] == ranks["clean", 1]["views"] == 0
+    assert ranks["listed", 0]["views"] == ranks["listed", 1]["views"] == 0
+
+
 @pytest.mark.parametrize("hasher", [0, 1])
 def test_a_changed_tensor_is_refused_by_every_rank_whichever_hashes_it(ranks, hasher: int) -> None:
     found, told = ranks[f"tamper{hasher}", hasher], ranks[f"tamper{hasher}", 1 - hasher]

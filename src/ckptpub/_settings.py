@@ -27,6 +27,8 @@ PUBLIC_KEY_ENV = "CKPTPUB_PUBLIC_KEY"
 CERTIFICATE_CHAIN_ENV = "CKPTPUB_CERTIFICATE_CHAIN"
 PRELOAD_STATE_DIR_ENV = "CKPTPUB_PRELOAD_STATE_DIR"
 PRELOAD_IDENTITY_ENV = "CKPTPUB_PRELOAD_IDENTITY"
+PRELOAD_TAKEOVER_ENV = "CKPTPUB_PRELOAD_TAKEOVER"
+REFUSAL_FILE_ENV = "CKPTPUB_REFUSAL_FILE"
 
 #: Every environment variable ckptpub and ckptpub-vllm read, and what it does.
 VARIABLES: Mapping[str, str] = {
@@ -36,6 +38,8 @@ VARIABLES: Mapping[str, str] = {
     CERTIFICATE_CHAIN_ENV: "PEM files (os.pathsep-separated): as CKPTPUB_PUBLIC_KEY, for certificates",
     PRELOAD_STATE_DIR_ENV: "ckptpub preload's state folder (default ~/.local/state/ckptpub/preload)",
     PRELOAD_IDENTITY_ENV: "set by ckptpub preload in each daemon it starts: the identity it loads",
+    PRELOAD_TAKEOVER_ENV: "set to 1 by ckptpub preload in a daemon that takes over a socket path: it waits",
+    REFUSAL_FILE_ENV: "set by the plugin where an engine starts: the file its workers relay a refusal to",
 }
 
 TRUE_WORDS = ("1", "true", "yes", "on")

@@ -34,10 +34,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ckptpub.integration import PRELOAD_TAKEOVER_ENV
+
 from . import daemon_reports
 from .daemon_reports import CLIENT, HAND_OVER_COMMAND, HANDED_OVER, HELD_COMMAND, RELEASED, SERVING, WAITING
 
-TAKEOVER_ENV = "CKPTPUB_PRELOAD_TAKEOVER"
 #: How often a daemon waiting to take over a socket path tries its lock again.
 LOCK_RETRY_S = 0.1
 _PATCHED = "_ckptpub_serving"
@@ -58,7 +59,7 @@ class HandOver(BaseException):
 
 
 def takeover_from_env() -> bool:
-    return os.environ.get(TAKEOVER_ENV, "") == "1"
+    return os.environ.get(PRELOAD_TAKEOVER_ENV, "") == "1"
 
 
 def held_key(daemon: Any) -> Any:

@@ -31,9 +31,10 @@ import os
 import tempfile
 from typing import Any
 
+from ckptpub.integration import REFUSAL_FILE_ENV
+
 from .errors import RefusedError
 
-REFUSAL_FILE_ENV = "CKPTPUB_REFUSAL_FILE"
 #: A refusal is one line; a relay file larger than this is not read further.
 MAX_RELAY_BYTES = 64 << 10
 _PATCH_MARK = "_ckptpub_frontend"

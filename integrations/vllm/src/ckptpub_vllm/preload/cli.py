@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from ckptpub import CkptpubError
 from ckptpub.cli import Command, ExitCode, UsageError
+from ckptpub.integration import PRELOAD_STATE_DIR_ENV
 
 from ..signature import CERTIFICATE_CHAIN_ENV, PUBLIC_KEY_ENV, read_trusted_manifest
 from . import start_checks
@@ -99,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--state-dir",
         metavar="DIR",
         help=f"status, decision log, daemon logs (default: "
-        f"${st.STATE_DIR_ENV} or ~/.local/state/ckptpub/preload)",
+        f"${PRELOAD_STATE_DIR_ENV} or ~/.local/state/ckptpub/preload)",
     )
     p.add_argument(
         "--interval", type=float, default=5.0, metavar="S", help="seconds between polls (default 5)"

@@ -51,14 +51,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptpub.integration import PRELOAD_IDENTITY_ENV, PRELOAD_TAKEOVER_ENV
+
 from .. import daemon_reports
-from ..daemon_serving import TAKEOVER_ENV
 from . import failures
 
 #: ``vllm preload`` through :mod:`.vllm_launcher` (vLLM's own CLI, plus logging in the daemon children).
 DEFAULT_COMMAND = "{python} -m ckptpub_vllm.preload.vllm_launcher preload --model {folder}"
 READY_PATTERN = r"Weight cache daemon READY"
-IDENTITY_ENV = "CKPTPUB_PRELOAD_IDENTITY"
 
 
 def build_argv(
@@ -285,11 +285,11 @@ class Daemon:
         """
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
         child_env = dict(os.environ)
-        child_env[IDENTITY_ENV] = identity
+        child_env[PRELOAD_IDENTITY_ENV] = identity
         child_env.setdefault("CKPTPUB_REQUIRE_MANIFEST", "1")
         child_env.setdefault("PYTHONUNBUFFERED", "1")
         if takeover:
-            child_env[TAKEOVER_ENV] = "1"
+            child_env[PRELOAD_TAKEOVER_ENV] = "1"
         with open(log_path, "ab") as log:
             offset = log.tell()
             popen = subprocess.Popen(
@@ -474,7 +474,7 @@ class Daemon:
         if proc_cmdline(pid) != argv:
             return None, f"pid {pid} is running another command (pid reused?)"
         env = proc_environ(pid)
-        if env is not None and env.get(IDENTITY_ENV) != identity:
+        if env is not None and env.get(PRELOAD_IDENTITY_ENV) != identity:
             return None, f"pid {pid} was not started for {identity}"
         offset = int(record.get("log_offset") or 0)
         socket_dir = record.get("socket_dir")

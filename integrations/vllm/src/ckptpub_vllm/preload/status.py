@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from ckptpub.errors import CkptpubError, one_line
-from ckptpub.integration import jsonfiles
+from ckptpub.integration import PRELOAD_STATE_DIR_ENV, jsonfiles
 
 STATUS = "status.json"
 DECISIONS = "decisions.jsonl"
@@ -36,7 +36,6 @@ LOADING = "loading.json"
 RETIRED = "retired.json"
 LOCK = "supervisor.lock"
 
-STATE_DIR_ENV = "CKPTPUB_PRELOAD_STATE_DIR"
 #: A status or daemon record larger than this is treated as unusable (it holds notes, not data).
 MAX_FILE_BYTES = 64 << 20
 #: A decision log larger than this is refused unread by :func:`read_decisions`.
@@ -45,7 +44,7 @@ MAX_LOG_BYTES = 256 << 20
 
 def default_state_dir() -> str:
     """``$CKPTPUB_PRELOAD_STATE_DIR``, else ``$XDG_STATE_HOME/ckptpub/preload`` (``~/.local/state/...``)."""
-    env = os.environ.get(STATE_DIR_ENV)
+    env = os.environ.get(PRELOAD_STATE_DIR_ENV)
     if env:
         return env
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")

@@ -47,9 +47,7 @@ def test_the_callback_signs_with_blake3_file_digests(tmp_path: Path, keys: dict)
     with pytest.raises(ckptpub.CkptpubError, match="sign_hash: expected one of 'sha256', 'blake3'"):
         PublishCallback(sign=keys["trainer"].private, sign_hash="sha1")
     callback = PublishCallback(sign=keys["trainer"].private, sign_hash="blake3")
-    trainer = cbhelpers.train_tiny.make_trainer(
-        str(tmp_path), callbacks=[callback], max_steps=5, save_steps=5
-    )
+    trainer = tiny_model.make_trainer(str(tmp_path), callbacks=[callback], max_steps=5, save_steps=5)
     trainer.train()
     assert callback.failures == []
     folder = tmp_path / "checkpoint-5"

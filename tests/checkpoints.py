@@ -18,6 +18,9 @@ import numpy as np
 from ckptpub_vllm.testing import tensor_location
 from safetensors.numpy import save_file
 
+import ckptpub
+from ckptpub.manifest import Manifest, config_digest, parse_manifest
+
 CONFIG = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
@@ -74,6 +77,50 @@ def write_checkpoint(
         (folder / "optimizer.pt").write_bytes(bytes(range(256)) * 16)
         (folder / "logs").mkdir(exist_ok=True)
         (folder / "logs" / "train.txt").write_text("step 1 loss 2.0\n")
+    return folder
+
+
+def publish_in_format(folder: Path, version: str) -> Manifest:
+    """Write ``folder``'s manifest in ``version`` as that format's writer did (its config rule); read it back.
+
+    What a folder published by an older ckptpub looks like: a ``ckptpub/2`` manifest's
+    config digest counts ``use_cache``, a ``/3`` one's does not.
+    """
+    built = ckptpub.build_manifest(folder)
+    config = {name: config_digest(json.loads((folder / name).read_bytes()), version) for name in built.config}
+    old = Manifest(
+        built.identity, built.tensors, built.files, built.weights, config, built.provenance, version
+    )
+    data = old.to_json(version)
+    (folder / "ckptpub.json").write_bytes(data)
+    return parse_manifest(data)
+
+
+def raw_shard(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
+    """A safetensors file of ``name -> (dtype, shape, raw bytes)``, in that order, written by hand."""
+    header, data = {}, b""
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    encoded = json.dumps(header).encode()
+    return struct.pack("<Q", len(encoded)) + encoded + data
+
+
+#: The folder of the whole-manifest vectors (tests/vectors/manifest-v2.json, manifest-v3.json).
+VECTOR_FILES = {
+    "config.json": b'{"model_type": "tiny", "hidden_size": 4}',
+    "model.safetensors": raw_shard(
+        {"w": ("F32", [2], bytes(range(8))), "b": ("BF16", [], b"\x80?"), "emb": ("U8", [1, 3], b"abc")}
+    ),
+    "extra/opt.safetensors": raw_shard({"m": ("F16", [2], b"\x00<\x00<")}),
+    "notes.txt": b"trained on tiny data\n",
+}
+
+
+def write_files(folder: Path, files: dict[str, bytes]) -> Path:
+    for path, data in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_bytes(data)
     return folder
 
 

@@ -40,6 +40,7 @@ from .printing import (
     manifest_summary,
     note,
     plural,
+    print_config_lines,
     print_diff_lines,
     print_json,
     print_run_table,
@@ -650,10 +651,12 @@ def _cmd_diff(args: DiffArguments) -> int:
     difference = diff_manifests(a, b, folder_a=folders[0], folder_b=folders[1])
     if args.json:
         print_json(diff_json(difference, a, b))
-    elif difference.identity_a == difference.identity_b:
-        print(f"same identity {difference.identity_a}")
     elif difference.same:
-        print(f"same model: {a.version} identity {a.identity}, {b.version} identity {b.identity}")
+        if difference.identity_a == difference.identity_b:
+            print(f"same identity {difference.identity_a}")
+        else:
+            print(f"same model: {a.version} identity {a.identity}, {b.version} identity {b.identity}")
+        print_config_lines(difference)  # keys that changed without changing the model (use_cache, ...)
     else:
         print_diff_lines(difference, a, b)
     if difference.same:

@@ -67,11 +67,17 @@ def print_diff_lines(difference: ManifestDiff, a: Manifest, b: Manifest) -> None
         count = f" ({len(group.names)} tensors)" if len(group.names) > 1 else ""
         where = f" {group.where}" if group.where else ""
         print(f"{group.kind:<8} {one_line(group.pattern)}{where}: {group.what}{count}")
+    print_config_lines(difference)
+
+
+def print_config_lines(difference: ManifestDiff) -> None:
+    """One line per config key that changed (marked when the identity does not count it), then the notes."""
     for change in difference.config_keys:
         old = json_value(change.old) if change.in_a else "(absent)"
         new = json_value(change.new) if change.in_b else "(absent)"
-        print(f"config   {change.file}: {one_line(change.key)} {one_line(old)} -> {one_line(new)}")
-    adapter_relation = relation in ("adapter_on_a", "adapter_on_b")
+        inert = "" if change.changes_identity else " (does not change the identity)"
+        print(f"config   {change.file}: {one_line(change.key)} {one_line(old)} -> {one_line(new)}{inert}")
+    adapter_relation = difference.relation in ("adapter_on_a", "adapter_on_b")
     for note in difference.config_notes:
         if not (adapter_relation and " only in " in note):  # an adapter has its own config
             print(f"config   {one_line(note)}")

@@ -19,13 +19,14 @@ from .canonical import canonical_json
 from .errors import CkptpubError
 from .hashing import DIGEST_PREFIX, ProgressCallback, Span, hash_spans
 from .jsonfiles import write_atomically
-from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, check_identity, identity_of_tables
+from .manifest import FORMAT, MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, check_identity, identity_of
 from .model_files import config_digests, is_shard_path, weight_files
 from .read import read_manifest
+from .records import FileRecord
+from .regions import check_shapes, encode_regions, model_entry
 from .run_index import INDEX_NAME
 from .safetensors import ShardLayout, read_layout
 from .scan import FolderEntry, as_path, resolve_folder, restat, scan_folder
-from .tables import FileRecord, check_name, encode_tables, line
 
 if TYPE_CHECKING:
     from .distributed import SpanHasher
@@ -124,9 +125,7 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
     by_path = {e.path: e for e in entries}
     layouts = {e.path: read_layout(e.real_path, e.path, e.file_id) for e in entries if is_shard_path(e.path)}
     for path, layout in layouts.items():
-        unwritable = next((t.name for t in layout.tensors if "\t" in t.name or "\n" in t.name), None)
-        if unwritable is not None:
-            check_name(unwritable, path)
+        check_shapes(layout.tensors, path)
         if layout.header_size + (layout.tensors[-1].end if layout.tensors else 0) != by_path[path].size:
             raise CkptpubError(f"{path}: changed size while its header was read")
     weights = weight_files(by_path, layouts)
@@ -137,7 +136,7 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
             "publish the checkpoint folder itself, "
             f"or pass --allow-no-weights (allow_no_weights=True) for a layout without safetensors weights"
         )
-    config = config_digests(by_path)
+    config = config_digests(by_path, FORMAT)
     provenance = _provenance(options.provenance)
     spans = list(_spans(entries, layouts))
     file_sha256: list[str] | None = [] if options.signer is not None else None
@@ -156,17 +155,17 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
                 f"{entry.path}: changed while it was being hashed; publish again once it is complete"
             )
     files: list[FileRecord] = []
-    per_file: dict[str, list[tuple[str, str]]] = {}
+    per_file: dict[str, list[list[Any]]] = {}
     for entry in entries:
         shard = layouts.get(entry.path)
         files.append(FileRecord(entry.path, entry.size, next(digests), shard.header_size if shard else None))
         if shard is not None:
             per_file[entry.path] = [
-                (t.name, line(t.name, t.dtype, t.shape, next(digests))) for t in shard.tensors
+                model_entry(t.name, t.dtype, t.shape, next(digests)) for t in shard.tensors
             ]
-    tables = encode_tables(files, weights, per_file)
-    identity = identity_of_tables(tables, files, weights, config)
-    manifest = Manifest.from_tables(identity, tables, tuple(files), weights, config, provenance)
+    regions = encode_regions(files, weights, per_file)
+    identity = identity_of(regions, files, weights, config, FORMAT)
+    manifest = Manifest.lazy(identity, regions, tuple(files), weights, config, provenance)
     return manifest, entries, file_sha256 or []
 
 

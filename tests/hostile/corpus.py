@@ -23,7 +23,15 @@ from typing import NamedTuple
 from checkpoints import flip_byte, locate
 
 import ckptpub
-from ckptpub.manifest import FORMAT_V1, FileRecord, TensorRecord, compute_identity, parse_manifest
+from ckptpub.manifest import (
+    FORMAT,
+    FORMAT_V1,
+    FileRecord,
+    Manifest,
+    TensorRecord,
+    compute_identity,
+    parse_manifest,
+)
 from ckptpub.safetensors import read_layout
 
 
@@ -69,9 +77,19 @@ def as_v1(folder: Path) -> str:
     The cases that edit a manifest's JSON are ckptpub/1 cases: the /1 reader is
     kept, fully validated, and these keep exercising it.
     """
-    text = ckptpub.read_manifest(folder).to_json(FORMAT_V1).decode()
+    text = in_format(ckptpub.read_manifest(folder), FORMAT_V1).decode()
     (folder / "ckptpub.json").write_text(text)
     return text
+
+
+def in_format(manifest: Manifest, version: str) -> bytes:
+    """``manifest`` written as ``version`` with its config digests kept as they are, as a forger would.
+
+    What that format's writer writes whenever the config holds no key the two formats'
+    rules treat differently (``config_meaning.INERT``), and the corpus's configs hold none.
+    """
+    fields = (manifest.identity, manifest.tensors, manifest.files, manifest.weights, manifest.config)
+    return Manifest(*fields, manifest.provenance, version).to_json(version)
 
 
 def rewrite_manifest(change: Callable[[dict], object]) -> Callable[[Path], None]:
@@ -84,14 +102,14 @@ def rewrite_manifest(change: Callable[[dict], object]) -> Callable[[Path], None]
 
 
 def write_forged(folder: Path, document: dict) -> None:
-    """Write an edited ckptpub/1 document; one that still parses is written as ckptpub/2, as a forger would.
+    """Write an edited ckptpub/1 document; one that still parses is written as ckptpub/3, as a forger would.
 
     So the byte and claim checks run on today's format (and pinned identities and
     diffs compare like with like), while a document the /1 reader refuses stays /1.
     """
     text = json.dumps(document).encode()
     with contextlib.suppress(ckptpub.CkptpubError):
-        text = parse_manifest(text).to_json()
+        text = in_format(parse_manifest(text), FORMAT)
     (folder / "ckptpub.json").write_bytes(text)
 
 
@@ -300,11 +318,12 @@ def deep_provenance(depth: int) -> Callable[[Path], None]:
     """Provenance (not covered by the identity) nested ``depth`` levels: the manifest stays valid."""
 
     def damage(folder: Path) -> None:
-        text = (folder / "ckptpub.json").read_text()
-        at = text.rindex('"provenance":{') + len('"provenance":{')
-        (folder / "ckptpub.json").write_text(
-            text[:at] + '"deep": ' + nested(depth).decode() + ", " + text[at:]
-        )
+        manifest = ckptpub.read_manifest(folder)
+        value: list = []
+        for _ in range(depth - 1):  # built, not parsed: the test process's own stack is deeper than the CLI's
+            value = [value]
+        deep = {**manifest.provenance, "deep": value}
+        (folder / "ckptpub.json").write_bytes(manifest._replace(provenance=deep).to_json())
 
     return damage
 
@@ -697,10 +716,10 @@ CASES = [
     ),
     Case(
         "unknown format version",
-        rewrite_manifest(lambda d: d.update(format="ckptpub/3")),
+        rewrite_manifest(lambda d: d.update(format="ckptpub/9")),
         True,
         BAD_MANIFEST,
-        "unsupported manifest format 'ckptpub/3'",
+        "unsupported manifest format 'ckptpub/9'",
     ),
     Case(
         "manifest path with ..",

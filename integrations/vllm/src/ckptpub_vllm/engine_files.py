@@ -72,7 +72,9 @@ def engine_file_problems(folder: str, manifest: ckptpub.Manifest) -> list[str]:
             problems.append(f"{path} has {len(data)} bytes, the manifest says {record.size}")
         elif ckptpub.tensor_digest(data) != record.digest:
             problems.append(f"{path}: bytes differ from the manifest")
-        elif path in manifest.config and _config_meaning(path, data) != manifest.config[path]:
+        elif (
+            path in manifest.config and _config_meaning(path, data, manifest.version) != manifest.config[path]
+        ):
             problems.append(f"{path}: the manifest records another config meaning (forged manifest?)")
     return problems
 
@@ -100,8 +102,8 @@ def _present_engine_files(folder: str) -> list[str]:
     return sorted(paths)
 
 
-def _config_meaning(path: str, data: bytes) -> str | None:
-    """The config digest of ``data``, or None for a config no manifest can record.
+def _config_meaning(path: str, data: bytes, version: str) -> str | None:
+    """The config digest of ``data`` under format ``version``'s rule; None for a config no manifest records.
 
     Read by the strict reader publishing reads configs with, so that covers text
     that is not a JSON object and what canonical JSON cannot write (NaN, ``1e400``,
@@ -110,6 +112,6 @@ def _config_meaning(path: str, data: bytes) -> str | None:
     """
     try:
         document = loads_strict(data, path, "config")
-        return ckptpub.config_digest(document) if isinstance(document, dict) else None
+        return ckptpub.config_digest(document, version) if isinstance(document, dict) else None
     except (ckptpub.CkptpubError, ValueError, RecursionError):
         return None

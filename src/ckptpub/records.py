@@ -21,7 +21,7 @@ from .safetensors import DTYPE_BITS
 
 #: Makes the error for a broken rule of one manifest (``failure_in``).
 Fail = Callable[[str], CkptpubError]
-#: One tensor's entry as a format encodes or decodes it (a ``/2`` line, a ``/3`` JSON array).
+#: One tensor's entry as a format encodes it (a ``/2`` line, a ``/3`` JSON array).
 Entry = TypeVar("Entry")
 Listed = TypeVar("Listed")
 
@@ -58,6 +58,11 @@ class ModelEntry(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
     digest: str
+
+
+def is_hex(text: str, length: int) -> bool:
+    """Whether ``text`` is ``length`` lowercase hex digits (in C: 100k digests in a few milliseconds)."""
+    return len(text) == length and text.isascii() and not text.encode().translate(None, b"0123456789abcdef")
 
 
 def failure_in(display_name: str) -> Fail:
@@ -112,46 +117,43 @@ class Columns(NamedTuple):
         )
 
 
-def assemble(
-    model: Columns,
-    layout: Sequence[Entry],
-    counts: Sequence[int],
-    files: Sequence[FileRecord],
-    weights: Sequence[str],
-    names_of: Callable[[Sequence[Entry], str], Iterable[str]],
-    columns_of: Callable[[Sequence[Entry], str], Columns],
-    fail: Fail,
-) -> tuple[TensorRecord, ...]:
-    """Every tensor record, in file then offset order, from the decoded model and layout parts.
+def shard_blocks(
+    files: Sequence[FileRecord], weights: Sequence[str], counts: Sequence[int], fail: Fail
+) -> list[tuple[FileRecord, int, bool]]:
+    """Each safetensors file of ``files``, its tensor count in the layout part, whether it holds weights."""
+    shards = [f for f in files if f.header_size is not None]
+    if len(shards) != len(counts):
+        raise fail("layout: tensor counts do not match the safetensors files")
+    weight_files = set(weights)
+    return [(shard, count, shard.path in weight_files) for shard, count in zip(shards, counts, strict=True)]
 
-    ``layout`` holds ``counts[i]`` entries for the i-th safetensors file of ``files``:
-    a weight file's entries are names of model tensors (``names_of``), another file's
-    are whole entries (``columns_of``); both get the block and a place for errors.
-    Every model tensor must be in exactly one weight file, and no name twice in one
-    file. The work is ``map`` over columns, not a Python call per tensor: this keeps
+
+def assemble(
+    model: Columns, blocks: Iterable[tuple[FileRecord, list[str] | Columns]], fail: Fail
+) -> tuple[TensorRecord, ...]:
+    """Every tensor record, in file then offset order, from the model part and each shard's layout block.
+
+    A weight file's block is the names of its tensors, in offset order (their dtype,
+    shape and digest are the model's); another file's is its tensors' columns. Every
+    model tensor must be in exactly one weight file, and no name twice in one file.
+    The work is ``map`` over columns, not a Python call per tensor: this keeps
     ``verify`` and ``diff`` of 100k tensors well under a second.
     """
     position = dict(zip(model.names, range(len(model.names)), strict=True))
-    shards = [f for f in files if f.header_size is not None]
-    if len(shards) != len(counts) or sum(counts) != len(layout):
-        raise fail("layout: tensor counts do not match its entries")
-    weight_files = set(weights)
     records: list[TensorRecord] = []
     used: list[int] = []
-    start = 0
-    for shard, count in zip(shards, counts, strict=True):
-        block = layout[start : start + count]
-        start += count
-        where = f"layout: {shard.path}"
-        if shard.path in weight_files:
+    for shard, block in blocks:
+        if isinstance(block, Columns):
+            columns = block
+        else:
             try:
-                rows = list(map(position.__getitem__, names_of(block, where)))
+                rows = list(map(position.__getitem__, block))
             except KeyError as error:
-                raise fail(f"{where}: {error.args[0][:200]!r} is not the name of a model tensor") from None
+                raise fail(
+                    f"layout: {shard.path}: {error.args[0][:200]!r} is not the name of a model tensor"
+                ) from None
             used += rows
             columns = model.take(rows)
-        else:
-            columns = columns_of(block, where)
         if len(set(columns.names)) != len(columns.names):
             raise fail(f"{shard.path}: a tensor name occurs twice")
         records += _place(columns, shard, fail)

@@ -20,7 +20,7 @@ every line splits one way. ``decode_tables`` checks every rule before returning 
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -34,12 +34,12 @@ from .records import (
     TensorRecord,
     assemble,
     failure_in,
+    is_hex,
     model_entries,
     parts,
+    shard_blocks,
 )
 from .safetensors import DTYPE_BITS
-
-_HEX = frozenset("0123456789abcdef")
 
 
 class Tables(NamedTuple):
@@ -88,11 +88,21 @@ def decode_tables(
     fail = failure_in(display_name)
     model = _model_columns(tables.model, fail)
     layout = _text(tables.layout, "layout table", fail).split("\n")[:-1] if tables.layout else []
+    if sum(tables.counts) != len(layout):
+        raise fail("layout table: tensor counts do not match its lines")
 
-    def columns_of(block: Sequence[str], where: str) -> Columns:
-        return _columns("\n".join(block) + "\n" if block else "", where, fail)
+    def blocks() -> Iterator[tuple[FileRecord, list[str] | Columns]]:
+        start = 0
+        for shard, count, holds_weights in shard_blocks(files, weights, tables.counts, fail):
+            lines = layout[start : start + count]
+            start += count
+            where = f"layout table: {shard.path}"
+            yield (
+                shard,
+                lines if holds_weights else _columns("\n".join(lines) + "\n" if lines else "", where, fail),
+            )
 
-    return assemble(model, layout, tables.counts, files, weights, lambda block, _: block, columns_of, fail)
+    return assemble(model, blocks(), fail)
 
 
 def decode_model(model: bytes, display_name: str) -> dict[str, ModelEntry]:
@@ -133,8 +143,7 @@ def _columns(text: str, where: str, fail: Fail) -> Columns:
     if not set(dtypes) <= DTYPE_BITS.keys():
         raise fail(f"{where}: unknown dtype {sorted(set(dtypes) - DTYPE_BITS.keys())[0][:100]!r}")
     parsed = {shape: _shape(shape, where, fail) for shape in set(shapes)}
-    digests = "".join(hexes)
-    if len(digests) != 64 * len(hexes) or not set(digests) <= _HEX:
+    if not is_hex("".join(hexes), 64 * len(hexes)):
         raise fail(f"{where}: a digest is not 64 lowercase hex digits")
     return Columns(
         names, dtypes, list(map(parsed.__getitem__, shapes)), list(map(DIGEST_PREFIX.__add__, hexes))

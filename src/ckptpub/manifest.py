@@ -233,6 +233,23 @@ class Manifest:
         weight_files = set(self.weights)
         return {t.name: t for t in self.tensors if t.file in weight_files}
 
+    def identity_in(self, version: str, configs: Mapping[str, Mapping[str, Any]]) -> str:
+        """The identity this manifest's model has under format ``version``'s rules.
+
+        ``configs`` holds the documents of the config files the manifest records
+        (``config.json``, ...): their digests under ``version``'s rule are computed
+        from them, after checking that each has the digest this manifest recorded
+        (``CkptpubError`` otherwise). What an engine keys a weight-cache daemon by
+        when the daemon was started before the folder was published in a newer format.
+        """
+        digests = {}
+        for name, recorded in self.config.items():
+            document = configs.get(name)
+            if document is None or config_digest(document, self.version) != recorded:
+                raise CkptpubError(f"{name}: not the config this manifest recorded")
+            digests[name] = config_digest(document, version)
+        return compute_identity(self.tensors, self.files, self.weights, digests, version)
+
     def to_json(self, version: str = FORMAT) -> bytes:
         """The bytes written to ``ckptpub.json``: ``ckptpub/3``, or an older format when asked.
 

@@ -24,8 +24,11 @@ import os
 from collections.abc import Callable, Iterator
 
 import ckptpub
+from ckptpub.manifest import FORMATS
+from ckptpub.strict_json import loads_strict
 
 from .errors import RefusedError
+from .folder_reads import UnreadableError, read_prefix
 from .log import logger
 from .options import REQUIRE_MANIFEST_ENV, require_manifest_from_env
 from .signature import signed_manifest, trusted_from_env
@@ -95,6 +98,38 @@ def checkpoint_key(model: str) -> str | None:
             hint=f"publish it with `ckptpub publish {model}`",
         )
     return original_hash_checkpoint()(model)
+
+
+def older_format_keys(folder: str, manifest: ckptpub.Manifest) -> list[str]:
+    """The identities ``manifest``'s model has in the formats before its own, newest first.
+
+    vLLM's daemon computes its key once: one started before its folder was published
+    again in a newer format (``ckptpub preload`` keeps it: ``same-model-new-format``)
+    holds the folder's model under an older format's identity. An engine the daemon
+    answers with a mismatch on ``checkpoint`` alone asks again with these (the
+    loader) and is handed exactly the model its own manifest describes: the same
+    tensors and config meaning, under that format's rules. Reads the folder's config
+    files (bounded, inside the folder) only, and only then; a format whose identity
+    cannot be computed (a config changed since publishing, a name the format cannot
+    write) is left out.
+    """
+    sizes = {f.path: f.size for f in manifest.files}
+    configs = {}
+    try:
+        for name in manifest.config:
+            data, _ = read_prefix(folder, name, sizes.get(name, 0) + 1)
+            configs[name] = loads_strict(data, name, "config")
+    except (ckptpub.CkptpubError, UnreadableError):
+        return []
+    if not all(isinstance(document, dict) for document in configs.values()):
+        return []
+    keys = []
+    for version in reversed(FORMATS[: FORMATS.index(manifest.version)]):
+        try:
+            keys.append(manifest.identity_in(version, configs))
+        except (ckptpub.CkptpubError, ValueError, RecursionError):
+            continue
+    return keys
 
 
 def original_hash_checkpoint() -> Callable[[str], str | None]:

@@ -145,6 +145,10 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
         return self.verifier.wrap(weights)
 
 
+#: How vLLM's ``IpcModelLoader._request_state`` words a daemon's mismatch on the checkpoint field alone.
+_CHECKPOINT_ONLY = "mismatch on fields: ['checkpoint']"
+
+
 def ipc_unsupported_reason() -> str | None:
     """Why this platform cannot map a daemon's weights, or None when it can.
 
@@ -166,8 +170,10 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         self.options, rest = split_extra_config(load_config.model_loader_extra_config)
         super().__init__(dataclasses.replace(load_config, model_loader_extra_config=rest))
         self._manifest: ckptpub.Manifest | None = None
+        self._folder: str | None = None
 
     def _prepare(self, model_config: ModelConfig) -> ckptpub.Manifest | None:
+        self._folder = model_config.model
         self._manifest = check_before_start(model_config.model, self.options)
         return self._manifest
 
@@ -214,15 +220,39 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
             return super().load_model(vllm_config, model_config, prefix)
 
     def _request_state(self, cache_key: protocol.WeightCacheKey, **kwargs: Any) -> protocol.WeightCacheState:
-        """Log the request and its answer; ``kwargs`` carries what newer vLLMs add (0.33: ``is_reload``)."""
+        """Ask the daemon; on a mismatch on ``checkpoint`` alone, ask again by the older-format identities.
+
+        A daemon started before the folder was published again in a newer format
+        holds this very model under its identity in that older format
+        (``key.older_format_keys``). ``kwargs`` carries what newer vLLMs add (0.33: ``is_reload``).
+        """
         logger.info("ckptpub: asking the weight-cache daemon for checkpoint %s", cache_key.checkpoint)
         try:
             state = super()._request_state(cache_key, **kwargs)
         except protocol.CacheConfigMismatchError as e:
+            older = self._older_keys() if _CHECKPOINT_ONLY in str(e) else []
+            for checkpoint in older:
+                try:
+                    state = super()._request_state(
+                        dataclasses.replace(cache_key, checkpoint=checkpoint), **kwargs
+                    )
+                except protocol.CacheConfigMismatchError:
+                    continue
+                logger.info(
+                    "ckptpub: the daemon holds this model under its older-format identity %s: mapping its "
+                    "weights",
+                    checkpoint,
+                )
+                return state
             logger.warning("ckptpub: the daemon holds something else (%s); it will not be mapped", e)
             raise
         logger.info("ckptpub: the daemon holds %s: mapping its weights", cache_key.checkpoint)
         return state
+
+    def _older_keys(self) -> list[str]:
+        if self._manifest is None or self._folder is None:
+            return []
+        return key.older_format_keys(self._folder, self._manifest)
 
     def _fallback_load(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:
         manifest = self._manifest if self._manifest is not None else self._prepare(model_config)

@@ -14,6 +14,7 @@ from typing import Any
 
 import ckptpub
 from ckptpub.errors import and_more
+from ckptpub.manifest import FORMATS
 
 from ..signature import read_trusted_manifest
 from .decide import Held, Stamp, Target
@@ -175,6 +176,29 @@ def manifests_to_compare(
     if held is None or not held.alive or target.error is not None or held.identity == target.identity:
         return None, None
     return _cached(cache, held.folder, held.stamp), _cached(cache, target.folder, target.stamp)
+
+
+def same_model_in_newer_format(
+    held: Held | None, target: Target, manifests: tuple[ckptpub.Manifest | None, ckptpub.Manifest | None]
+) -> bool:
+    """Whether the held daemon's manifest and the target's (``manifests_to_compare``) name one model,
+    the target's in a newer manifest format (a folder published again after an upgrade of ckptpub).
+
+    Their configs' digests were taken with two formats' rules, so the configs are read
+    from both folders (``ckptpub.diff_manifests`` with folders) and compared under the newer one.
+    """
+    held_manifest, target_manifest = manifests
+    if held is None or held_manifest is None or target_manifest is None:
+        return False
+    if FORMATS.index(target_manifest.version) <= FORMATS.index(held_manifest.version):
+        return False
+    try:
+        difference = ckptpub.diff_manifests(
+            held_manifest, target_manifest, folder_a=held.folder, folder_b=target.folder
+        )
+    except (OSError, ckptpub.CkptpubError):
+        return False
+    return difference.same_model
 
 
 def _cached(cache: ManifestCache, folder: str | None, stamp: Stamp | None) -> ckptpub.Manifest | None:

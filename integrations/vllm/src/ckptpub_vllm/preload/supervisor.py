@@ -40,7 +40,13 @@ from typing import Any
 from . import status as st
 from .daemon_process import DEFAULT_COMMAND, IDENTITY_PATTERN, READY_PATTERN, Daemon, build_argv
 from .decide import Decision, Failure, Held, Target, decide
-from .observe import ManifestCache, manifests_to_compare, observe_folder, observe_run
+from .observe import (
+    ManifestCache,
+    manifests_to_compare,
+    observe_folder,
+    observe_run,
+    same_model_in_newer_format,
+)
 
 #: A daemon that ran at least this long after READY is "healthy": its death restarts at once.
 HEALTHY_S = 60.0
@@ -192,7 +198,7 @@ class Supervisor:
             if note not in seen:
                 self._outcome("info", "warning", f"{self.cfg.follow}: {note}")
         held = self.held_view()
-        held_manifest, target_manifest = manifests_to_compare(held, target, self.cache)
+        held_manifest, target_manifest = manifests = manifests_to_compare(held, target, self.cache)
         decision = decide(
             held,
             target,
@@ -201,6 +207,7 @@ class Supervisor:
             now=now,
             held_manifest=held_manifest,
             target_manifest=target_manifest,
+            same_model=same_model_in_newer_format(held, target, manifests),
         )
         changed = self.previous is None or target.fingerprint() != self.previous.fingerprint()
         key = (decision.action, decision.why)
@@ -224,7 +231,7 @@ class Supervisor:
             self.held is not None
             and not self.held_dead
             and self.target
-            and self.held.identity == self.target.identity
+            and (self.held.identity == self.target.identity or decision.why == "same-model-new-format")
         ):
             self._move_to(State.READY)
 

@@ -76,7 +76,7 @@ def bench_direct(root: Path, mb: int, rounds: int) -> dict:
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
     import ckptpub
-    from ckptpub.callback import PublishCallback
+    from ckptpub import PublishCallback
 
     folder = root / "checkpoint-0"
     build_folder(folder, mb)
@@ -117,7 +117,7 @@ def bench_trainer(root: Path) -> dict:
     reference for when a background manifest lands.
     """
     train_tiny = import_example("train_tiny")
-    from ckptpub.callback import PublishCallback
+    from ckptpub import PublishCallback
 
     class Timed(PublishCallback):
         def __init__(self, background: bool):

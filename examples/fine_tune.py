@@ -38,7 +38,7 @@ def fine_tune(base: str, output_dir: str, steps: int, save_steps: int) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import ckptpub
-    from ckptpub.callback import PublishCallback
+    from ckptpub import PublishCallback
 
     torch.set_num_threads(1)  # a model this small is fastest on one thread
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)

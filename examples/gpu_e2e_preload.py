@@ -53,7 +53,7 @@ DAEMON_ARGS = [
 
 def append_index(run_dir: str, step: int, rel: str, identity: str) -> None:
     """One line of ``ckptpub-index.jsonl``, written as the Trainer callback writes it."""
-    from ckptpub import run_index  # imported where ckptpub is (main): not in the engine children
+    from ckptpub._filesystem import run_index  # imported where ckptpub is (main): not in the engine children
 
     run_index.append(run_dir, step=step, path=rel, identity=identity, time=time.time())
 

@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     import ckptpub
-    from ckptpub.callback import PublishCallback
+    from ckptpub import PublishCallback
 
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))

@@ -19,7 +19,7 @@ from ckptpub_vllm.testing import tensor_location
 from safetensors.numpy import save_file
 
 import ckptpub
-from ckptpub.manifest import Manifest, config_digest, parse_manifest
+from ckptpub._format.manifest import Manifest, config_digest, parse_manifest
 
 CONFIG = {
     "architectures": ["Qwen3ForCausalLM"],

@@ -10,7 +10,7 @@ import sys
 
 import train_tiny
 
-from ckptpub.callback import PublishCallback
+from ckptpub import PublishCallback
 
 if __name__ == "__main__":
     model = train_tiny.build_model(

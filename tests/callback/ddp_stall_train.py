@@ -16,18 +16,17 @@ import time
 import train_tiny
 from cbhelpers import write_rank_report
 
-from ckptpub import distributed
-from ckptpub.callback import PublishCallback
+from ckptpub import PublishCallback, distributed
 
 
 def stall_rank_1(seconds: float) -> None:
-    hash_on_ranks = distributed.DistributedHasher.__call__
+    hash_on_ranks = distributed.DistributedHasher._hash  # both span_digests and file_digests call it
 
-    def late(self: distributed.DistributedHasher, *args: object, **kwargs: object) -> list[str]:
+    def late(self: distributed.DistributedHasher, *args: object, **kwargs: object) -> object:
         time.sleep(seconds)
         return hash_on_ranks(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    distributed.DistributedHasher.__call__ = late  # type: ignore[method-assign]
+    distributed.DistributedHasher._hash = late  # type: ignore[method-assign]
 
 
 def main(out: str, stall: float, timeout: float) -> None:

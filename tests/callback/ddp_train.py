@@ -11,7 +11,7 @@ import sys
 import train_tiny
 from cbhelpers import write_rank_report
 
-from ckptpub.callback import PublishCallback
+from ckptpub import PublishCallback
 
 
 def main(out: str) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import train_tiny
 from cbhelpers import write_rank_report
 
-from ckptpub.callback import PublishCallback
+from ckptpub import PublishCallback
 
 
 def enable_fsdp_on_cpu(trainer: Any) -> None:

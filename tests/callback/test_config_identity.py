@@ -22,9 +22,9 @@ from checkpoints import raw_shard
 from transformers import LlavaConfig, PretrainedConfig, Qwen3Config, Qwen3MoeConfig
 
 import ckptpub
-from ckptpub.callback import PublishCallback
-from ckptpub.config_meaning import INERT
-from ckptpub.manifest import FORMAT_V2, config_digest
+from ckptpub import PublishCallback
+from ckptpub._format.config_meaning import INERT
+from ckptpub._format.manifest import FORMAT_V2, config_digest
 
 WEIGHTS = raw_shard({"model.embed_tokens.weight": ("F32", [2, 2], bytes(range(16)))})
 

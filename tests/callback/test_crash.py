@@ -19,7 +19,8 @@ from pathlib import Path
 
 from cbhelpers import assert_verifies, manifest_json
 
-from ckptpub import MANIFEST_NAME, run_index
+from ckptpub import MANIFEST_NAME
+from ckptpub._filesystem import run_index
 
 HERE = Path(__file__).resolve().parent
 TRIALS = int(os.environ.get("CKPTPUB_CRASH_TRIALS", "8"))

@@ -19,8 +19,8 @@ from cbhelpers import free_port, run_group, torchrun
 from checkpoints import copy_checkpoint, flip_byte, run_cli, tensor_range, write_checkpoint
 
 import ckptpub
-from ckptpub.distributed import assign_files
-from ckptpub.hashing import Span
+from ckptpub._hashing.distributed import assign_files
+from ckptpub._hashing.engine import Span
 
 HERE = Path(__file__).resolve().parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1")

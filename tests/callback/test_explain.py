@@ -14,7 +14,7 @@ import pytest
 from cbhelpers import run_cli
 
 import ckptpub
-from ckptpub.callback import PublishCallback
+from ckptpub import PublishCallback
 
 
 @pytest.fixture(scope="module")

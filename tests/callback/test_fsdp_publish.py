@@ -16,7 +16,7 @@ import pytest
 from cbhelpers import checkpoints, run_group, torchrun
 
 import ckptpub
-from ckptpub import run_index
+from ckptpub._filesystem import run_index
 
 HERE = Path(__file__).resolve().parent
 

@@ -17,8 +17,8 @@ import pytest
 from cbhelpers import assert_verifies, checkpoints
 
 import ckptpub
-from ckptpub import run_index
-from ckptpub.callback import PublishCallback
+from ckptpub import PublishCallback
+from ckptpub._filesystem import run_index
 
 IDENTITY = "blake3:" + "0" * 64
 
@@ -79,7 +79,7 @@ def test_training_continues_when_the_index_is_a_symlink_out(tiny, tokenizer, tmp
 
 def test_checkpoint_folders_are_not_found_through_symlinks(tmp_path):
     """Under hyper-parameter search the run folder is guessed; a symlink to a folder outside never is."""
-    from ckptpub.callback import checkpoint_folder
+    from ckptpub._training.callback import checkpoint_folder
 
     out, outside = tmp_path / "out", tmp_path / "outside"
     (outside / "checkpoint-5").mkdir(parents=True)

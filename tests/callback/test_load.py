@@ -11,8 +11,8 @@ import threading
 
 from cbhelpers import assert_verifies, checkpoints, manifest_json
 
-from ckptpub import run_index
-from ckptpub.callback import PublishCallback
+from ckptpub import PublishCallback
+from ckptpub._filesystem import run_index
 
 SAVES = 200
 

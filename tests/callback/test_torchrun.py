@@ -11,7 +11,7 @@ from pathlib import Path
 from cbhelpers import assert_verifies, checkpoints, run_group, torchrun
 
 import ckptpub
-from ckptpub import run_index
+from ckptpub._filesystem import run_index
 
 HERE = Path(__file__).resolve().parent
 

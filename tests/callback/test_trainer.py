@@ -19,8 +19,8 @@ from cbhelpers import assert_verifies, checkpoints, manifest_json
 from transformers import TrainerCallback
 
 import ckptpub
-from ckptpub import run_index
-from ckptpub.callback import PublishCallback
+from ckptpub import PublishCallback
+from ckptpub._filesystem import run_index
 
 
 class Pace(TrainerCallback):
@@ -294,7 +294,7 @@ def test_nested_distcp_and_deepspeed_style_folders(tiny, tokenizer, tmp_path):
 
 def test_hp_search_layout_folder_resolution(tmp_path):
     """Under hyper-parameter search the Trainer writes output_dir/run-{id}/checkpoint-N."""
-    from ckptpub.callback import checkpoint_folder
+    from ckptpub._training.callback import checkpoint_folder
 
     for run, age in (("run-0", 100), ("run-1", 0)):
         folder = tmp_path / run / "checkpoint-5"
@@ -312,7 +312,7 @@ def test_folder_deleted_while_hashing_leaves_no_manifest(tmp_path):
     """Rotation deleting a folder mid-publish: a warning and no manifest, never a crash."""
     import shutil
 
-    from ckptpub.callback import _Job, _Publisher
+    from ckptpub._training.callback import _Job, _Publisher
 
     src = tmp_path / "src"
     src.mkdir()
@@ -339,13 +339,13 @@ def test_run_index_skips_a_torn_line(tmp_path):
 
 
 def test_import_ckptpub_needs_no_transformers():
-    """``import ckptpub`` needs no transformers; ``ckptpub.PublishCallback`` is ckptpub.callback's class."""
+    """``import ckptpub`` needs no transformers; ``ckptpub.PublishCallback`` is callback's class."""
     code = (
         "import sys, ckptpub;"
         "assert 'transformers' not in sys.modules, 'transformers imported eagerly';"
-        "from ckptpub import PublishCallback; import ckptpub.callback, transformers;"
-        "assert PublishCallback is ckptpub.callback.PublishCallback;"
-        "assert PublishCallback.__module__ == 'ckptpub.callback';"
+        "from ckptpub import PublishCallback; import ckptpub._training.callback, transformers;"
+        "assert PublishCallback is ckptpub._training.callback.PublishCallback;"
+        "assert PublishCallback.__module__ == 'ckptpub._training.callback';"
         "assert issubclass(PublishCallback, transformers.TrainerCallback)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

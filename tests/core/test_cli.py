@@ -22,7 +22,7 @@ from checkpoints import (
 )
 
 import ckptpub
-import ckptpub.cli
+import ckptpub._cli.main
 from ckptpub.cli import main
 
 
@@ -374,7 +374,7 @@ def test_commands_from_other_distributions(tmp_path: Path) -> None:
 def test_ls_reads_the_run_index_and_checks_it_against_each_folder(tmp_path: Path) -> None:
     """The index names steps (rotated ones too); each folder's manifest must have the identity it recorded,
     and a folder the index reaches through a symlink is not followed."""
-    from ckptpub import run_index
+    from ckptpub._filesystem import run_index
 
     run = tmp_path / "run"
     ids = {}
@@ -430,13 +430,13 @@ def test_one_shot_commands_run_without_the_cycle_collector_and_restore_it(
 ) -> None:
     """verify builds records that hold no cycle: the collector is off while it runs, as it was after."""
     seen: list[bool] = []
-    real_verify = ckptpub.cli.verify
+    real_verify = ckptpub._cli.main.verify
 
     def verify_noting_the_collector(*args: object, **kwargs: object) -> object:
         seen.append(gc.isenabled())
         return real_verify(*args, **kwargs)
 
-    monkeypatch.setattr(ckptpub.cli, "verify", verify_noting_the_collector)
+    monkeypatch.setattr(ckptpub._cli.main, "verify", verify_noting_the_collector)
     assert gc.isenabled()
     assert main(["verify", str(published)]) == 0
     assert seen == [False]

@@ -9,7 +9,7 @@ from pathlib import Path
 from checkpoints import write_checkpoint
 
 import ckptpub
-from ckptpub.explain import group_tensors
+from ckptpub._operations.explain import group_tensors
 
 
 def test_112_attention_projections_of_28_layers_are_one_group() -> None:

@@ -15,7 +15,7 @@ import pytest
 from checkpoints import publish_in_format, run_cli
 
 import ckptpub
-from ckptpub.manifest import FORMAT, FORMAT_V2
+from ckptpub._format.manifest import FORMAT, FORMAT_V2
 
 VECTOR = json.loads((Path(__file__).parent.parent / "vectors" / "folder-v2.json").read_text())
 RECORDED = json.loads(VECTOR["manifest"].partition("\n")[0])["identity"]

@@ -16,7 +16,7 @@ import pytest
 from checkpoints import VECTOR_FILES, publish_in_format, raw_shard, run_cli, write_checkpoint, write_files
 
 import ckptpub
-from ckptpub.manifest import FORMAT, FORMAT_V1, FORMAT_V2, parse_manifest
+from ckptpub._format.manifest import FORMAT, FORMAT_V1, FORMAT_V2, parse_manifest
 
 VECTORS = Path(__file__).parent.parent / "vectors"
 UPDATE = os.environ.get("CKPTPUB_UPDATE_VECTORS") == "1"
@@ -72,8 +72,8 @@ def v2_bytes(tmp_path: Path) -> bytes:
 
 def reidentified(header: dict, model: bytes, layout: bytes) -> bytes:
     """A manifest with edited tables whose sizes and identity are recomputed, as a careful forger would."""
-    from ckptpub.manifest import FileRecord, identity_of
-    from ckptpub.tables import Tables
+    from ckptpub._format.manifest import FileRecord, identity_of
+    from ckptpub._format.tables import Tables
 
     header = header | {"tables": {"model": len(model), "layout": len(layout)}}
     files = [FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in header["files"]]

@@ -22,9 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ckptpub
-from ckptpub.canonical import canonical_json
-from ckptpub.manifest import FORMAT, FileRecord, identity_of, parse_manifest
-from ckptpub.regions import Regions, region_text
+from ckptpub._format.canonical import canonical_json
+from ckptpub._format.manifest import FORMAT, FileRecord, identity_of, parse_manifest
+from ckptpub._format.regions import Regions, region_text
 
 VECTORS = Path(__file__).parent.parent / "vectors"
 UPDATE = os.environ.get("CKPTPUB_UPDATE_VECTORS") == "1"
@@ -297,8 +297,8 @@ def _outcome(decode: Callable[[], object]) -> object:
 @given(entries=entries, data=st.data())
 def test_the_quick_reader_and_the_json_reader_agree(entries: list, data: st.DataObject) -> None:
     """Splitting at quotes (no backslash in the region) accepts exactly what decoding the JSON accepts."""
-    from ckptpub.records import failure_in, model_entries
-    from ckptpub.regions import _model_columns, decode_model
+    from ckptpub._format.records import failure_in, model_entries
+    from ckptpub._format.regions import _model_columns, decode_model
 
     by_name = {entry[0]: entry for entry in entries}
     region = region_text(sorted(by_name.values())).encode()

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ckptpub
-from ckptpub.manifest import parse_manifest
-from ckptpub.safetensors import parse_header
+from ckptpub._format.manifest import parse_manifest
+from ckptpub._format.safetensors import parse_header
 
 json_values = st.recursive(
     st.none()
@@ -156,7 +156,7 @@ def _mutations(text: str) -> st.SearchStrategy[str]:
 @given(data=st.data())
 def test_strict_reader_agrees_with_json_loads(data: st.DataObject) -> None:
     """On any input loads_strict says what json.loads and the strictness rules say: value or error."""
-    from ckptpub.strict_json import loads_strict
+    from ckptpub._format.strict_json import loads_strict
 
     document = data.draw(json_values)
     text = json.dumps(

@@ -10,8 +10,8 @@ from pathlib import Path
 import blake3
 import pytest
 
+from ckptpub._hashing.engine import BATCH_BYTES, SMALL_SPAN_BYTES, Span, hash_spans
 from ckptpub.errors import CkptpubError
-from ckptpub.hashing import BATCH_BYTES, SMALL_SPAN_BYTES, Span, hash_spans
 
 
 def expected(span: Span) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptpub import jsonfiles
+from ckptpub._filesystem import jsonfiles
 from ckptpub.errors import CkptpubError
 
 

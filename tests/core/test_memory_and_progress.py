@@ -15,7 +15,7 @@ import blake3
 import pytest
 from checkpoints import sparse_shard
 
-from ckptpub.progress import ProgressBar
+from ckptpub._cli.progress import ProgressBar
 
 SHARD_TENSORS = 16  # two 1 GiB shards of 64 MiB zero tensors, written sparse so the test costs no disk
 

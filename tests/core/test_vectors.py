@@ -19,8 +19,15 @@ from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 import ckptpub
-from ckptpub.canonical import canonical_json
-from ckptpub.manifest import FORMAT, FORMAT_V1, FORMAT_V2, TensorRecord, compute_identity, config_digest
+from ckptpub._format.canonical import canonical_json
+from ckptpub._format.manifest import (
+    FORMAT,
+    FORMAT_V1,
+    FORMAT_V2,
+    TensorRecord,
+    compute_identity,
+    config_digest,
+)
 
 VECTORS = Path(__file__).parent.parent / "vectors"
 UPDATE = os.environ.get("CKPTPUB_UPDATE_VECTORS") == "1"

@@ -21,10 +21,10 @@ import sys
 import traceback
 
 import ckptpub
+import ckptpub._filesystem.read
+import ckptpub._operations.publishing
+import ckptpub._operations.verify  # noqa: F401  (imported before auditing starts)
 import ckptpub.cli
-import ckptpub.compare
-import ckptpub.publishing
-import ckptpub.read  # noqa: F401  (imported before auditing starts)
 
 touched: list[str] = []
 # Imports the standard library does lazily (locale, encodings) open files under these;

@@ -23,7 +23,8 @@ from typing import NamedTuple
 from checkpoints import flip_byte, locate
 
 import ckptpub
-from ckptpub.manifest import (
+from ckptpub._filesystem.model_files import read_layout
+from ckptpub._format.manifest import (
     FORMAT,
     FORMAT_V1,
     FileRecord,
@@ -32,7 +33,6 @@ from ckptpub.manifest import (
     compute_identity,
     parse_manifest,
 )
-from ckptpub.safetensors import read_layout
 
 
 class Case(NamedTuple):
@@ -334,7 +334,7 @@ def nested(depth: int) -> bytes:
 
 _PROBE = """
 from ckptpub.errors import CkptpubError
-from ckptpub.strict_json import loads_strict
+from ckptpub._format.strict_json import loads_strict
 low, high = 1, 100_000
 while low < high:
     middle = (low + high + 1) // 2

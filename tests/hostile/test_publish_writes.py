@@ -15,7 +15,7 @@ from checkpoints import run_cli, write_checkpoint
 from privileges import without_privileges
 
 import ckptpub
-import ckptpub.publishing
+import ckptpub._operations.publishing
 
 
 def test_folder_whose_mtime_cannot_be_restored(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_folder_whose_mtime_cannot_be_restored(tmp_path: Path) -> None:
 def test_manifest_over_the_read_limit_is_not_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The limit readers apply, lowered here so a tiny folder exceeds it (a real one needs ~250k tensors)."""
     folder = write_checkpoint(tmp_path / "ckpt")
-    monkeypatch.setattr(ckptpub.publishing, "MAX_MANIFEST_BYTES", 1000)
+    monkeypatch.setattr(ckptpub._operations.publishing, "MAX_MANIFEST_BYTES", 1000)
     with pytest.raises(
         ckptpub.CkptpubError, match="over the 1000-byte manifest limit readers accept; not written"
     ):

@@ -33,7 +33,7 @@ SCRIPT = r"""
 import json, os, stat, sys
 import ckptpub
 # imported before the audit hook: only the run's own opens are logged
-import ckptpub.compare, ckptpub.publishing
+import ckptpub._operations.publishing, ckptpub._operations.verify
 
 folder, outside, entry, swap, log = sys.argv[1:6]
 opened = []

@@ -20,7 +20,7 @@ from pathlib import Path
 from checkpoints import CONFIG, model_tensors, write_checkpoint
 
 import ckptpub
-from ckptpub import jsonfiles, run_index
+from ckptpub._filesystem import jsonfiles, run_index
 
 HERE = Path(__file__).parent
 STANDIN = HERE / "standin_daemon.py"

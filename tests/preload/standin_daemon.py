@@ -27,7 +27,7 @@ import signal
 import sys
 import time
 
-from ckptpub import jsonfiles
+from ckptpub._filesystem import jsonfiles
 
 
 def record(event: str, **data) -> None:

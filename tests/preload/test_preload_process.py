@@ -18,7 +18,7 @@ from ckptpub_vllm.preload.status import write_json
 from preload_helpers import SupervisorProc, make_checkpoint, pid_alive, ready_with, wait_for
 
 import ckptpub
-from ckptpub.safetensors import read_layout
+from ckptpub._filesystem.model_files import read_layout
 
 
 def _status_cli(state_dir, *extra):

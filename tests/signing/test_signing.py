@@ -20,7 +20,7 @@ from checkpoints import flip_byte, locate, run_cli
 
 import ckptpub
 from ckptpub import signing
-from ckptpub.hashing import Span, hash_spans
+from ckptpub._hashing.engine import Span, hash_files, hash_spans
 
 
 def ckptpub_check(folder: Path, public_key: Path) -> list[str]:
@@ -243,7 +243,7 @@ def test_the_check_reads_only_the_signature_and_the_manifest(signed: Path, keys:
     """An audit hook records every file the check opens in a fresh interpreter (model_signing imported
     first, so its own module files are not counted)."""
     program = (
-        "import os, sys, ckptpub.signing as s, ckptpub.signing_backend; opened = []; "
+        "import os, sys, ckptpub.signing as s, ckptpub._operations.signing_backend; opened = []; "
         "sys.addaudithook(lambda e, a: opened.append(os.fsdecode(a[0])) "
         "if e in ('open', 'os.listdir', 'os.scandir') and a and isinstance(a[0], (str, bytes)) else None); "
         "check = s.check_signature(sys.argv[1], s.TrustedKey(public_key=sys.argv[2])); "
@@ -295,13 +295,12 @@ def test_whole_file_sha256_comes_from_the_blake3_pass(signed: Path) -> None:
             if t.file == record.path
         )
     for threads in (1, 3):
-        sha256: list[str] = []
-        digests = hash_spans(spans, threads=threads, file_sha256=sha256)
+        digests, sha256 = hash_files(spans, threads=threads)
         assert digests == hash_spans(spans, threads=threads)
         assert sha256 == [hashlib.sha256((signed / r.path).read_bytes()).hexdigest() for r in manifest.files]
     last = max(i for i, span in enumerate(spans) if span.path.endswith("model-00001-of-00002.safetensors"))
     with pytest.raises(ckptpub.CkptpubError, match="spans do not cover the whole file"):
-        hash_spans(spans[:last] + spans[last + 1 :], file_sha256=[])
+        hash_files(spans[:last] + spans[last + 1 :])
 
 
 @pytest.mark.parametrize("kind", ["missing", "public key", "not PEM", "secp256k1"])

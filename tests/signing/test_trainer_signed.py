@@ -18,7 +18,7 @@ import cbhelpers  # noqa: E402
 import signhelpers  # noqa: E402
 from checkpoints import run_cli  # noqa: E402
 
-from ckptpub.callback import PublishCallback  # noqa: E402
+from ckptpub import PublishCallback  # noqa: E402
 
 
 def test_every_saved_checkpoint_is_signed(tmp_path: Path, keys: dict) -> None:

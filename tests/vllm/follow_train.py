@@ -53,7 +53,7 @@ def main(run_dir: str, state_dir: str) -> int:
     import train_tiny
     from transformers import TrainerCallback
 
-    from ckptpub.callback import PublishCallback
+    from ckptpub import PublishCallback
 
     class FreezeAfter(TrainerCallback):
         """lr 0 after FROZEN_AFTER_STEP: later checkpoints re-save the same weights."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 
 import ckptpub
-from ckptpub.strict_json import loads_strict
+from ckptpub.integration import loads_strict
 
 from .errors import RefusedError
 from .folder_reads import UnreadableError, read_prefix

@@ -24,8 +24,7 @@ import os
 from collections.abc import Callable, Iterator
 
 import ckptpub
-from ckptpub.manifest import FORMATS
-from ckptpub.strict_json import loads_strict
+from ckptpub.integration import FORMATS, loads_strict
 
 from .errors import RefusedError
 from .folder_reads import UnreadableError, read_prefix

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ckptpub import CkptpubError
-from ckptpub.manifest import check_identity
+from ckptpub.integration import check_identity
 
 REQUIRE_MANIFEST_ENV = "CKPTPUB_REQUIRE_MANIFEST"
 

@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 
-from ckptpub.safetensors import read_layout
+from ckptpub._filesystem.model_files import read_layout
 
 _CORPUS = [
     "the quick brown fox jumps over the lazy dog",

@@ -14,7 +14,7 @@ from typing import Any
 
 import ckptpub
 from ckptpub.errors import and_more
-from ckptpub.manifest import FORMATS
+from ckptpub.integration import FORMATS
 
 from ..signature import read_trusted_manifest
 from .decide import Held, Stamp, Target

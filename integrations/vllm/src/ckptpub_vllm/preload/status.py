@@ -26,8 +26,8 @@ import os
 import time
 from typing import Any
 
-from ckptpub import jsonfiles
 from ckptpub.errors import CkptpubError
+from ckptpub.integration import jsonfiles
 
 STATUS = "status.json"
 DECISIONS = "decisions.jsonl"

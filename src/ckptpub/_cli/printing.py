@@ -12,12 +12,13 @@ import os
 import sys
 from typing import Any
 
-from .canonical import canonical_json
-from .compare import ManifestDiff, Problem, VerifyReport
-from .errors import one_line
-from .explain import base_of
-from .manifest import Manifest
-from .runview import RunEntry
+from .._format.canonical import canonical_json
+from .._format.manifest import Manifest
+from .._operations.diff import ManifestDiff
+from .._operations.explain import base_of
+from .._operations.verify import Problem, VerifyReport
+from .._runs.runview import RunEntry
+from ..errors import one_line
 
 
 def print_run_table(entries: list[RunEntry]) -> None:

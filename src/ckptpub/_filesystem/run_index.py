@@ -35,8 +35,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from .._format.manifest import is_digest, is_safe_relative_path
 from . import jsonfiles
-from .manifest import is_digest, is_safe_relative_path
 from .scan import as_path
 
 INDEX_NAME = "ckptpub-index.jsonl"

@@ -16,8 +16,8 @@ import os
 import stat
 from typing import NamedTuple
 
-from .errors import CkptpubError
-from .manifest import MANIFEST_NAME
+from .._format.manifest import MANIFEST_NAME
+from ..errors import CkptpubError
 
 #: Prefix and suffix of the temporary files an atomic manifest write uses.
 TEMP_PREFIX = "." + MANIFEST_NAME + "."

@@ -12,8 +12,8 @@ import errno
 import os
 import stat
 
-from .errors import CkptpubError, NoManifestError
-from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from .._format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from ..errors import CkptpubError, NoManifestError
 from .safe_open import READ_FLAGS, kind_of, open_failure
 from .scan import as_path
 

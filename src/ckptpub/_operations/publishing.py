@@ -14,22 +14,31 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
-from .canonical import canonical_json
-from .errors import CkptpubError
-from .hashing import DIGEST_PREFIX, ProgressCallback, Span, hash_spans
-from .jsonfiles import write_atomically
-from .manifest import FORMAT, MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, check_identity, identity_of
-from .model_files import config_digests, is_shard_path, weight_files
-from .read import read_manifest
-from .records import FileRecord
-from .regions import check_shapes, encode_regions, model_entry
-from .run_index import INDEX_NAME
-from .safetensors import ShardLayout, read_layout
-from .scan import FolderEntry, as_path, resolve_folder, restat, scan_folder
+from .._filesystem.jsonfiles import write_atomically
+from .._filesystem.model_files import config_digests, is_shard_path, read_layout, weight_files
+from .._filesystem.read import read_manifest
+from .._filesystem.run_index import INDEX_NAME
+from .._filesystem.scan import FolderEntry, as_path, resolve_folder, restat, scan_folder
+from .._format.canonical import canonical_json
+from .._format.digest import DIGEST_PREFIX
+from .._format.manifest import (
+    FORMAT,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    check_identity,
+    identity_of,
+)
+from .._format.records import FileRecord
+from .._format.regions import check_shapes, encode_regions, model_entry
+from .._format.safetensors import ShardLayout
+from .._hashing.engine import ProgressCallback, Span
+from .._hashing.options import HashOptions, SpanHasher
+from .._version import __version__
+from ..errors import CkptpubError
 
 if TYPE_CHECKING:
-    from .distributed import SpanHasher
+    from .._hashing.distributed import DistributedHasher
     from .signing import Signer, SigningKey
 
 #: Provenance nested deeper than this is refused (it is a record of facts, not a data store).
@@ -55,8 +64,8 @@ def build_manifest(
     for what is probably the wrong folder: one with no weight files (an empty
     folder, a run folder; pass ``allow_no_weights=True`` for an FSDP or DeepSpeed
     layout) or one holding other checkpoints (``checkpoint-N`` folders, manifests,
-    a run index; ``allow_nested=True`` to publish it anyway). ``hasher`` replaces
-    ``hashing.hash_spans`` (a ``distributed.DistributedHasher`` spreads the work over a job's ranks).
+    a run index; ``allow_nested=True`` to publish it anyway). ``hasher`` hashes instead of this
+    process's threads (a ``distributed.DistributedHasher`` spreads the work over a job's ranks).
     """
     options = _Options.checked(
         provenance, threads, use_mmap, on_progress, allow_no_weights, allow_nested, hasher=hasher
@@ -69,13 +78,10 @@ class _Options:
     """The keyword arguments of ``publish``/``build_manifest``, checked once at the API boundary."""
 
     provenance: Mapping[str, Any] | None
-    threads: int | None
-    use_mmap: bool
-    on_progress: ProgressCallback | None
+    hashing: HashOptions
     allow_no_weights: bool
     allow_nested: bool
     signer: Signer | None = None  # a loaded signing key: checked before anything is hashed
-    hasher: SpanHasher | None = None  # instead of hash_spans (a distributed.DistributedHasher)
 
     @classmethod
     def checked(
@@ -93,21 +99,13 @@ class _Options:
             raise CkptpubError(
                 f"provenance: expected a mapping of JSON data, got {type(provenance).__name__}"
             )
-        if threads is not None and (type(threads) is not int or threads < 1):
-            raise CkptpubError(f"threads: expected a positive int or None, got {threads!r}")
-        if on_progress is not None and not callable(on_progress):
-            raise CkptpubError(f"on_progress: expected a callable, got {type(on_progress).__name__}")
-        if hasher is not None and not callable(hasher):
-            raise CkptpubError(f"hasher: expected a callable like hash_spans, got {type(hasher).__name__}")
+        hashing = HashOptions.checked(threads, use_mmap, on_progress, hasher)
         return cls(
             provenance=provenance,
-            threads=threads,
-            use_mmap=bool(use_mmap),
-            on_progress=on_progress,
+            hashing=hashing,
             allow_no_weights=bool(allow_no_weights),
             allow_nested=bool(allow_nested),
             signer=None if sign is None else _load_signer(sign),
-            hasher=hasher,
         )
 
 
@@ -139,16 +137,11 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
     config = config_digests(by_path, FORMAT)
     provenance = _provenance(options.provenance)
     spans = list(_spans(entries, layouts))
-    file_sha256: list[str] | None = [] if options.signer is not None else None
-    digests = iter(
-        (options.hasher or hash_spans)(
-            spans,
-            threads=options.threads,
-            use_mmap=options.use_mmap,
-            on_progress=options.on_progress,
-            file_sha256=file_sha256,
-        )
-    )
+    if options.signer is not None:  # a signature lists each file's SHA-256: from the same reads
+        span_digests, file_sha256 = options.hashing.file_digests(spans)
+    else:
+        span_digests, file_sha256 = options.hashing.span_digests(spans), []
+    digests = iter(span_digests)
     for entry in entries:
         if restat(entry) != entry.signature:
             raise CkptpubError(
@@ -166,7 +159,7 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
     regions = encode_regions(files, weights, per_file)
     identity = identity_of(regions, files, weights, config, FORMAT)
     manifest = Manifest.lazy(identity, regions, tuple(files), weights, config, provenance)
-    return manifest, entries, file_sha256 or []
+    return manifest, entries, file_sha256
 
 
 def _refuse_nested_checkpoints(root: str, entries: list[FolderEntry]) -> None:
@@ -362,3 +355,19 @@ def _restore_mtime(root: str, before: os.stat_result) -> str | None:
     except OSError as error:
         return f"the folder's modification time could not be restored: {error.strerror or error}"
     return None
+
+
+def publish_on_ranks(folder: str | os.PathLike[str], hasher: DistributedHasher, **options: Any) -> Manifest:
+    """``publish`` on rank 0 of the hasher's group, ``build_manifest`` (nothing written) on the others.
+
+    Every rank of the group calls it with the same folder (as each rank sees it) and
+    options; all hash together, and rank 0's manifest is the one a single process
+    would write. ``base``/``adapter`` are resolved, and ``sign`` signs, on rank 0 only
+    (the other ranks compute the SHA-256 of their files for that signature).
+    """
+    with hasher.taking_part():
+        if hasher.rank == 0:
+            return publish(folder, hasher=hasher, **options)
+        for rank_0_only in ("base", "adapter", "sign"):
+            options.pop(rank_0_only, None)
+        return build_manifest(folder, hasher=hasher, **options)

@@ -3,23 +3,20 @@
 ckptpub hashes tensors by the byte ranges a shard's header declares, so the header
 must describe the file exactly: every tensor's size equals its shape times its
 dtype's width, tensors tile the data region with no overlap, hole or trailing
-byte, and every length is bounded before anything is allocated for it. Only the
-8-byte length prefix and the header are read; tensor data is left to the hasher.
-Standard library only.
+byte, and every length is bounded before anything is allocated for it. This module
+parses header bytes; reading them from a file (the 8-byte length prefix and the
+header, never tensor data) is ``_filesystem.model_files.read_layout``. Standard library only.
 """
 
 from __future__ import annotations
 
 import operator
-import os
-import struct
 from itertools import repeat
 from math import prod
 from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple
 
-from .errors import CkptpubError
-from .safe_open import open_regular
+from ..errors import CkptpubError
 from .strict_json import loads_strict, loads_two_level
 
 #: The safetensors reference implementation refuses headers above 100 MB; so do we.
@@ -65,40 +62,6 @@ class ShardLayout(NamedTuple):
 
     header_size: int
     tensors: tuple[TensorSlice, ...]
-
-
-def read_layout(path: str, display_name: str, expect: tuple[int, int] | None = None) -> ShardLayout:
-    """Parse the header of the safetensors file at ``path``; ``display_name`` goes in errors.
-
-    ``expect`` is the ``(st_dev, st_ino)`` the folder scan saw (see ``safe_open``).
-    Raises ``CkptpubError`` for anything that is not a well-formed shard.
-    """
-    fd, info = open_regular(path, display_name, expect)
-    try:
-        with os.fdopen(fd, "rb") as handle:
-            file_size = info.st_size
-            prefix = handle.read(8)
-            if len(prefix) < 8:
-                raise CkptpubError(
-                    f"{display_name}: truncated safetensors file ({file_size} bytes, no header length)"
-                )
-            (header_len,) = struct.unpack("<Q", prefix)
-            if header_len > MAX_HEADER_BYTES:
-                raise CkptpubError(
-                    f"{display_name}: safetensors header length {header_len} "
-                    f"exceeds the {MAX_HEADER_BYTES}-byte limit"
-                )
-            if 8 + header_len > file_size:
-                raise CkptpubError(
-                    f"{display_name}: safetensors header length {header_len} "
-                    f"runs past the end of the file ({file_size} bytes)"
-                )
-            header = handle.read(header_len)
-    except OSError as error:
-        raise CkptpubError(f"{display_name}: cannot read: {error.strerror or error}") from None
-    if len(header) != header_len:
-        raise CkptpubError(f"{display_name}: file shrank while its header was read")
-    return parse_header(header, file_size, display_name)
 
 
 def parse_header(header: bytes, file_size: int, display_name: str) -> ShardLayout:

@@ -1,6 +1,6 @@
 """What a difference between two manifests means: per-tensor changes, groups, config keys, lineage.
 
-``compare.diff_manifests`` says *which* tensors differ; a user asks *why* (a dtype
+``diff.diff_manifests`` says *which* tensors differ; a user asks *why* (a dtype
 cast, a shape change, training), *where* ("q/v_proj in layers 0-27", not 56 lines),
 *which config keys* moved, and *how the two relate* (an adapter on that base, a
 model trained from it). This module answers those from the manifests alone, plus
@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-from .canonical import canonical_json
-from .config_meaning import WRITTEN_BY, meaning, same_rule
-from .errors import CkptpubError
-from .manifest import CONFIG_FILES, FORMATS, MANIFEST_NAME, Manifest, ModelEntry
-from .model_files import read_config
+from .._filesystem.model_files import read_config
+from .._format.canonical import canonical_json
+from .._format.config_meaning import WRITTEN_BY, meaning, same_rule
+from .._format.manifest import CONFIG_FILES, FORMATS, MANIFEST_NAME, Manifest, ModelEntry
+from ..errors import CkptpubError
 
 #: A pattern lists at most this many alternatives at one position (``{a,b,... 40 more}`` beyond).
 _MAX_WORDS_SHOWN = 8

@@ -26,10 +26,10 @@ from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import Any, TypeGuard
 
+from ..errors import CkptpubError
 from .canonical import canonical_json
 from .config_meaning import meaning, same_rule
-from .errors import CkptpubError
-from .hashing import DIGEST_PREFIX, digest_bytes
+from .digest import DIGEST_PREFIX, digest_bytes
 from .records import FileRecord, ModelEntry, TensorRecord
 from .regions import (
     BETWEEN,

@@ -1,8 +1,8 @@
-"""Verify a folder's bytes against its manifest, and diff two manifests.
+"""Verify a folder's bytes against its manifest: ``verify``, and the records it returns.
 
-Both return data (``VerifyReport``, ``ManifestDiff``) rather than raising on a
-difference: a difference is a result, and callers (the CLI, the vLLM loader, the
-daemon supervisor) decide what to do with it. ``CkptpubError`` is reserved for
+It returns data (``VerifyReport``, a ``Problem`` per difference) rather than raising
+on a difference: a difference is a result, and callers (the CLI, the vLLM loader,
+the daemon supervisor) decide what to do with it. ``CkptpubError`` is reserved for
 input that cannot be used at all.
 """
 
@@ -10,27 +10,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-from .errors import CkptpubError
-from .explain import (
-    ConfigChange,
-    TensorChange,
-    TensorGroup,
-    compare_configs,
-    group_tensors,
-    relation,
-    tensor_change,
-)
-from .hashing import ProgressCallback, Span, hash_spans
-from .manifest import MANIFEST_NAME, FileRecord, Manifest, ModelEntry, TensorRecord, check_identity
-from .model_files import claim_problems, is_shard_path
-from .read import read_manifest
-from .safetensors import ShardLayout, read_layout
-from .scan import FolderEntry, as_path, resolve_folder, scan_folder
-
-if TYPE_CHECKING:
-    from .distributed import SpanHasher
+from .._filesystem.model_files import claim_problems, is_shard_path, read_layout
+from .._filesystem.read import read_manifest
+from .._filesystem.scan import FolderEntry, resolve_folder, scan_folder
+from .._format.manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, check_identity
+from .._format.safetensors import ShardLayout
+from .._hashing.engine import ProgressCallback, Span
+from .._hashing.options import HashOptions, SpanHasher
+from ..errors import CkptpubError
 
 
 class Problem(NamedTuple):
@@ -60,39 +49,6 @@ class VerifyReport(NamedTuple):
         return not self.problems
 
 
-class ManifestDiff(NamedTuple):
-    """Model tensors whose bytes, dtype or shape differ (``changed``), or that only one side has.
-
-    The rest explains the difference (see ``explain``): ``tensor_changes`` says what
-    differs in each changed tensor, ``groups`` names changed, added and removed
-    tensors by pattern ("self_attn.{q,v}_proj.weight in layers 0-27"),
-    ``config_changed`` the config files whose meaning differs (``explain.compare_configs``),
-    ``config_keys`` the config keys whose values differ, each marked with whether the
-    identity counts it (read from the folders' files when both were given as folders;
-    ``config_notes`` says why not otherwise),
-    and ``relation`` how the two are linked by their recorded base
-    (``explain.relation``: ``adapter_on_a``, ``from_a``, ``same_base``, ... or None).
-    """
-
-    identity_a: str
-    identity_b: str
-    changed: tuple[str, ...]
-    added: tuple[str, ...]
-    removed: tuple[str, ...]
-    config_changed: tuple[str, ...]
-    tensor_changes: tuple[TensorChange, ...] = ()
-    groups: tuple[TensorGroup, ...] = ()
-    config_keys: tuple[ConfigChange, ...] = ()
-    config_notes: tuple[str, ...] = ()
-    relation: str | None = None
-    same_model: bool = False
-
-    @property
-    def same(self) -> bool:
-        """One identity, or (``same_model``) one model whose identities differ only by manifest format."""
-        return self.identity_a == self.identity_b or self.same_model
-
-
 def verify(
     folder: str | os.PathLike[str],
     *,
@@ -109,13 +65,12 @@ def verify(
     The manifest's claims about which files are shards and weights, and about the
     config, are checked against the folder with the rules ``publish`` applies
     (``model_files.claim_problems``), so a forged manifest cannot keep a pinned
-    identity while an engine loads other tensors. ``hasher`` replaces
-    ``hashing.hash_spans`` (a ``distributed.DistributedHasher`` spreads the work over a job's ranks).
+    identity while an engine loads other tensors. ``hasher`` hashes instead of this
+    process's threads (a ``distributed.DistributedHasher`` spreads the work over a job's ranks).
     """
     if expect_identity is not None:
         check_identity(expect_identity, "expected identity")
-    if threads is not None and (type(threads) is not int or threads < 1):
-        raise CkptpubError(f"threads: expected a positive int or None, got {threads!r}")
+    hashing = HashOptions.checked(threads, use_mmap, on_progress, hasher)
     root = resolve_folder(folder)
     manifest = read_manifest(root)
     entries = {e.path: e for e in scan_folder(root)}
@@ -142,10 +97,7 @@ def verify(
                 problems.append(Problem(record.path, "header", str(error).removeprefix(f"{record.path}: ")))
     for path in entries.keys() - {f.path for f in manifest.files}:
         problems.append(Problem(path, "added", "in the folder but not in the manifest"))
-    digests = (hasher or hash_spans)(
-        checks.spans, threads=threads, use_mmap=use_mmap, on_progress=on_progress
-    )
-    problems.extend(checks.mismatches(digests))
+    problems.extend(checks.mismatches(hashing.span_digests(checks.spans)))
     if not problems:
         problems.extend(_claims(manifest, entries, layouts))
     if expect_identity is not None and manifest.identity != expect_identity:
@@ -158,58 +110,6 @@ def verify(
         )
     problems.sort(key=lambda p: (p.path, p.tensor or ""))
     return VerifyReport(manifest, tuple(f.path for f in manifest.files), tuple(problems))
-
-
-def diff_manifests(
-    a: Manifest,
-    b: Manifest,
-    *,
-    folder_a: str | os.PathLike[str] | None = None,
-    folder_b: str | os.PathLike[str] | None = None,
-) -> ManifestDiff:
-    """Compare the model tensors and configs of two manifests; no tensor data is read.
-
-    With ``folder_a`` and ``folder_b`` (the checkpoint folders the manifests came
-    from), config files whose digests differ are read there, if they still have
-    those digests, to name the keys that changed.
-    """
-    for name, value in (("a", a), ("b", b)):
-        if not isinstance(value, Manifest):
-            raise CkptpubError(
-                f"diff_manifests: {name} must be a Manifest (see read_manifest), got {type(value).__name__}"
-            )
-    tensors_a, tensors_b = _model_tensors(a), _model_tensors(b)
-    changed = sorted(n for n in tensors_a.keys() & tensors_b.keys() if tensors_a[n] != tensors_b[n])
-    added = sorted(tensors_b.keys() - tensors_a.keys())
-    removed = sorted(tensors_a.keys() - tensors_b.keys())
-    configs = compare_configs(
-        a, b, *(None if f is None else as_path(f, "folder") for f in (folder_a, folder_b))
-    )
-    changes = tuple(tensor_change(n, tensors_a[n], tensors_b[n]) for n in changed)
-    groups = (
-        group_tensors("changed", [(c.name, c.what) for c in changes])
-        + group_tensors("added", [(n, tensors_b[n].dtype) for n in added])
-        + group_tensors("removed", [(n, tensors_a[n].dtype) for n in removed])
-    )
-    return ManifestDiff(
-        identity_a=a.identity,
-        identity_b=b.identity,
-        changed=tuple(changed),
-        added=tuple(added),
-        removed=tuple(removed),
-        config_changed=configs.changed,
-        tensor_changes=changes,
-        groups=groups,
-        config_keys=configs.keys,
-        config_notes=configs.notes,
-        relation=relation(a, b),
-        # Manifests of one model in two formats have different identities (the format is in the preimage,
-        # and /3 leaves inert config keys out): with every weight tensor the same and the configs' meaning
-        # the same under the newer format's rule, they name the same model.
-        same_model=a.version != b.version
-        and bool(a.weights and b.weights)
-        and not (changed or added or removed or configs.changed),
-    )
 
 
 class _Checks:
@@ -282,10 +182,3 @@ def _claims(
         Problem(path, "manifest", detail) for path, detail in claim_problems(manifest, entries, layouts)
     )
     return problems
-
-
-def _model_tensors(manifest: Manifest) -> dict[str, ModelEntry]:
-    """Model tensors by name; for a folder without weight files, every tensor by ``file:name``."""
-    if manifest.weights:
-        return manifest.model()
-    return {f"{t.file}:{t.name}": ModelEntry(t.dtype, t.shape, t.digest) for t in manifest.tensors}

@@ -11,14 +11,16 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import ckptpub
+from .._format.manifest import Manifest
+from .._operations.publishing import publish
+from ..errors import CkptpubError
 
 
 def last_state_folder(accelerator: Any) -> str:
     """The folder the last ``save_state()`` wrote under automatic checkpoint naming."""
     config = accelerator.project_configuration
     if not getattr(config, "automatic_checkpoint_naming", False) or config.iteration < 1:
-        raise ckptpub.CkptpubError(
+        raise CkptpubError(
             "publish_accelerate_state: pass folder= (the path save_state() returned) unless "
             "ProjectConfiguration(automatic_checkpoint_naming=True) was used and save_state() ran"
         )
@@ -30,7 +32,7 @@ def publish_accelerate_state(
     folder: str | os.PathLike[str] | None = None,
     *,
     provenance: Mapping[str, Any] | None = None,
-) -> ckptpub.Manifest | None:
+) -> Manifest | None:
     """Wait for every process, then publish ``folder`` on the main process.
 
     Returns the Manifest on the main process and None elsewhere. ``folder`` defaults
@@ -45,4 +47,4 @@ def publish_accelerate_state(
     target = os.fspath(folder) if folder is not None else last_state_folder(accelerator)
     prov = {"run_dir": os.path.abspath(os.path.dirname(target))}
     prov.update(provenance or {})
-    return ckptpub.publish(target, provenance=prov, allow_no_weights=True)  # save_state() wrote this folder
+    return publish(target, provenance=prov, allow_no_weights=True)  # save_state() wrote this folder

@@ -29,11 +29,14 @@ from typing import Any, TypeGuard
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-import ckptpub
-from ckptpub import run_index
-from ckptpub.accelerate_helper import publish_accelerate_state
-from ckptpub.distributed import DEFAULT_TIMEOUT_S, DistributedHasher, new_group, publish_on_ranks
-from ckptpub.signing import Signer
+from .._filesystem import run_index
+from .._filesystem.read import read_manifest
+from .._format.manifest import MANIFEST_NAME, Manifest
+from .._hashing.distributed import DEFAULT_TIMEOUT_S, DistributedHasher, new_group
+from .._operations.publishing import publish, publish_on_ranks
+from .._operations.signing import Signer
+from ..errors import CkptpubError
+from .accelerate_helper import publish_accelerate_state
 
 __all__ = ["PublishCallback", "Published", "publish_accelerate_state"]
 
@@ -79,10 +82,10 @@ def base_identity_of(model: Any) -> str | None:
     models, each adapter config's ``base_model_name_or_path``.
     """
     for cand in _loaded_from(model):
-        if os.path.isfile(os.path.join(cand, ckptpub.MANIFEST_NAME)):
+        if os.path.isfile(os.path.join(cand, MANIFEST_NAME)):
             try:
-                return ckptpub.read_manifest(cand).identity
-            except ckptpub.CkptpubError as exc:
+                return read_manifest(cand).identity
+            except CkptpubError as exc:
                 log.warning("ckptpub: base model folder %s has an unreadable manifest: %s", cand, exc)
     return None
 
@@ -94,7 +97,7 @@ def unpublished_base(model: Any) -> str | None:
     code has no folder and is not reported.
     """
     for cand in _loaded_from(model):
-        if os.path.isdir(cand) and not os.path.lexists(os.path.join(cand, ckptpub.MANIFEST_NAME)):
+        if os.path.isdir(cand) and not os.path.lexists(os.path.join(cand, MANIFEST_NAME)):
             return cand
     return None
 
@@ -268,7 +271,7 @@ class _Publisher:
                     )
                 except (
                     OSError,
-                    ckptpub.CkptpubError,
+                    CkptpubError,
                 ) as exc:  # e.g. a symlink named like the index: not followed
                     log.warning("ckptpub: could not append to the run index in %s: %s", job.index_dir, exc)
         log.info("ckptpub: published step %d %s identity %s", job.step, job.folder, manifest.identity)
@@ -278,7 +281,7 @@ class _Publisher:
 
     def _hash(
         self, job: _Job, *, locked: bool, hasher: DistributedHasher | None
-    ) -> tuple[ckptpub.Manifest, list[str]]:
+    ) -> tuple[Manifest, list[str]]:
         """The manifest (written on the writing rank) and the files listed; ``_SkippedError`` says why not."""
         guard = self.rotation_lock if locked else contextlib.nullcontext()
         if os.path.islink(job.folder):  # the Trainer never saves through a link; we never write through one
@@ -297,9 +300,9 @@ class _Publisher:
         }
         try:
             if hasher is None:
-                return ckptpub.publish(job.folder, **options), before
+                return publish(job.folder, **options), before
             return publish_on_ranks(job.folder, hasher, **options), before
-        except (ckptpub.CkptpubError, OSError) as exc:
+        except (CkptpubError, OSError) as exc:
             gone = not os.path.isdir(job.folder)
             raise _SkippedError(
                 ("folder was rotated away while hashing: " if gone else "") + str(exc)
@@ -318,7 +321,7 @@ class _SkippedError(Exception):
 def _withdraw(folder: str) -> None:
     """Remove our manifest from a folder that is being deleted, and the folder if now empty."""
     with contextlib.suppress(OSError):
-        os.unlink(os.path.join(folder, ckptpub.MANIFEST_NAME))
+        os.unlink(os.path.join(folder, MANIFEST_NAME))
     with contextlib.suppress(OSError):
         os.rmdir(folder)
 

@@ -44,15 +44,15 @@ from typing import NamedTuple, TypeVar
 
 import blake3
 
-from .errors import CkptpubError
-from .safe_open import open_regular
+from .._filesystem.safe_open import open_regular
+from .._format.digest import DIGEST_PREFIX
+from ..errors import CkptpubError
 
 _T = TypeVar("_T")
 
 #: ``on_progress(done_bytes, total_bytes)``, called as hashing advances.
 ProgressCallback = Callable[[int, int], None]
 
-DIGEST_PREFIX = "blake3:"
 SPLIT_MIN_BYTES = 32 << 20
 CHUNK_BYTES = 64 << 20
 READ_BUFFER_BYTES = 8 << 20
@@ -86,15 +86,6 @@ class Span(NamedTuple):
         return self.name if self.tensor is None else f"{self.name}: tensor {self.tensor!r}"
 
 
-def digest_bytes(data: bytes | bytearray | memoryview) -> str:
-    """The ckptpub digest (``"blake3:<64 hex>"``) of a bytes-like object.
-
-    >>> digest_bytes(b"")
-    'blake3:af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262'
-    """
-    return DIGEST_PREFIX + blake3.blake3(data).hexdigest()
-
-
 def default_threads() -> int:
     """One worker per CPU this process may run on."""
     try:
@@ -109,26 +100,16 @@ def hash_spans(
     threads: int | None = None,
     use_mmap: bool = True,
     on_progress: ProgressCallback | None = None,
-    file_sha256: list[str] | None = None,
 ) -> list[str]:
     """Return the digest of each span, in the order given.
 
     ``on_progress(done_bytes, total_bytes)`` is called after each piece is hashed
     (from worker threads, one call at a time). Raises ``CkptpubError`` naming the file when one cannot be
     read or is shorter than a span needs.
-
-    ``file_sha256``, when a list, receives the SHA-256 (hex) of each whole file, in
-    file order, computed from the very pieces BLAKE3 reads (what a signature needs,
-    see ``ckptpub.signing``). The spans must then come file by file, each file's
-    spans in offset order tiling it from 0 to its end, as ``publishing`` builds them;
-    a file is hashed in order by one worker, so work is parallel across files only.
     """
     total = sum(s.size for s in spans)
     report = _progress_reporter(total, on_progress)
     digests: list[str] = [""] * len(spans)
-    if file_sha256 is not None:
-        file_sha256.extend(_hash_whole_files(spans, digests, threads, use_mmap, report))
-        return digests
     items = _work_items(spans, range(len(spans)))
     workers = min(threads or default_threads(), max(1, len(items)))
     # Largest first, so the last items to finish are short ones and no core idles long.
@@ -146,6 +127,33 @@ def hash_spans(
             digests[item.indices[0]] = _hash_span(spans[item.indices[0]], files, report, all_cores=True)
         _run_parallel(rest, lambda item: _hash_item(item, spans, digests, files, report), workers)
     return digests
+
+
+class FileDigests(NamedTuple):
+    """What ``hash_files`` returns: each span's BLAKE3 digest, and each whole file's SHA-256 (hex)."""
+
+    spans: list[str]
+    sha256: list[str]
+
+
+def hash_files(
+    spans: Sequence[Span],
+    *,
+    threads: int | None = None,
+    use_mmap: bool = True,
+    on_progress: ProgressCallback | None = None,
+) -> FileDigests:
+    """``hash_spans``, and the SHA-256 of each whole file, in file order, from the very same reads.
+
+    What a signature needs (see ``_operations.signing``): no byte is read twice. The
+    spans must come file by file, each file's spans in offset order tiling it from 0
+    to its end, as publishing builds them; a file is hashed in order by one worker,
+    so work is parallel across files only.
+    """
+    total = sum(s.size for s in spans)
+    digests: list[str] = [""] * len(spans)
+    sha256 = _hash_whole_files(spans, digests, threads, use_mmap, _progress_reporter(total, on_progress))
+    return FileDigests(digests, sha256)
 
 
 def _hash_whole_files(

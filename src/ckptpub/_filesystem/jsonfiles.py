@@ -16,7 +16,7 @@ Two shapes cover every file ckptpub writes outside a checkpoint's own bytes:
 
 Both are opened without following a symlink and must be regular files, so a link
 planted at the name never redirects a write outside its folder. Reads are bounded
-and strict (``strict_json``): what a writer here wrote always reads back.
+and strict (``_format.strict_json``): what a writer here wrote always reads back.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
-from .errors import CkptpubError
-from .safe_open import open_regular
+from .._format.strict_json import loads_strict
+from ..errors import CkptpubError
+from .safe_open import open_regular, read_bounded
 from .scan import TEMP_PREFIX, TEMP_SUFFIX
-from .strict_json import loads_strict, read_bounded
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

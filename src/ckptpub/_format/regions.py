@@ -29,8 +29,8 @@ from itertools import chain
 from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple, Protocol
 
-from .errors import CkptpubError
-from .hashing import DIGEST_PREFIX
+from ..errors import CkptpubError
+from .digest import DIGEST_PREFIX
 from .records import (
     Columns,
     Fail,

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import CkptpubError
+from ..errors import CkptpubError
 
 try:
     from model_signing import manifest as ms_manifest

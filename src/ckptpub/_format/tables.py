@@ -24,8 +24,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import NamedTuple
 
-from .errors import CkptpubError
-from .hashing import DIGEST_PREFIX
+from ..errors import CkptpubError
+from .digest import DIGEST_PREFIX
 from .records import (
     Columns,
     Fail,

@@ -15,7 +15,7 @@ import errno
 import os
 import stat
 
-from .errors import CkptpubError
+from ..errors import CkptpubError
 
 #: Flags for reading a file of an untrusted folder.
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -68,3 +68,24 @@ def kind_of(mode: int) -> str:
     if stat.S_ISLNK(mode):
         return "a symlink"
     return "a special file"
+
+
+def read_bounded(path: str, limit: int, display_name: str, expect: tuple[int, int] | None = None) -> bytes:
+    """Read a whole small regular file, refusing one larger than ``limit`` bytes before reading it.
+
+    Opened as ``open_regular`` opens (no symlink, no FIFO, the file the scan saw).
+    """
+    fd, info = open_regular(path, display_name, expect)
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            size = info.st_size
+            if size > limit:
+                raise CkptpubError(
+                    f"{display_name}: {size} bytes is over the {limit}-byte limit for this file"
+                )
+            data = handle.read(limit + 1)
+    except OSError as error:
+        raise CkptpubError(f"{display_name}: cannot read: {error.strerror or error}") from None
+    if len(data) > limit:
+        raise CkptpubError(f"{display_name}: grew past the {limit}-byte limit while being read")
+    return data

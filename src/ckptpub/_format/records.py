@@ -16,7 +16,7 @@ from itertools import accumulate, repeat
 from math import prod
 from typing import NamedTuple, TypeVar
 
-from .errors import CkptpubError
+from ..errors import CkptpubError
 from .safetensors import DTYPE_BITS
 
 #: Makes the error for a broken rule of one manifest (``failure_in``).

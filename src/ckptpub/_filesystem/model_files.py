@@ -7,19 +7,23 @@ Publishing and verifying both use them, so a manifest that claims other weight
 files or another config than the folder's own is caught: ``claim_problems`` is that
 check, the one rule for "does this manifest say what publishing this folder would
 say about its shards, weights and config" (``ckptpub verify`` and the vLLM loader
-both call it).
+both call it). The files are read here too: a shard's header (``read_layout``), a config
+(``read_config``), the safetensors index.
 """
 
 from __future__ import annotations
 
+import os
+import struct
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import CkptpubError
-from .manifest import CONFIG_FILES, MANIFEST_NAME, Manifest, TensorRecord, config_digest
-from .safetensors import ShardLayout
+from .._format.manifest import CONFIG_FILES, MANIFEST_NAME, Manifest, TensorRecord, config_digest
+from .._format.safetensors import MAX_HEADER_BYTES, ShardLayout, parse_header
+from .._format.strict_json import loads_strict, loads_two_level
+from ..errors import CkptpubError
+from .safe_open import open_regular, read_bounded
 from .scan import FolderEntry
-from .strict_json import loads_strict, loads_two_level, read_bounded
 
 INDEX_NAME = "model.safetensors.index.json"
 MAX_CONFIG_BYTES = 16 << 20
@@ -29,6 +33,40 @@ MAX_INDEX_BYTES = 64 << 20
 def is_shard_path(path: str) -> bool:
     """Whether publishing parses the file as a safetensors shard and lists its tensors (any folder depth)."""
     return path.endswith(".safetensors")
+
+
+def read_layout(path: str, display_name: str, expect: tuple[int, int] | None = None) -> ShardLayout:
+    """Parse the header of the safetensors file at ``path``; ``display_name`` goes in errors.
+
+    ``expect`` is the ``(st_dev, st_ino)`` the folder scan saw (see ``safe_open``).
+    Raises ``CkptpubError`` for anything that is not a well-formed shard.
+    """
+    fd, info = open_regular(path, display_name, expect)
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            file_size = info.st_size
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                raise CkptpubError(
+                    f"{display_name}: truncated safetensors file ({file_size} bytes, no header length)"
+                )
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len > MAX_HEADER_BYTES:
+                raise CkptpubError(
+                    f"{display_name}: safetensors header length {header_len} "
+                    f"exceeds the {MAX_HEADER_BYTES}-byte limit"
+                )
+            if 8 + header_len > file_size:
+                raise CkptpubError(
+                    f"{display_name}: safetensors header length {header_len} "
+                    f"runs past the end of the file ({file_size} bytes)"
+                )
+            header = handle.read(header_len)
+    except OSError as error:
+        raise CkptpubError(f"{display_name}: cannot read: {error.strerror or error}") from None
+    if len(header) != header_len:
+        raise CkptpubError(f"{display_name}: file shrank while its header was read")
+    return parse_header(header, file_size, display_name)
 
 
 def claim_problems(

@@ -4,18 +4,17 @@
 readers can never disagree about what a file says: duplicate keys (``object_pairs_hook``),
 NaN and Infinity (``parse_constant``), numbers too large for a double such as ``1e400``
 (``parse_float``; it would read as Infinity) and, checked after decoding, strings holding a
-lone surrogate escape (not text). Sizes are bounded before reading (``read_bounded``).
+lone surrogate escape (not text). Sizes are bounded before reading, by whoever reads the
+file (``_filesystem.safe_open.read_bounded``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from typing import Any, NoReturn
 
-from .errors import CkptpubError
-from .safe_open import open_regular
+from ..errors import CkptpubError
 
 
 def loads_strict(data: bytes, display_name: str, what: str) -> Any:
@@ -88,27 +87,6 @@ def _has_lone_surrogate(value: Any) -> bool:
             except UnicodeEncodeError:
                 return True
     return False
-
-
-def read_bounded(path: str, limit: int, display_name: str, expect: tuple[int, int] | None = None) -> bytes:
-    """Read a whole small regular file, refusing one larger than ``limit`` bytes before reading it.
-
-    Opened as ``safe_open.open_regular`` opens (no symlink, no FIFO, the file the scan saw).
-    """
-    fd, info = open_regular(path, display_name, expect)
-    try:
-        with os.fdopen(fd, "rb") as handle:
-            size = info.st_size
-            if size > limit:
-                raise CkptpubError(
-                    f"{display_name}: {size} bytes is over the {limit}-byte limit for this file"
-                )
-            data = handle.read(limit + 1)
-    except OSError as error:
-        raise CkptpubError(f"{display_name}: cannot read: {error.strerror or error}") from None
-    if len(data) > limit:
-        raise CkptpubError(f"{display_name}: grew past the {limit}-byte limit while being read")
-    return data
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

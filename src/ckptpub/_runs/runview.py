@@ -13,11 +13,11 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from . import run_index
-from .errors import CkptpubError
-from .explain import base_of, is_adapter
-from .manifest import MANIFEST_NAME
-from .read import read_manifest
+from .._filesystem import run_index
+from .._filesystem.read import read_manifest
+from .._format.manifest import MANIFEST_NAME
+from .._operations.explain import base_of, is_adapter
+from ..errors import CkptpubError
 
 #: How deep the scan looks for checkpoint folders (``run/trial/checkpoint-N`` is 2).
 SCAN_DEPTH = 3

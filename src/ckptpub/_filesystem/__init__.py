@@ -1,0 +1,14 @@
+"""The filesystem layer: the files of a checkpoint folder or a run folder, read and written safely.
+
+Every rule that keeps ckptpub inside a folder lives here: no symlink followed out of
+it, no FIFO blocked on, every size bounded before a byte is read, every write atomic.
+
+Modules (imports go downwards only; from outside this package only ``_format`` and ``errors``):
+
+    run_index     ``ckptpub-index.jsonl``: a run's published steps, appended a line at a time
+    model_files   which safetensors files are the weights, the config's meaning; reads shard headers
+    read          ``read_manifest``: one open, one fstat, one read
+    jsonfiles     documents replaced atomically, logs appended a whole line at a time
+    scan          which files of a folder count; the symlink and file-name rules; path arguments
+    safe_open     ``open_regular`` (no-follow, non-blocking, the file the scan saw), ``read_bounded``
+"""

@@ -1,0 +1,12 @@
+"""The hashing engine: BLAKE3 digests of byte ranges of files, in this process or over a job's ranks.
+
+It knows nothing about manifests or checkpoints: callers hand it ``Span`` s (a file and
+a byte range) and get one digest per span.
+
+Modules (imports go downwards only; from outside this package only ``_filesystem``,
+``_format`` and ``errors``):
+
+    distributed   ``DistributedHasher``: the spans of a folder hashed by every rank of a torch job
+    options       ``HashOptions`` (threads, mmap, progress, who hashes) and the ``SpanHasher`` protocol
+    engine        ``hash_spans``, ``hash_files`` (with each file's SHA-256): threads, mmap, batching
+"""

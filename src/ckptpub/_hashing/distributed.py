@@ -1,0 +1,266 @@
+"""Hash a checkpoint on every rank of a ``torch.distributed`` job; one rank writes the manifest.
+
+Why: a multi-node job's checkpoint sits on shared storage that each node reads at its
+own link's bandwidth, so hashing it on one rank leaves every other link idle.
+``DistributedHasher`` is a ``SpanHasher`` (``options``; ``publish``, ``verify`` and
+``build_manifest`` take it as ``hasher=``): every rank calls it with the same spans
+(each rank scans the same folder), each hashes the files it owns (whole files, balanced
+by bytes), and the digests travel through the group's own collectives, so every rank
+returns every digest and the writing rank builds exactly the manifest one process would.
+
+Each call is two ``all_gather`` s of fixed-size ``uint8`` tensors (no pickle):
+
+1. the plan: each rank's span count and a BLAKE3 fingerprint of its span names and
+   ranges, or the error that stopped it before hashing (``taking_part``). Ranks that
+   see different folders refuse together.
+2. the digests: 32 bytes per span, filled on the rows the rank owns, with a status
+   and a message, so a rank whose read failed makes every rank fail with its reason.
+
+A rank that dies or stalls makes the others' collective fail after the group's
+timeout (gloo raises; a dead peer's closed connection is usually seen at once). The
+hasher is then broken: it never uses the group again (a late rank's messages could
+be taken for the next call's) and refuses later calls at once, so each rank goes on
+without it. torch is imported only here, and only when a hasher is made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import heapq
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import blake3
+
+from .._format.digest import DIGEST_PREFIX
+from ..errors import CkptpubError
+from .engine import FileDigests, Span
+from .options import HashOptions
+
+#: Seconds a rank waits for the others at each exchange; the digest exchange waits for the slowest
+#: rank's hashing, so this must cover hashing one rank's share of the checkpoint.
+DEFAULT_TIMEOUT_S = 600.0
+DIGEST_BYTES = 32
+#: Room for a rank's error message in each exchange (longer ones are cut).
+MESSAGE_BYTES = 512
+_FAILED = 1  # a row's status byte: 0 all went well
+# A plan row: status byte, span count (8 bytes), fingerprint, "SHA-256 wanted" byte, message.
+_PLAN_SAME = slice(1, 9 + DIGEST_BYTES)  # span count and fingerprint: equal on every rank
+_PLAN_SHA256 = 9 + DIGEST_BYTES
+_PLAN_MESSAGE_AT = _PLAN_SHA256 + 1
+_PLAN_BYTES = _PLAN_MESSAGE_AT + MESSAGE_BYTES
+# A digest row: status byte, message, DIGEST_BYTES per span, then (when wanted) a SHA-256 per file.
+_DIGESTS_AT = 1 + MESSAGE_BYTES
+
+
+def new_group(timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
+    """A gloo group of every rank of the default group, with its own timeout.
+
+    Collective: every rank must call it at the same point (a training job's start).
+    gloo works on CPU tensors whatever the training backend (NCCL included).
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+
+
+def env_world() -> tuple[int, int] | None:
+    """``(rank, world_size)`` from torchrun's environment when it starts several processes, else None."""
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    return (rank, world) if world > 1 and 0 <= rank < world else None
+
+
+def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistributedHasher:
+    """Join the job torchrun started (``env://``: ``MASTER_ADDR``, ``RANK``...) with gloo; its hasher."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        try:
+            dist.init_process_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        except (RuntimeError, ValueError) as error:
+            raise CkptpubError(f"cannot join the torchrun job: {error}") from None
+    return DistributedHasher(None)
+
+
+def assign_files(spans: Sequence[Span], ranks: int) -> list[int]:
+    """The rank that hashes each span: whole files (runs of spans with one path), balanced by bytes.
+
+    Largest file first to the least-loaded rank (lowest rank on ties), so every rank
+    computes the same assignment from the same spans.
+    """
+    files = sorted((-sum(s.size for s in spans[first:end]), first, end) for first, end in files_of(spans))
+    owners = [0] * len(spans)
+    loads = [(0, rank) for rank in range(ranks)]
+    for negative_size, first, end in files:
+        load, rank = heapq.heappop(loads)
+        owners[first:end] = [rank] * (end - first)
+        heapq.heappush(loads, (load - negative_size, rank))
+    return owners
+
+
+def files_of(spans: Sequence[Span]) -> list[tuple[int, int]]:
+    """``(first, end)`` span indexes of each file: the runs of consecutive spans with one path."""
+    files, first = [], 0
+    for index in range(1, len(spans) + 1):
+        if index == len(spans) or spans[index].path != spans[first].path:
+            files.append((first, index))
+            first = index
+    return files
+
+
+def plan_fingerprint(spans: Sequence[Span]) -> bytes:
+    """BLAKE3 of the span names and ranges: equal on ranks that see the same folder (paths may differ)."""
+    hasher = blake3.blake3()
+    for span in spans:
+        hasher.update(f"{span.label}\0{span.start}\0{span.end}\n".encode("utf-8", "surrogateescape"))
+    return hasher.digest()
+
+
+class DistributedHasher:
+    """``engine.hash_spans`` (and ``hash_files``) spread over the ranks of a process group (``None``: the
+    default group).
+
+    Every rank of the group must call it, with the same spans, the same number of
+    times. ``broken`` says why it stopped being usable (None while usable).
+    """
+
+    def __init__(self, group: Any) -> None:
+        import torch.distributed as dist
+
+        self._group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.broken: str | None = None
+        self._joined = False
+
+    def span_digests(self, spans: Sequence[Span], options: HashOptions) -> list[str]:
+        """Every span's digest in order, as ``hash_spans`` returns them."""
+        return self._hash(spans, options, sha256=False).spans
+
+    def file_digests(self, spans: Sequence[Span], options: HashOptions) -> FileDigests:
+        """Every span's digest and every file's SHA-256, as ``hash_files`` returns them.
+
+        When any rank asks for the SHA-256 (the writer, when it signs), every rank
+        computes the SHA-256 of the files it owns, so the rows keep one size.
+        """
+        return self._hash(spans, options, sha256=True)
+
+    def _hash(self, spans: Sequence[Span], options: HashOptions, *, sha256: bool) -> FileDigests:
+        """One distributed call: plan, hash this rank's files, exchange (``sha256`` empty unless asked)."""
+        self._joined = True
+        plan = bytearray(_PLAN_BYTES)
+        plan[_PLAN_SAME] = len(spans).to_bytes(8, "little") + plan_fingerprint(spans)
+        plan[_PLAN_SHA256] = sha256
+        plans = self._all_gather(plan)
+        _raise_failures(plans, _PLAN_MESSAGE_AT)
+        if any(other[_PLAN_SAME] != plan[_PLAN_SAME] for other in plans):
+            raise CkptpubError(
+                "the ranks see different checkpoints (file lists or layouts differ); "
+                "publish once every rank sees the complete folder"
+            )
+        owners = assign_files(spans, self.world_size)
+        mine = [i for i, owner in enumerate(owners) if owner == self.rank]
+        files = [first for first, _ in files_of(spans)]  # each file's first span
+        sha256_wanted = any(other[_PLAN_SHA256] for other in plans)
+        sha256_at = _DIGESTS_AT + DIGEST_BYTES * len(spans)
+        rows = bytearray(sha256_at + (DIGEST_BYTES * len(files) if sha256_wanted else 0))
+        my_spans = [spans[i] for i in mine]
+        local = dataclasses.replace(options, hasher=None)  # this rank's share, on its own threads
+        try:
+            if sha256_wanted:
+                digests, my_sha256 = local.file_digests(my_spans)
+            else:
+                digests, my_sha256 = local.span_digests(my_spans), []
+        except CkptpubError as error:
+            _write_failure(rows, 1, str(error))
+        else:
+            places = [_DIGESTS_AT + DIGEST_BYTES * i for i in mine]
+            values = [digest.removeprefix(DIGEST_PREFIX) for digest in digests]
+            if sha256_wanted:
+                places += [
+                    sha256_at + DIGEST_BYTES * f
+                    for f, first in enumerate(files)
+                    if owners[first] == self.rank
+                ]
+                values += my_sha256
+            for at, value in zip(places, values, strict=True):
+                rows[at : at + DIGEST_BYTES] = bytes.fromhex(value)
+        gathered = self._all_gather(rows)
+        _raise_failures(gathered, 1)
+        file_sha256 = (
+            [
+                gathered[owners[first]][at : at + DIGEST_BYTES].hex()
+                for at, first in zip(range(sha256_at, len(rows), DIGEST_BYTES), files, strict=True)
+            ]
+            if sha256
+            else []
+        )
+        span_digests = [
+            DIGEST_PREFIX + gathered[owner][at : at + DIGEST_BYTES].hex()
+            for at, owner in zip(range(_DIGESTS_AT, sha256_at, DIGEST_BYTES), owners, strict=True)
+        ]
+        return FileDigests(span_digests, file_sha256)
+
+    @contextlib.contextmanager
+    def taking_part(self) -> Iterator[None]:
+        """Run a ``publish``/``verify`` with this hasher; an error before it hashed is told to the others.
+
+        Without this, a rank that fails before it reaches the hasher (an unreadable
+        manifest, a folder it cannot see) would leave the others waiting for the timeout.
+        """
+        self._joined = False
+        try:
+            yield
+        except Exception as error:
+            if not self._joined and self.broken is None:
+                plan = bytearray(_PLAN_BYTES)
+                _write_failure(plan, _PLAN_MESSAGE_AT, str(error))
+                self._joined = True  # once per call, even when an enclosing block sees the error too
+                with contextlib.suppress(CkptpubError):
+                    self._all_gather(plan)
+            raise
+
+    def _all_gather(self, data: bytearray) -> list[bytes]:
+        if self.broken is not None:
+            raise CkptpubError(f"distributed hashing is off after an earlier failure: {self.broken}")
+        import torch
+        import torch.distributed as dist
+
+        mine = torch.frombuffer(data, dtype=torch.uint8)  # never empty: every row has a status byte
+        out = [torch.empty_like(mine) for _ in range(self.world_size)]
+        try:
+            dist.all_gather(out, mine, group=self._group)
+        except RuntimeError as error:  # a timeout, a peer gone: the group's state is unknown from here on
+            self.broken = _first_line(error)
+            raise CkptpubError(
+                f"distributed hashing failed (a rank died or timed out): {self.broken}"
+            ) from None
+        return [bytes(tensor.numpy().tobytes()) for tensor in out]
+
+
+def _write_failure(row: bytearray, message_at: int, message: str) -> None:
+    row[0] = _FAILED
+    encoded = message.encode("utf-8", "replace")[:MESSAGE_BYTES]
+    row[message_at : message_at + len(encoded)] = encoded
+
+
+def _raise_failures(rows: list[bytes], message_at: int) -> None:
+    for rank, row in enumerate(rows):
+        if row[0] == _FAILED:
+            text = row[message_at : message_at + MESSAGE_BYTES].rstrip(b"\0").decode("utf-8", "replace")
+            raise CkptpubError(f"rank {rank}: {text}")
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of a gloo error, without its ``[source.cc:123]`` prefix."""
+    line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return line.split("] ", 1)[1] if line.startswith("[") and "] " in line else line

@@ -1,0 +1,115 @@
+"""Diff two manifests: which model tensors and configs differ, and (``explain``) what that means.
+
+``diff_manifests`` reads no tensor data: the manifests' digests say what differs. It
+returns data (``ManifestDiff``); a difference is a result, never an exception.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+from .._filesystem.scan import as_path
+from .._format.manifest import Manifest, ModelEntry
+from ..errors import CkptpubError
+from .explain import (
+    ConfigChange,
+    TensorChange,
+    TensorGroup,
+    compare_configs,
+    group_tensors,
+    relation,
+    tensor_change,
+)
+
+
+class ManifestDiff(NamedTuple):
+    """Model tensors whose bytes, dtype or shape differ (``changed``), or that only one side has.
+
+    The rest explains the difference (see ``explain``): ``tensor_changes`` says what
+    differs in each changed tensor, ``groups`` names changed, added and removed
+    tensors by pattern ("self_attn.{q,v}_proj.weight in layers 0-27"),
+    ``config_changed`` the config files whose meaning differs (``explain.compare_configs``),
+    ``config_keys`` the config keys whose values differ, each marked with whether the
+    identity counts it (read from the folders' files when both were given as folders;
+    ``config_notes`` says why not otherwise),
+    and ``relation`` how the two are linked by their recorded base
+    (``explain.relation``: ``adapter_on_a``, ``from_a``, ``same_base``, ... or None).
+    """
+
+    identity_a: str
+    identity_b: str
+    changed: tuple[str, ...]
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    config_changed: tuple[str, ...]
+    tensor_changes: tuple[TensorChange, ...] = ()
+    groups: tuple[TensorGroup, ...] = ()
+    config_keys: tuple[ConfigChange, ...] = ()
+    config_notes: tuple[str, ...] = ()
+    relation: str | None = None
+    same_model: bool = False
+
+    @property
+    def same(self) -> bool:
+        """One identity, or (``same_model``) one model whose identities differ only by manifest format."""
+        return self.identity_a == self.identity_b or self.same_model
+
+
+def diff_manifests(
+    a: Manifest,
+    b: Manifest,
+    *,
+    folder_a: str | os.PathLike[str] | None = None,
+    folder_b: str | os.PathLike[str] | None = None,
+) -> ManifestDiff:
+    """Compare the model tensors and configs of two manifests; no tensor data is read.
+
+    With ``folder_a`` and ``folder_b`` (the checkpoint folders the manifests came
+    from), config files whose digests differ are read there, if they still have
+    those digests, to name the keys that changed.
+    """
+    for name, value in (("a", a), ("b", b)):
+        if not isinstance(value, Manifest):
+            raise CkptpubError(
+                f"diff_manifests: {name} must be a Manifest (see read_manifest), got {type(value).__name__}"
+            )
+    tensors_a, tensors_b = _model_tensors(a), _model_tensors(b)
+    changed = sorted(n for n in tensors_a.keys() & tensors_b.keys() if tensors_a[n] != tensors_b[n])
+    added = sorted(tensors_b.keys() - tensors_a.keys())
+    removed = sorted(tensors_a.keys() - tensors_b.keys())
+    configs = compare_configs(
+        a, b, *(None if f is None else as_path(f, "folder") for f in (folder_a, folder_b))
+    )
+    changes = tuple(tensor_change(n, tensors_a[n], tensors_b[n]) for n in changed)
+    groups = (
+        group_tensors("changed", [(c.name, c.what) for c in changes])
+        + group_tensors("added", [(n, tensors_b[n].dtype) for n in added])
+        + group_tensors("removed", [(n, tensors_a[n].dtype) for n in removed])
+    )
+    return ManifestDiff(
+        identity_a=a.identity,
+        identity_b=b.identity,
+        changed=tuple(changed),
+        added=tuple(added),
+        removed=tuple(removed),
+        config_changed=configs.changed,
+        tensor_changes=changes,
+        groups=groups,
+        config_keys=configs.keys,
+        config_notes=configs.notes,
+        relation=relation(a, b),
+        # Manifests of one model in two formats have different identities (the format is in the preimage,
+        # and /3 leaves inert config keys out): with every weight tensor the same and the configs' meaning
+        # the same under the newer format's rule, they name the same model.
+        same_model=a.version != b.version
+        and bool(a.weights and b.weights)
+        and not (changed or added or removed or configs.changed),
+    )
+
+
+def _model_tensors(manifest: Manifest) -> dict[str, ModelEntry]:
+    """Model tensors by name; for a folder without weight files, every tensor by ``file:name``."""
+    if manifest.weights:
+        return manifest.model()
+    return {f"{t.file}:{t.name}": ModelEntry(t.dtype, t.shape, t.digest) for t in manifest.tensors}

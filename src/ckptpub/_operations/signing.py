@@ -1,0 +1,310 @@
+"""Signed checkpoints: ``model.sig``, a signature that OpenSSF's ``model_signing verify`` accepts.
+
+Publishing with a key writes, next to ``ckptpub.json``, a Sigstore bundle over an
+in-toto statement in ``model_signing``'s ``files`` serialization: the SHA-256 of every
+file of the folder, ``ckptpub.json`` included (model_signing's git paths and the
+signature itself left out, as ``model_signing sign`` leaves them out). The SHA-256
+digests come from the read pass that computes the manifest's BLAKE3 digests, so
+signing reads no byte twice.
+
+Because ``ckptpub.json`` is among the signed files, a verifier that holds the key
+needs to read only the signature and ``ckptpub.json``: once the signature verifies,
+names exactly the manifest's files and carries the SHA-256 of the manifest bytes it
+read, the manifest's BLAKE3 digests (checked by ``verify`` or by the vLLM loader as
+tensors stream in) vouch for every byte. That is what ``check_signature`` does, and
+what an engine does at start-up without opening a weight file. See
+``docs/security.md`` for the chain of trust.
+
+``model_signing`` is an optional extra (``pip install ckptpub[sign]``), imported only
+when a signature is made or checked (see ``signing_backend``).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .._filesystem.jsonfiles import write_atomically
+from .._filesystem.safe_open import READ_FLAGS, kind_of, open_failure
+from .._filesystem.scan import SIGNATURE_NAME, as_path
+from .._format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from .._hashing.engine import ProgressCallback
+from .._hashing.options import SpanHasher
+from ..errors import CkptpubError, NoManifestError
+from .verify import Problem, VerifyReport, verify
+
+#: Paths ``model_signing`` leaves out of a signature unless told otherwise (its "git paths"),
+#: each a file or a folder at the top of the checkpoint. ``model_signing verify`` leaves them
+#: out too, so a signature that listed them would not verify there. ``ckptpub.json`` still
+#: covers them, and it is signed.
+UNSIGNED_PATHS = (".git", ".gitattributes", ".github", ".gitignore")
+#: A bundle lists about 150 bytes per file; the manifest's limit is far above what 200,000 files need.
+MAX_SIGNATURE_BYTES = MAX_MANIFEST_BYTES
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """Who signs: an ECDSA private key (PEM, P-256/P-384/P-521), as ``model_signing sign key`` takes it.
+
+    With ``signing_certificate`` (the key's certificate, PEM) and ``certificate_chain``
+    (the PEM certificates up to a root the verifier trusts) it signs as
+    ``model_signing sign certificate`` does, and verifiers trust the chain's root
+    instead of this one key.
+    """
+
+    private_key: str
+    signing_certificate: str | None = None
+    certificate_chain: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, value: object) -> SigningKey:
+        """``value`` as a ``SigningKey``: one already, or the path of a private key."""
+        if isinstance(value, SigningKey):
+            return value
+        return cls(as_path(value, "sign"))
+
+    def __post_init__(self) -> None:  # paths as str (PathLike and bytes accepted), or a CkptpubError
+        _set(self, "private_key", as_path(self.private_key, "private_key"))
+        if self.signing_certificate is not None:
+            _set(self, "signing_certificate", as_path(self.signing_certificate, "signing_certificate"))
+        _set(self, "certificate_chain", _paths(self.certificate_chain, "certificate_chain"))
+        if self.certificate_chain and self.signing_certificate is None:
+            raise CkptpubError("certificate_chain: given without the signing_certificate it vouches for")
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    """Whom a verifier trusts: the signer's ECDSA public key (PEM), or a certificate chain (PEM files).
+
+    Exactly one of the two, as ``model_signing verify key`` / ``verify certificate`` take them.
+    """
+
+    public_key: str | None = None
+    certificate_chain: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:  # paths as str (PathLike and bytes accepted), or a CkptpubError
+        if self.public_key is not None:
+            _set(self, "public_key", as_path(self.public_key, "public_key"))
+        _set(self, "certificate_chain", _paths(self.certificate_chain, "certificate_chain"))
+        if (self.public_key is None) == (not self.certificate_chain):
+            raise CkptpubError("give either a public key or a certificate chain to verify a signature with")
+
+
+class Signer:
+    """A ``SigningKey`` loaded and checked: made before anything is hashed, so a key that cannot
+    sign fails a publish before anything is written."""
+
+    def __init__(self, key: SigningKey) -> None:
+        from . import signing_backend
+
+        self.key = key
+        self._backend = signing_backend.load_signer(
+            key.private_key, key.signing_certificate, key.certificate_chain
+        )
+
+    @classmethod
+    def load(cls, value: object) -> Signer:
+        """``value`` (a ``Signer``, a ``SigningKey`` or a private key's path) as a loaded ``Signer``."""
+        return value if isinstance(value, Signer) else cls(SigningKey.of(value))
+
+    def sign(self, model_name: str, resources: Sequence[tuple[str, str]], allow_symlinks: bool) -> bytes:
+        """The bundle over ``resources`` (``signed_resources``), leaving out what model_signing leaves out."""
+        from . import signing_backend
+
+        ignored = (SIGNATURE_NAME, *UNSIGNED_PATHS)
+        return signing_backend.sign_statement(model_name, resources, ignored, allow_symlinks, self._backend)
+
+
+def _paths(values: object, what: str) -> tuple[str, ...]:
+    if not isinstance(values, (tuple, list)):
+        raise CkptpubError(f"{what}: expected a list of paths, got {type(values).__name__}")
+    return tuple(as_path(value, what) for value in values)
+
+
+def _set(instance: object, name: str, value: object) -> None:
+    """Normalise a field of a frozen dataclass in ``__post_init__``."""
+    object.__setattr__(instance, name, value)
+
+
+def is_unsigned_path(path: str) -> bool:
+    """Whether a manifest path is one ``model_signing`` leaves out of a signature (a git path)."""
+    return any(path == top or path.startswith(top + "/") for top in UNSIGNED_PATHS)
+
+
+def signed_resources(
+    manifest: Manifest, file_sha256: Mapping[str, str], manifest_bytes: bytes
+) -> list[tuple[str, str]]:
+    """The ``(path, SHA-256 hex)`` pairs a signature lists, sorted: the manifest's files, ``ckptpub.json``."""
+    resources = [(MANIFEST_NAME, hashlib.sha256(manifest_bytes).hexdigest())]
+    for record in manifest.files:
+        if is_unsigned_path(record.path):
+            continue
+        digest = file_sha256.get(record.path)
+        if digest is None:
+            raise CkptpubError(f"{record.path}: no SHA-256 was computed for it; cannot sign")
+        resources.append((record.path, digest))
+    return sorted(resources)
+
+
+def sign_checkpoint(
+    root: str,
+    manifest: Manifest,
+    file_sha256: Mapping[str, str],
+    signer: Signer,
+    *,
+    allow_symlinks: bool = False,
+    mode: int = 0o644,
+) -> None:
+    """Sign the published folder ``root``: write ``root/model.sig`` atomically.
+
+    ``manifest`` is the one just written to ``root/ckptpub.json`` (its canonical bytes
+    are what is signed), ``file_sha256`` the SHA-256 of each of its files, read in the
+    same pass as their BLAKE3 digests (``engine.hash_files``).
+    ``allow_symlinks`` is recorded as model_signing records it: a folder with symlinks
+    verifies with ``model_signing verify --allow_symlinks``. ``mode``: the signature's
+    permissions (the manifest's). Raises ``CkptpubError`` when the signature cannot be
+    written; nothing is left half-written.
+    """
+    resources = signed_resources(manifest, file_sha256, manifest.to_json())
+    bundle = signer.sign(os.path.basename(root), resources, allow_symlinks)
+    write_atomically(os.path.join(root, SIGNATURE_NAME), bundle, mode)
+
+
+@dataclass(frozen=True)
+class SignatureCheck:
+    """The outcome of ``check_signature``: ``manifest`` is set exactly when nothing is wrong.
+
+    ``manifest`` is parsed from the very bytes whose SHA-256 the signature carries,
+    so a caller that goes on with it cannot be handed another manifest in between.
+    """
+
+    manifest: Manifest | None
+    #: Each a ``Problem`` of kind ``signature``, as ``verify`` reports problems.
+    problems: tuple[Problem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_signature(folder: str | os.PathLike[str], trusted: TrustedKey) -> SignatureCheck:
+    """Check ``folder/model.sig`` against ``trusted`` and ``folder/ckptpub.json``, reading nothing else.
+
+    The signature must verify with ``trusted``, be a ``files`` serialization with
+    SHA-256, carry the SHA-256 of the ``ckptpub.json`` read here, and name exactly
+    the manifest's files (but the git paths model_signing leaves out) plus
+    ``ckptpub.json``. The files' own bytes are not read: the manifest's BLAKE3
+    digests cover them and ``verify`` (or the vLLM loader) checks those.
+
+    Returns the problems found (a mismatch). Raises ``NoManifestError`` when there is
+    no manifest, and ``CkptpubError`` when there is no signature, or the signature,
+    manifest, key or chain cannot be used at all.
+    """
+    root = as_path(folder, "folder")
+    if not isinstance(trusted, TrustedKey):
+        raise CkptpubError(f"trusted: expected a TrustedKey, got {type(trusted).__name__}")
+    signature = _read_small(root, SIGNATURE_NAME, MAX_SIGNATURE_BYTES)
+    if signature is None:
+        raise CkptpubError(
+            f"{root}: no {SIGNATURE_NAME}, so it is not signed; publish it with --sign KEY (sign=...)"
+        )
+    manifest_bytes = _read_small(root, MANIFEST_NAME, MAX_MANIFEST_BYTES)
+    if manifest_bytes is None:
+        raise NoManifestError(f"{root}: no {MANIFEST_NAME}; run 'ckptpub publish' on it first")
+    from . import signing_backend
+
+    statement = signing_backend.verify_bundle(
+        signature, trusted.public_key, trusted.certificate_chain, SIGNATURE_NAME
+    )
+    if isinstance(statement, str):
+        return SignatureCheck(None, (Problem(SIGNATURE_NAME, "signature", statement),))
+    problems = list(_serialization_problems(statement.serialization))
+    signed_manifest = statement.resources.get(MANIFEST_NAME)
+    if signed_manifest != (signing_backend.HASH, hashlib.sha256(manifest_bytes).hexdigest()):
+        what = "is not among the signed files" if signed_manifest is None else "differs from the one signed"
+        problems.append(Problem(MANIFEST_NAME, "signature", what))
+    if problems:  # the manifest is not the signed one: nothing it lists can be trusted
+        return SignatureCheck(None, tuple(problems))
+    manifest = parse_manifest(manifest_bytes, os.path.join(root, MANIFEST_NAME))
+    listed = {r.path for r in manifest.files if not is_unsigned_path(r.path)} | {MANIFEST_NAME}
+    for path in sorted(listed - set(statement.resources)):
+        problems.append(Problem(path, "signature", f"listed in {MANIFEST_NAME} but not signed"))
+    for path in sorted(set(statement.resources) - listed):
+        problems.append(Problem(path, "signature", f"signed but not listed in {MANIFEST_NAME}"))
+    for path, (algorithm, _) in sorted(statement.resources.items()):
+        if algorithm != signing_backend.HASH:
+            problems.append(
+                Problem(path, "signature", f"signed with {algorithm}, not {signing_backend.HASH}")
+            )
+    return SignatureCheck(None if problems else manifest, tuple(problems))
+
+
+def _serialization_problems(serialization: Mapping[str, object]) -> Sequence[Problem]:
+    """A signature must describe the files as ckptpub signs them (as ``model_signing verify`` checks them)."""
+    method, hash_type = serialization.get("method"), serialization.get("hash_type")
+    if method != "files" or hash_type != "sha256":
+        detail = f"signs a {method!r} serialization with {hash_type!r}, not 'files' with 'sha256'"
+        return [Problem(SIGNATURE_NAME, "signature", detail)]
+    return []
+
+
+def verify_signed(
+    folder: str | os.PathLike[str],
+    trusted: TrustedKey,
+    *,
+    expect_identity: str | None = None,
+    threads: int | None = None,
+    use_mmap: bool = True,
+    on_progress: ProgressCallback | None = None,
+    hasher: SpanHasher | None = None,
+) -> VerifyReport:
+    """``check_signature``, then ``ckptpub.verify``: the signature covers exactly this manifest, and
+    the folder matches it byte for byte.
+
+    Signature problems come first in the report (kind ``signature``); the bytes are
+    checked either way, so a report names every difference. Raises what both raise.
+    ``hasher`` is ``verify``'s (a ``distributed.DistributedHasher`` spreads the bytes
+    over a job's ranks; each rank checks the signature itself, which reads two small files).
+    """
+    check = check_signature(folder, trusted)
+    report = verify(
+        folder,
+        expect_identity=expect_identity,
+        threads=threads,
+        use_mmap=use_mmap,
+        on_progress=on_progress,
+        hasher=hasher,
+    )
+    problems = list(check.problems)
+    if check.manifest is not None and report.manifest != check.manifest:
+        problems.append(Problem(MANIFEST_NAME, "signature", "replaced while the folder was verified"))
+    return report._replace(problems=(*problems, *report.problems))
+
+
+def _read_small(root: str, name: str, limit: int) -> bytes | None:
+    """The bytes of the regular file ``root/name`` (never followed if a symlink); None if nothing is there."""
+    path = os.path.join(root, name)
+    try:
+        fd = os.open(path, READ_FLAGS)
+    except OSError as error:
+        if error.errno == errno.ENOENT:
+            return None
+        raise CkptpubError(f"{path}: {open_failure(error)}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CkptpubError(f"{path}: {kind_of(info.st_mode)}, not a regular file")
+        data = os.read(fd, limit + 1)
+        while len(data) <= limit and (more := os.read(fd, limit + 1 - len(data))):
+            data += more
+    except OSError as error:
+        raise CkptpubError(f"{path}: cannot read: {error.strerror or error}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise CkptpubError(f"{path}: over the {limit}-byte limit")
+    return data

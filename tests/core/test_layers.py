@@ -1,0 +1,152 @@
+"""The core's layers, read from its source: no import cycle, and no import going up a layer.
+
+Every ``import`` and ``from ... import`` of ``src/ckptpub`` counts, wherever it is: at
+the top of a module, inside a function (a deferred import) or under ``TYPE_CHECKING``.
+A cycle held open by a deferred or type-only import is still a cycle for a reader: each
+of those modules can be understood only together with the others.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parents[2] / "src" / "ckptpub"
+
+#: Lowest first. A module may import its own layer (no cycle) and the layers listed before it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("ckptpub.errors", "ckptpub._version"),
+    ("ckptpub._format",),
+    ("ckptpub._filesystem",),
+    ("ckptpub._hashing",),
+    ("ckptpub._operations",),
+    ("ckptpub._runs",),
+    ("ckptpub._training",),
+    ("ckptpub._cli",),
+    (  # the public modules: what users and integrations import
+        "ckptpub",
+        "ckptpub.__main__",
+        "ckptpub.cli",
+        "ckptpub.distributed",
+        "ckptpub.integration",
+        "ckptpub.signing",
+    ),
+)
+
+
+def module_names() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package's ``__init__`` is the package)."""
+    names = {}
+    for path in sorted(SOURCE.rglob("*.py")):
+        parts = path.relative_to(SOURCE.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
+    """The package's modules ``name`` imports anywhere in its source (functions, TYPE_CHECKING too)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                source = f"{base}.{node.module}" if node.module else base
+            else:
+                source = node.module or ""
+            # ``from PKG import NAME`` imports the module PKG.NAME when there is one, else PKG.
+            targets = [
+                f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source
+                for alias in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:  # ``import a.b.c`` of a package's module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_names()
+    return {name: imports_of(name, path, set(modules)) for name, path in modules.items()}
+
+
+def layer_of(module: str) -> int:
+    """The index in ``LAYERS`` of the layer ``module`` belongs to (the longest prefix named there)."""
+    best, index = "", -1
+    for number, names in enumerate(LAYERS):
+        for prefix in names:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(best):
+                best, index = prefix, number
+    return index
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (``[a, b, ..., a]``), or None: a depth-first walk that keeps its own stack."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        path: list[str] = []
+        pending = [iter([start])]
+        while pending:
+            target = next(pending[-1], None)
+            if target is None:
+                pending.pop()
+                if path:
+                    done.add(path.pop())
+            elif target in path:
+                return [*path[path.index(target) :], target]
+            elif target not in done:
+                path.append(target)
+                pending.append(iter(sorted(graph[target])))
+    return None
+
+
+def test_the_graph_is_read_from_the_source() -> None:
+    """The reading itself: known imports are found, deferred and type-only ones included."""
+    graph = import_graph()
+    assert "ckptpub._format.manifest" in graph["ckptpub._filesystem.scan"]
+    assert "ckptpub._operations.signing" in graph["ckptpub._operations.publishing"]  # deferred
+    assert "ckptpub._hashing.distributed" in graph["ckptpub._operations.publishing"]  # TYPE_CHECKING
+    assert "ckptpub._training.callback" in graph["ckptpub"]  # PEP 562 __getattr__ and TYPE_CHECKING
+    assert "ckptpub.errors" in graph["ckptpub._format.strict_json"]  # from .. import through a package
+
+
+def test_no_import_cycle() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_a_cycle_would_be_found() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    unplaced = sorted(name for name in import_graph() if layer_of(name) < 0)
+    assert not unplaced, f"add these modules to a layer in LAYERS: {unplaced}"
+
+
+def test_imports_go_downwards_only() -> None:
+    upwards = sorted(
+        f"{module} (layer {layer_of(module)}) imports {target} (layer {layer_of(target)})"
+        for module, targets in import_graph().items()
+        for target in targets
+        if layer_of(target) > layer_of(module)
+    )
+    assert not upwards, "\n".join(upwards)
+
+
+def test_import_ckptpub_needs_only_the_standard_library_and_blake3() -> None:
+    program = (
+        "import sys; before = set(sys.modules); import ckptpub, ckptpub.cli; "
+        "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)))"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "['blake3', 'ckptpub']"

@@ -99,18 +99,18 @@ def checkpoint_key(model: str) -> str | None:
     return original_hash_checkpoint()(model)
 
 
-def older_format_keys(folder: str, manifest: ckptpub.Manifest) -> list[str]:
-    """The identities ``manifest``'s model has in the formats before its own, newest first.
+def older_format_keys(folder: str, manifest: ckptpub.Manifest) -> Iterator[str]:
+    """The identities ``manifest``'s model has in the formats before its own, newest first (computed lazily).
 
     vLLM's daemon computes its key once: one started before its folder was published
-    again in a newer format (``ckptpub preload`` keeps it: ``same-model-new-format``)
-    holds the folder's model under an older format's identity. An engine the daemon
-    answers with a mismatch on ``checkpoint`` alone asks again with these (the
-    loader) and is handed exactly the model its own manifest describes: the same
-    tensors and config meaning, under that format's rules. Reads the folder's config
-    files (bounded, inside the folder) only, and only then; a format whose identity
-    cannot be computed (a config changed since publishing, a name the format cannot
-    write) is left out.
+    again in a newer format holds the folder's model under an older format's identity.
+    An engine the daemon answers with a mismatch on ``checkpoint`` alone asks again
+    with these (the loader) and is handed exactly the model its own manifest describes
+    (the same tensors and config meaning, under that format's rules); ``ckptpub
+    preload`` keeps such a daemon exactly when its identity is one of these. Reads the
+    folder's config files (bounded, inside the folder) only, and only then; a format
+    whose identity cannot be computed (a config changed since publishing, a name the
+    format cannot write) is skipped.
     """
     sizes = {f.path: f.size for f in manifest.files}
     configs = {}
@@ -119,16 +119,14 @@ def older_format_keys(folder: str, manifest: ckptpub.Manifest) -> list[str]:
             data, _ = read_prefix(folder, name, sizes.get(name, 0) + 1)
             configs[name] = loads_strict(data, name, "config")
     except (ckptpub.CkptpubError, UnreadableError):
-        return []
+        return
     if not all(isinstance(document, dict) for document in configs.values()):
-        return []
-    keys = []
+        return
     for version in reversed(FORMATS[: FORMATS.index(manifest.version)]):
         try:
-            keys.append(manifest.identity_in(version, configs))
+            yield manifest.identity_in(version, configs)
         except (ckptpub.CkptpubError, ValueError, RecursionError):
             continue
-    return keys
 
 
 def original_hash_checkpoint() -> Callable[[str], str | None]:

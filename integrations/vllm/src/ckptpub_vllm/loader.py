@@ -230,7 +230,7 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         try:
             state = super()._request_state(cache_key, **kwargs)
         except protocol.CacheConfigMismatchError as e:
-            older = self._older_keys() if _CHECKPOINT_ONLY in str(e) else []
+            older = self._older_keys() if _CHECKPOINT_ONLY in str(e) else iter(())
             for checkpoint in older:
                 try:
                     state = super()._request_state(
@@ -249,9 +249,9 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         logger.info("ckptpub: the daemon holds %s: mapping its weights", cache_key.checkpoint)
         return state
 
-    def _older_keys(self) -> list[str]:
+    def _older_keys(self) -> Iterator[str]:
         if self._manifest is None or self._folder is None:
-            return []
+            return iter(())
         return key.older_format_keys(self._folder, self._manifest)
 
     def _fallback_load(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:

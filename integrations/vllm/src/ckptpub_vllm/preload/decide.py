@@ -10,8 +10,9 @@ and nothing else, so
 * any changed weight byte or config value changes it: **re-preload**;
 * one exception: the held folder published again in a newer manifest format
   (``ckptpub/2`` -> ``/3``) has a new identity for the same model (the format is in
-  it). :mod:`.observe` reads both folders' configs to tell (``same_model``); the
-  daemon is kept, and engines map it by the model's older-format identity.
+  it). When the held identity is the target's identity in the older format
+  (``same_model``, from :mod:`.observe`), the daemon is kept: engines map it by that
+  identity after a mismatch (``key.older_format_keys``).
 
 Everything here is a function of its arguments (no file, process or clock is
 read: :mod:`.observe` reads the target and hands it over), so the supervisor's
@@ -155,8 +156,8 @@ def decide(
 
     ``held_manifest`` and ``target_manifest`` (``observe.manifests_to_compare``) only
     explain an identity change; the decision itself looks at identities, and at
-    ``same_model`` (``observe.same_model_in_newer_format``): the two identities name
-    one model, the target's in a newer manifest format.
+    ``same_model`` (``observe.same_model_in_newer_format``): the held identity is the
+    target's model in an older manifest format.
     """
     if target.error is not None:
         kept = f"; keeping the daemon holding {held.identity}" if held and held.alive else ""

@@ -14,8 +14,8 @@ from typing import Any
 
 import ckptpub
 from ckptpub.errors import and_more
-from ckptpub.integration import FORMATS
 
+from ..key import older_format_keys
 from ..signature import read_trusted_manifest
 from .decide import Held, Stamp, Target
 
@@ -35,6 +35,8 @@ class ManifestCache:
 
     manifests: dict[tuple[str, Stamp | None], ckptpub.Manifest] = field(default_factory=dict)
     verdicts: dict[tuple[str, Stamp], str | None] = field(default_factory=dict)
+    #: ``same_model_in_newer_format``'s answers, by (target folder, manifest stamp, held identity).
+    older: dict[tuple[str, Stamp | None, str], bool] = field(default_factory=dict)
     verify: Callable[[str], Any] = ckptpub.verify
 
     def manifest(self, folder: str, stamp: Stamp | None) -> ckptpub.Manifest:
@@ -178,27 +180,28 @@ def manifests_to_compare(
     return _cached(cache, held.folder, held.stamp), _cached(cache, target.folder, target.stamp)
 
 
-def same_model_in_newer_format(
-    held: Held | None, target: Target, manifests: tuple[ckptpub.Manifest | None, ckptpub.Manifest | None]
-) -> bool:
-    """Whether the held daemon's manifest and the target's (``manifests_to_compare``) name one model,
-    the target's in a newer manifest format (a folder published again after an upgrade of ckptpub).
+def same_model_in_newer_format(held: Held | None, target: Target, cache: ManifestCache) -> bool:
+    """Whether the target is the held daemon's model, published again in a newer manifest format.
 
-    Their configs' digests were taken with two formats' rules, so the configs are read
-    from both folders (``ckptpub.diff_manifests`` with folders) and compared under the newer one.
+    True exactly when the held identity is the target's identity in an older format
+    (``key.older_format_keys``: what an engine asks the daemon by after a mismatch), so
+    a kept daemon is one the target's engines map. Computed once per published target
+    manifest and held identity (at 100k tensors it decodes every entry).
     """
-    held_manifest, target_manifest = manifests
-    if held is None or held_manifest is None or target_manifest is None:
+    if held is None or not held.alive or target.error is not None or target.folder is None:
         return False
-    if FORMATS.index(target_manifest.version) <= FORMATS.index(held_manifest.version):
+    if held.identity == target.identity:
         return False
-    try:
-        difference = ckptpub.diff_manifests(
-            held_manifest, target_manifest, folder_a=held.folder, folder_b=target.folder
-        )
-    except (OSError, ckptpub.CkptpubError):
-        return False
-    return difference.same_model
+    key = (target.folder, target.stamp, held.identity)
+    if key not in cache.older:
+        if len(cache.older) > 64:
+            cache.older.clear()
+        try:
+            manifest = cache.manifest(target.folder, target.stamp)
+        except (OSError, ckptpub.CkptpubError):
+            return False
+        cache.older[key] = held.identity in older_format_keys(target.folder, manifest)
+    return cache.older[key]
 
 
 def _cached(cache: ManifestCache, folder: str | None, stamp: Stamp | None) -> ckptpub.Manifest | None:

@@ -198,7 +198,7 @@ class Supervisor:
             if note not in seen:
                 self._outcome("info", "warning", f"{self.cfg.follow}: {note}")
         held = self.held_view()
-        held_manifest, target_manifest = manifests = manifests_to_compare(held, target, self.cache)
+        held_manifest, target_manifest = manifests_to_compare(held, target, self.cache)
         decision = decide(
             held,
             target,
@@ -207,7 +207,7 @@ class Supervisor:
             now=now,
             held_manifest=held_manifest,
             target_manifest=target_manifest,
-            same_model=same_model_in_newer_format(held, target, manifests),
+            same_model=same_model_in_newer_format(held, target, self.cache),
         )
         changed = self.previous is None or target.fingerprint() != self.previous.fingerprint()
         key = (decision.action, decision.why)

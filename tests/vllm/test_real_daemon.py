@@ -21,7 +21,6 @@ two daemons, exactly one re-preload.
 from __future__ import annotations
 
 import ast
-import os
 import shutil
 import subprocess
 import sys
@@ -30,18 +29,11 @@ from pathlib import Path
 
 import pytest
 from preload_helpers import SupervisorProc
-from vllm_engine_helpers import TAMPERED_TENSOR, run_engines
+from vllm_engine_helpers import DAEMON_ARGS, SHIM, SHIM_ENV, TAMPERED_TENSOR, run_engines
 
 import ckptpub
 
 HERE = Path(__file__).parent
-REPO = HERE.parents[1]
-SHIM = REPO / "tests" / "daemon_sim"
-# the shim goes on PYTHONPATH on purpose: Python's `site` imports a `sitecustomize` found there in every
-# process, including the daemon children `vllm preload` spawns (see the shim's docstring)
-SHIM_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))}
-# the engines' settings (run_engine.py) that enter vLLM's weight-cache key: the daemon must match them
-DAEMON_ARGS = ["--dtype", "float32", "--max-model-len", "128", "--enforce-eager"]
 PLATFORM_LINE = "ckptpub: vllm_launcher pid {pid}: vLLM platform CpuPlatform (device cpu)"
 
 

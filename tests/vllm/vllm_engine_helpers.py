@@ -14,6 +14,13 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 TAMPERED_TENSOR = "model.norm.weight"
+SHIM = HERE.parents[1] / "tests" / "daemon_sim"
+#: The CPU shim for vLLM's real weight-cache daemon (tests/daemon_sim/sitecustomize.py), on PYTHONPATH
+#: on purpose: Python's `site` imports a `sitecustomize` found there in every process, including the
+#: daemon children `vllm preload` spawns (see the shim's docstring).
+SHIM_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))}
+#: The engines' settings (run_engine.py) that enter vLLM's weight-cache key: a daemon must match them.
+DAEMON_ARGS = ["--dtype", "float32", "--max-model-len", "128", "--enforce-eager"]
 
 
 def run_engines(jobs: list[dict], env: dict | None = None, timeout: int = 600) -> tuple[list[dict], str]:

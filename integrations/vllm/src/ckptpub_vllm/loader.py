@@ -232,6 +232,9 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         except protocol.CacheConfigMismatchError as e:
             older = self._older_keys() if _CHECKPOINT_ONLY in str(e) else iter(())
             for checkpoint in older:
+                logger.info(
+                    "ckptpub: %s; asking again by this model's identity %s in an older format", e, checkpoint
+                )
                 try:
                     state = super()._request_state(
                         dataclasses.replace(cache_key, checkpoint=checkpoint), **kwargs

@@ -351,11 +351,13 @@ def _regions_of(
 def _tables_of(
     tensors: Sequence[TensorRecord], files: Sequence[FileRecord], weights: Sequence[str]
 ) -> Tables:
-    def entry(t: TensorRecord) -> tuple[str, str]:
-        check_name(t.name, t.file)
-        return (t.name, line(t.name, t.dtype, t.shape, t.digest))
+    return encode_tables(files, weights, _per_file(tensors, lambda t: (t.name, _line(t))))
 
-    return encode_tables(files, weights, _per_file(tensors, entry))
+
+def _line(t: TensorRecord) -> str:
+    """A ckptpub/2 table line, refusing a name it cannot hold."""
+    check_name(t.name, t.file)
+    return line(t.name, t.dtype, t.shape, t.digest)
 
 
 def _files_json(files: Sequence[FileRecord], counts: Sequence[int]) -> list[dict[str, Any]]:
@@ -383,26 +385,22 @@ def compute_identity(
     changes the identity. ``version`` picks the format's preimage (they differ);
     ``config`` holds digests taken with that format's rule (``config_digest``).
     """
+    if not weights and version == FORMAT:
+        return identity_of(_regions_of(tensors, files, weights), files, weights, config, version)
+    if not weights and version == FORMAT_V2:
+        return identity_of(_tables_of(tensors, files, weights), files, weights, config, version)
     weight_files = set(weights)
-    if version == FORMAT:
-        if not weights:
-            return identity_of(_regions_of(tensors, files, weights), files, weights, config, version)
-        model = model_region(
-            [model_entry(t.name, t.dtype, t.shape, t.digest) for t in tensors if t.file in weight_files]
-        )
-        return identity_of(Regions(model, b"", ()), files, weights, config, version)
-    if version == FORMAT_V2:
-        if not weights:
-            return identity_of(_tables_of(tensors, files, weights), files, weights, config, version)
-        lines = [
-            (t.name, line(t.name, t.dtype, t.shape, t.digest)) for t in tensors if t.file in weight_files
-        ]
-        return identity_of(Tables(model_table(lines), b"", ()), files, weights, config, version)
+    model = [t for t in tensors if t.file in weight_files]
+    if version == FORMAT:  # the writer's rules apply: a shape dimension below 2**53 ...
+        check_shapes(model, MANIFEST_NAME)
+        region = model_region([model_entry(t.name, t.dtype, t.shape, t.digest) for t in model])
+        return identity_of(Regions(region, b"", ()), files, weights, config, version)
+    if version == FORMAT_V2:  # ... and no tab or newline in a name
+        table = model_table([(t.name, _line(t)) for t in model])
+        return identity_of(Tables(table, b"", ()), files, weights, config, version)
     document: dict[str, Any] = {"format": FORMAT_V1, "config": dict(config)}
     if weights:
-        document["tensors"] = sorted(
-            [t.name, t.dtype, list(t.shape), t.digest] for t in tensors if t.file in weight_files
-        )
+        document["tensors"] = sorted([t.name, t.dtype, list(t.shape), t.digest] for t in model)
     else:
         document["files"] = [[f.path, f.size, f.digest] for f in files]
         document["tensors"] = [[t.file, t.name, t.dtype, list(t.shape), t.digest] for t in tensors]

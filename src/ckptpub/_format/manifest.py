@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
+from operator import attrgetter
 from typing import Any, TypeGuard
 
 from ..errors import CkptpubError
@@ -38,8 +39,8 @@ from .regions import (
     check_shapes,
     decode_regions,
     encode_regions,
+    entries_of,
     entry_count,
-    model_entry,
     model_region,
 )
 from .regions import decode_model as decode_model_region
@@ -63,6 +64,7 @@ _DIGEST = re.compile(re.escape(DIGEST_PREFIX) + "[0-9a-f]{64}")
 _HEADER_FIELDS = ("format", "identity", "sizes", "config", "weights", "files", "provenance")
 _V3_START = b'{"format":"ckptpub/3",'
 _MODEL_OPEN = b',"model":['
+_DIGEST_OF = attrgetter("digest")
 
 __all__ = [
     "FileRecord",
@@ -331,27 +333,31 @@ def _header_line(header: Mapping[str, Any]) -> bytes:
     return b"{" + b",".join(fields) + _MODEL_OPEN + b"\n"
 
 
-def _per_file(tensors: Sequence[TensorRecord], entry: Any) -> dict[str, list[Any]]:
-    """``entry(tensor)`` of each tensor by file, in the records' order."""
-    per_file: dict[str, list[Any]] = {}
+def _by_file(tensors: Sequence[TensorRecord]) -> dict[str, list[TensorRecord]]:
+    """The records of each file, in the records' order."""
+    grouped: dict[str, list[TensorRecord]] = {}
     for t in tensors:
-        per_file.setdefault(t.file, []).append(entry(t))
-    return per_file
+        grouped.setdefault(t.file, []).append(t)
+    return grouped
 
 
 def _regions_of(
     tensors: Sequence[TensorRecord], files: Sequence[FileRecord], weights: Sequence[str]
 ) -> Regions:
     check_shapes(tensors, MANIFEST_NAME)
+    by_file = _by_file(tensors)
     return encode_regions(
-        files, weights, _per_file(tensors, lambda t: model_entry(t.name, t.dtype, t.shape, t.digest))
+        files, weights, {path: entries_of(ts, map(_DIGEST_OF, ts)) for path, ts in by_file.items()}
     )
 
 
 def _tables_of(
     tensors: Sequence[TensorRecord], files: Sequence[FileRecord], weights: Sequence[str]
 ) -> Tables:
-    return encode_tables(files, weights, _per_file(tensors, lambda t: (t.name, _line(t))))
+    by_file = _by_file(tensors)
+    return encode_tables(
+        files, weights, {path: [(t.name, _line(t)) for t in ts] for path, ts in by_file.items()}
+    )
 
 
 def _line(t: TensorRecord) -> str:
@@ -393,7 +399,7 @@ def compute_identity(
     model = [t for t in tensors if t.file in weight_files]
     if version == FORMAT:  # the writer's rules apply: a shape dimension below 2**53 ...
         check_shapes(model, MANIFEST_NAME)
-        region = model_region([model_entry(t.name, t.dtype, t.shape, t.digest) for t in model])
+        region = model_region(entries_of(model, map(_DIGEST_OF, model)))
         return identity_of(Regions(region, b"", ()), files, weights, config, version)
     if version == FORMAT_V2:  # ... and no tab or newline in a name
         table = model_table([(t.name, _line(t)) for t in model])

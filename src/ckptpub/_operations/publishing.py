@@ -30,7 +30,7 @@ from .._format.manifest import (
     identity_of,
 )
 from .._format.records import FileRecord
-from .._format.regions import check_shapes, encode_regions, model_entry
+from .._format.regions import Entry, check_shapes, encode_regions, entries_of
 from .._format.safetensors import ShardLayout
 from .._hashing.engine import ProgressCallback, Span
 from .._hashing.options import HashOptions, SpanHasher
@@ -148,14 +148,12 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
                 f"{entry.path}: changed while it was being hashed; publish again once it is complete"
             )
     files: list[FileRecord] = []
-    per_file: dict[str, list[list[Any]]] = {}
+    per_file: dict[str, list[Entry]] = {}
     for entry in entries:
         shard = layouts.get(entry.path)
         files.append(FileRecord(entry.path, entry.size, next(digests), shard.header_size if shard else None))
         if shard is not None:
-            per_file[entry.path] = [
-                model_entry(t.name, t.dtype, t.shape, next(digests)) for t in shard.tensors
-            ]
+            per_file[entry.path] = entries_of(shard.tensors, digests)
     regions = encode_regions(files, weights, per_file)
     identity = identity_of(regions, files, weights, config, FORMAT)
     manifest = Manifest.lazy(identity, regions, tuple(files), weights, config, provenance)

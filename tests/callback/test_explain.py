@@ -68,14 +68,15 @@ def cli(*args, expect: int) -> list[str]:
 def test_full_fine_tune_diff_says_the_dtype_changed(runs):
     """310 changed tensors in a real Qwen3 run came from a BF16 -> F32 cast.
 
-    The diff says so, and which config keys changed.
+    The diff says so, and which config keys changed (use_cache, which the Trainer sets, without
+    changing the identity).
     """
     lines = cli("diff", runs / "base", runs / "full" / "checkpoint-10", expect=1)
     assert lines == [
         "lineage  b records a as its base",
         "changed  all 25 tensors: dtype BF16 -> F32",
         'config   config.json: dtype "bfloat16" -> "float32"',
-        "config   config.json: use_cache true -> false",
+        "config   config.json: use_cache true -> false (does not change the identity)",
     ]
     as_json = json.loads(
         "\n".join(cli("diff", "--json", runs / "base", runs / "full" / "checkpoint-10", expect=1))
@@ -83,9 +84,9 @@ def test_full_fine_tune_diff_says_the_dtype_changed(runs):
     assert as_json["relation"] == "from_a"
     assert len(as_json["tensor_changes"]) == 25
     assert {c["what"] for c in as_json["tensor_changes"]} == {"dtype BF16 -> F32"}
-    assert {(c["key"], c["old"], c["new"]) for c in as_json["config_keys"]} == {
-        ("dtype", "bfloat16", "float32"),
-        ("use_cache", True, False),
+    assert {(c["key"], c["old"], c["new"], c["changes_identity"]) for c in as_json["config_keys"]} == {
+        ("dtype", "bfloat16", "float32", True),
+        ("use_cache", True, False, False),
     }
 
 

@@ -226,7 +226,7 @@ class Manifest:
         """
         if self._tensors is None and isinstance(self._source, Regions):
             return decode_model_region(self._source.model, self._name)
-        if self._tensors is None and self._source is not None:
+        if self._tensors is None and isinstance(self._source, Tables):
             return decode_model(self._source.model, self._name)
         return {t.name: ModelEntry(t.dtype, t.shape, t.digest) for t in self.weight_tensors().values()}
 
@@ -528,7 +528,8 @@ class _Validator:
             raise self.fail("first line is not in canonical form (fields in order, canonical JSON values)")
         # Entry counts are checked with the entries (decode_regions): counting 18 MB of line breaks
         # would be a third of reading the manifest, and the key needs only the identity.
-        regions = Regions(data[start:model_end], data[layout_start:layout_end], tuple(counts))
+        view = memoryview(data)
+        regions = Regions(view[start:model_end], view[layout_start:layout_end], tuple(counts))
         if document["identity"] != identity_of(regions, files, weights, config, FORMAT):
             raise self.mismatch()
         return Manifest.lazy(

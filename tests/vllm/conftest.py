@@ -15,7 +15,18 @@ import pytest
 pytest.importorskip("vllm")
 ckptpub = pytest.importorskip("ckptpub")
 
-from vllm_engine_helpers import TAMPERED_TENSOR, run_engines  # noqa: E402
+from vllm_engine_helpers import TAMPERED_TENSOR, run_engines, same_size_edit  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def lora_folders(tmp_path_factory) -> dict[str, str]:
+    """A base, another base of the same shapes, and PEFT adapters of them (see ``build_lora_folders``).
+
+    Shared, so never altered: a test that damages an adapter damages its own copy.
+    """
+    from lora_helpers import build_lora_folders
+
+    return build_lora_folders(str(tmp_path_factory.mktemp("lora")))
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +54,7 @@ def models(tmp_path_factory) -> dict[str, str]:
         f.seek(8)
         f.write(b"[")  # the header's opening brace: no longer a JSON object
     tokenizer = shutil.copytree(v1, str(root / "tokenizer"))
-    _same_size_edit(os.path.join(tokenizer, "tokenizer.json"), b"<|endoftext|>", b"<|endoftexT|>")
+    same_size_edit(os.path.join(tokenizer, "tokenizer.json"), b"<|endoftext|>", b"<|endoftexT|>")
     template = shutil.copytree(v1, str(root / "template"))
     with open(os.path.join(template, "chat_template.jinja"), "w") as f:
         f.write("{{ messages[0]['content'] }}")
@@ -60,15 +71,6 @@ def models(tmp_path_factory) -> dict[str, str]:
         "template": template,
         "manifestdir": manifestdir,
     }
-
-
-def _same_size_edit(path: str, old: bytes, new: bytes) -> None:
-    with open(path, "rb") as f:
-        data = f.read()
-    assert old in data
-    assert len(old) == len(new)
-    with open(path, "wb") as f:
-        f.write(data.replace(old, new, 1))
 
 
 ENGINE_JOBS = {

@@ -15,6 +15,8 @@ import json
 import os
 import sys
 
+from vllm_engine_helpers import TINY_ENGINE
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 PROMPTS = ["the quick brown fox", "a checkpoint is"]
@@ -29,12 +31,7 @@ def run(job):
             model=job["model"],
             load_format=job.get("load_format", "auto"),
             model_loader_extra_config=job.get("extra") or {},
-            dtype="float32",
-            max_model_len=128,
-            enforce_eager=True,
-            max_num_seqs=2,
-            kv_cache_memory_bytes=64 << 20,
-            seed=0,
+            **TINY_ENGINE,
         )
         outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
         return {

@@ -21,6 +21,25 @@ SHIM = HERE.parents[1] / "tests" / "daemon_sim"
 SHIM_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))}
 #: The engines' settings (run_engine.py) that enter vLLM's weight-cache key: a daemon must match them.
 DAEMON_ARGS = ["--dtype", "float32", "--max-model-len", "128", "--enforce-eager"]
+#: What every test engine of the tiny Qwen3 runs with: small, eager, deterministic.
+TINY_ENGINE = {
+    "dtype": "float32",
+    "max_model_len": 128,
+    "enforce_eager": True,
+    "max_num_seqs": 2,
+    "kv_cache_memory_bytes": 64 << 20,
+    "seed": 0,
+}
+
+
+def same_size_edit(path: str, old: bytes, new: bytes) -> None:
+    """Replace ``old`` by ``new`` (of the same length) once in the file at ``path``."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert old in data
+    assert len(old) == len(new)
+    with open(path, "wb") as f:
+        f.write(data.replace(old, new, 1))
 
 
 def run_engines(jobs: list[dict], env: dict | None = None, timeout: int = 600) -> tuple[list[dict], str]:

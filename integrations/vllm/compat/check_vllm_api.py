@@ -14,7 +14,11 @@ a new use of a vLLM name is checked without editing this file:
 * ``import``: every ``from vllm.X import N`` names a module ``X`` with a top-level ``N``
   (or a submodule ``X.N``, or a name its ``__getattr__`` serves);
 * ``attr``: every ``M.attr`` read or written on a vLLM module ``M`` the plugin imported
-  (the patched ``protocol.hash_checkpoint``, ``daemon._run_daemon``, ...) exists in ``M``;
+  (the patched ``protocol.hash_checkpoint``, ``daemon._run_daemon``, ...) exists in ``M``
+  (a builtin such as ``open``, which the plugin shadows in one module, counts);
+* ``class attr``: every ``C.attr`` on a vLLM class ``C`` the plugin imported (the patched
+  ``WorkerLoRAManager._load_adapter``, ``EngineCore.add_lora``, ...), also when named by a
+  string (``_patched(C, "attr", ...)``), exists on ``C`` or a vLLM base of it;
 * ``override``: every method of a plugin class that overrides a method of its vLLM base
   class accepts every parameter vLLM's method has (vLLM calls it with those);
 * ``super``: every ``super().m(...)`` names a method of the base, with arguments it accepts;
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import os
 import re
 import sys
@@ -194,7 +199,7 @@ def find_method(chain: list[tuple[str, ast.ClassDef]], name: str) -> ast.Functio
 def has_attribute(chain: list[tuple[str, ast.ClassDef]], name: str) -> bool:
     for _, cls in chain:
         for node in ast.walk(cls):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
                 return True
             if (
                 isinstance(node, ast.AnnAssign)
@@ -328,11 +333,24 @@ def read_plugin(root: Path) -> PluginUse:
                 use.module_attrs.setdefault((modules[node.value.id], node.attr), set()).add(
                     f"{rel}:{node.lineno}"
                 )
+            named = _attribute_named_by_string(node)
+            if named is not None and named[0] in modules:
+                use.module_attrs.setdefault((modules[named[0]], named[1]), set()).add(f"{rel}:{node.lineno}")
             if isinstance(node, ast.ClassDef):
                 for base in node.bases:
                     if isinstance(base, ast.Name) and base.id in names:
                         use.subclasses.append((rel, node, *names[base.id]))
     return use
+
+
+def _attribute_named_by_string(node: ast.AST) -> tuple[str, str] | None:
+    """``(NAME, "attr")`` for a call ``f(NAME, "attr", ...)``: getattr, setattr or a patch helper."""
+    if not isinstance(node, ast.Call) or len(node.args) < 2:
+        return None
+    owner, attr = node.args[0], node.args[1]
+    if isinstance(owner, ast.Name) and isinstance(attr, ast.Constant) and isinstance(attr.value, str):
+        return owner.id, attr.value
+    return None
 
 
 def _self_reads_and_writes(cls: ast.ClassDef) -> tuple[dict[str, int], set[str]]:
@@ -389,12 +407,26 @@ def check_names(use: PluginUse, src: VllmSource) -> list[Row]:
         )
     for (module, attr), where in sorted(use.module_attrs.items()):
         if not src.is_module(module):
-            continue  # the local name is a class or function, not a module: covered by other rows
+            rows.extend(_class_attribute(module, attr, where, src))
+            continue
         found = resolve(src, module, attr)
+        if found is None and attr in vars(builtins):
+            rows.append(_row("attr", f"{module}.{attr}", where, src, True, "a builtin, shadowed there"))
+            continue
         rows.append(
             _row("attr", f"{module}.{attr}", where, src, found is not None, "" if found else "not defined")
         )
     return rows
+
+
+def _class_attribute(dotted: str, attr: str, where: set[str], src: VllmSource) -> list[Row]:
+    """The row for ``Class.attr`` when ``dotted`` names a vLLM class (none for a function)."""
+    module, _, name = dotted.rpartition(".")
+    chain = class_chain(src, module, name) if src.is_module(module) else []
+    if not chain and not isinstance(resolve(src, module, name), ast.ClassDef):
+        return []  # a function or a value: covered by the import row
+    found = has_attribute(chain, attr)
+    return [_row("class attr", f"{dotted}.{attr}", where, src, found, "" if found else "not defined")]
 
 
 def check_subclasses(use: PluginUse, src: VllmSource) -> list[Row]:
@@ -527,6 +559,7 @@ def check_facts(src: VllmSource) -> list[Row]:
             "",
         )
     )
+    rows += _adapter_facts(src)
     plugins = src.module_text("vllm.plugins") or ""
     rows.append(
         _row(
@@ -590,6 +623,58 @@ def check_facts(src: VllmSource) -> list[Row]:
         )
     )
     return rows
+
+
+def _calls(fn: ast.AST | None, name: str, on: str | None = None) -> bool:
+    """Whether ``fn`` calls ``name(...)``, or ``on.name(...)`` when ``on`` is given."""
+    for node in ast.walk(fn) if fn is not None else ():
+        if not isinstance(node, ast.Call):
+            continue
+        if on is None and isinstance(node.func, ast.Name) and node.func.id == name:
+            return True
+        if (
+            on is not None
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == name
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == on
+        ):
+            return True
+    return False
+
+
+def _adapter_facts(src: VllmSource) -> list[Row]:
+    """What the adapter checks rely on in vLLM's LoRA loading and scheduling, besides names."""
+    peft = class_chain(src, "vllm.lora.peft_helper", "PEFTHelper")
+    lora_model = class_chain(src, "vllm.lora.lora_model", "LoRAModel")
+    scheduler = class_chain(src, "vllm.v1.core.sched.scheduler", "Scheduler")
+    output = class_chain(src, "vllm.v1.engine", "EngineCoreOutput")
+    facts = (
+        (
+            "PEFTHelper.from_local_dir reads adapter_config.json with open(...)",
+            "adapters.py (serves it from the checked bytes)",
+            _calls(find_method(peft, "from_local_dir"), "open"),
+        ),
+        (
+            "LoRAModel.from_local_checkpoint reads the weights with safetensors.safe_open(...)",
+            "adapters.py (serves them from the checked bytes)",
+            _calls(find_method(lora_model, "from_local_checkpoint"), "safe_open", on="safetensors"),
+        ),
+        (
+            "the Scheduler asks self._handle_blocked_waiting_request(request) of each waiting request",
+            "adapter_gate.py (admits a request once its adapter is loaded)",
+            any(_calls(cls, "_handle_blocked_waiting_request", on="self") for _, cls in scheduler)
+            and all(
+                has_attribute(scheduler, a) for a in ("update_from_output", "finish_requests", "running")
+            ),
+        ),
+        (
+            "EngineCoreOutput carries a stop_reason (the refusal's line)",
+            "adapter_gate.py",
+            has_attribute(output, "stop_reason"),
+        ),
+    )
+    return [_row("fact", what, where, src, ok, "") for what, where, ok in facts]
 
 
 def _row(kind: str, what: str, where, src: VllmSource, ok: bool, detail: str) -> Row:

@@ -14,12 +14,11 @@ both call it). The files are read here too: a shard's header (``read_layout``), 
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Mapping
 from typing import Any
 
 from .._format.manifest import CONFIG_FILES, MANIFEST_NAME, Manifest, TensorRecord, config_digest
-from .._format.safetensors import MAX_HEADER_BYTES, ShardLayout, parse_header
+from .._format.safetensors import ShardLayout, header_length, parse_header
 from .._format.strict_json import loads_strict, loads_two_level
 from ..errors import CkptpubError
 from .safe_open import open_regular, read_bounded
@@ -50,17 +49,7 @@ def read_layout(path: str, display_name: str, expect: tuple[int, int] | None = N
                 raise CkptpubError(
                     f"{display_name}: truncated safetensors file ({file_size} bytes, no header length)"
                 )
-            (header_len,) = struct.unpack("<Q", prefix)
-            if header_len > MAX_HEADER_BYTES:
-                raise CkptpubError(
-                    f"{display_name}: safetensors header length {header_len} "
-                    f"exceeds the {MAX_HEADER_BYTES}-byte limit"
-                )
-            if 8 + header_len > file_size:
-                raise CkptpubError(
-                    f"{display_name}: safetensors header length {header_len} "
-                    f"runs past the end of the file ({file_size} bytes)"
-                )
+            header_len = header_length(prefix, file_size, display_name)
             header = handle.read(header_len)
     except OSError as error:
         raise CkptpubError(f"{display_name}: cannot read: {error.strerror or error}") from None

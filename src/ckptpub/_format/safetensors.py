@@ -5,12 +5,14 @@ must describe the file exactly: every tensor's size equals its shape times its
 dtype's width, tensors tile the data region with no overlap, hole or trailing
 byte, and every length is bounded before anything is allocated for it. This module
 parses header bytes; reading them from a file (the 8-byte length prefix and the
-header, never tensor data) is ``_filesystem.model_files.read_layout``. Standard library only.
+header, never tensor data) is ``_filesystem.model_files.read_layout``; a whole file
+already in memory is ``layout_in_memory``. Standard library only.
 """
 
 from __future__ import annotations
 
 import operator
+import struct
 from itertools import repeat
 from math import prod
 from operator import attrgetter, itemgetter
@@ -62,6 +64,31 @@ class ShardLayout(NamedTuple):
 
     header_size: int
     tensors: tuple[TensorSlice, ...]
+
+
+def header_length(prefix: bytes, file_size: int, display_name: str) -> int:
+    """The header length a file's 8-byte prefix declares, once it fits the limit and the file."""
+    (length,) = struct.unpack("<Q", prefix)
+    if length > MAX_HEADER_BYTES:
+        raise CkptpubError(
+            f"{display_name}: safetensors header length {length} exceeds the {MAX_HEADER_BYTES}-byte limit"
+        )
+    if 8 + length > file_size:
+        raise CkptpubError(
+            f"{display_name}: safetensors header length {length} "
+            f"runs past the end of the file ({file_size} bytes)"
+        )
+    return int(length)
+
+
+def layout_in_memory(data: bytes | bytearray | memoryview, display_name: str) -> ShardLayout:
+    """The layout of a whole safetensors file held in memory: the length prefix, then ``parse_header``."""
+    if len(data) < 8:
+        raise CkptpubError(
+            f"{display_name}: truncated safetensors file ({len(data)} bytes, no header length)"
+        )
+    length = header_length(bytes(data[:8]), len(data), display_name)
+    return parse_header(bytes(data[8 : 8 + length]), len(data), display_name)
 
 
 def parse_header(header: bytes, file_size: int, display_name: str) -> ShardLayout:

@@ -3,7 +3,8 @@
 vLLM loads every ``vllm.general_plugins`` entry point once per process (CLI, API
 server, engine core, workers) and calls it; :func:`register` is that entry point.
 It must therefore be idempotent and cheap, and must never fail a process that does
-not use ckptpub: it patches two module attributes and registers one loader name.
+not use ckptpub: it patches a few attributes and registers one loader name, and each
+patch does nothing unless an engine loads through that name.
 
 What it installs (each step is idempotent):
 
@@ -12,6 +13,10 @@ What it installs (each step is idempotent):
 * ``loader.install``: ``--load-format manifest_cache`` (:class:`ManifestCacheLoader`).
 * ``daemon.install``: ``vllm preload`` spawns its daemons through a wrapper defined
   here, because daemon children never load plugins themselves.
+* ``adapter_gate.install`` and ``adapter_frontend.install``: LoRA adapters, checked
+  in the workers (``adapters``, installed by the loader once it served a base), are
+  admitted by the engine core only once loaded, and a refusal reaches the caller as
+  an error of that request. Inert for engines with any other load format.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ def register() -> None:
     global _warned
     import vllm
 
-    from . import daemon, key, loader
+    from . import adapter_frontend, adapter_gate, daemon, key, loader
     from .log import logger
 
     if not _warned and not vllm.__version__.startswith(SUPPORTED_VLLM):
@@ -43,3 +48,5 @@ def register() -> None:
     key.install()
     loader.install()
     daemon.install()
+    adapter_gate.install()
+    adapter_frontend.install()

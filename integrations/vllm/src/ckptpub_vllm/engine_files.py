@@ -62,21 +62,37 @@ def engine_file_problems(folder: str, manifest: ckptpub.Manifest) -> list[str]:
         for path in _present_engine_files(folder)
         if path not in listed
     ]
-    for path, record in sorted(listed.items()):
+    for _, record in sorted(listed.items()):
         try:
-            data, _ = read_prefix(folder, path, record.size + 1)
-        except UnreadableError as error:
-            problems.append(f"{path} {error}")
-            continue
-        if len(data) != record.size:
-            problems.append(f"{path} has {len(data)} bytes, the manifest says {record.size}")
-        elif ckptpub.tensor_digest(data) != record.digest:
-            problems.append(f"{path}: bytes differ from the manifest")
-        elif (
-            path in manifest.config and _config_meaning(path, data, manifest.version) != manifest.config[path]
-        ):
-            problems.append(f"{path}: the manifest records another config meaning (forged manifest?)")
+            read_published(folder, record, manifest)
+        except FileMismatchError as problem:
+            problems.append(str(problem))
     return problems
+
+
+class FileMismatchError(Exception):
+    """How a file differs from its manifest record; the message starts with the file's path."""
+
+
+def read_published(folder: str, record: ckptpub.FileRecord, manifest: ckptpub.Manifest) -> bytes:
+    """The bytes of the file ``record`` describes, once they are exactly the published ones.
+
+    Read once, whole, bounded by the recorded size, without following a symlink out
+    of the folder; a config must also mean what the manifest's identity covers.
+    Raises ``FileMismatchError`` otherwise.
+    """
+    path = record.path
+    try:
+        data, _ = read_prefix(folder, path, record.size + 1)
+    except UnreadableError as error:
+        raise FileMismatchError(f"{path} {error}") from None
+    if len(data) != record.size:
+        raise FileMismatchError(f"{path} has {len(data)} bytes, the manifest says {record.size}")
+    if ckptpub.tensor_digest(data) != record.digest:
+        raise FileMismatchError(f"{path}: bytes differ from the manifest")
+    if path in manifest.config and _config_meaning(path, data, manifest.version) != manifest.config[path]:
+        raise FileMismatchError(f"{path}: the manifest records another config meaning (forged manifest?)")
+    return data
 
 
 def check_engine_files(folder: str, manifest: ckptpub.Manifest) -> None:

@@ -5,28 +5,61 @@ refusal reads the same, whatever its reason (a tensor, a shard, an engine file, 
 manifest, a pin): one line, ``ckptpub: refusing to serve FOLDER: REASON``, then how
 many more problems were found and what to run, so it is readable at the bottom of
 vLLM's engine-failure log, in scripts, and in the one log line the loader writes.
+An adapter's refusal reads ``ckptpub: refusing to serve adapter FOLDER: REASON``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 from ckptpub.errors import and_more
+
+from .log import logger
 
 
 class RefusedError(RuntimeError):
     """The checkpoint does not match its manifest (or has none where one is required)."""
 
-    def __init__(self, folder: str, reason: str, *, more: int = 0, hint: str = "") -> None:
+    def __init__(self, folder: str, reason: str, *, more: int = 0, hint: str = "", kind: str = "") -> None:
         self.folder = folder
         self.reason = reason
-        text = and_more(f"ckptpub: refusing to serve {folder}: {reason}", more)
+        self.kind = kind
+        subject = f"{kind} {folder}" if kind else folder
+        text = and_more(f"ckptpub: refusing to serve {subject}: {reason}", more)
         if hint:
             text += f"; {hint}"
         # One line whatever a path holds; everything else is kept exactly.
         super().__init__(text.replace("\r", "\\r").replace("\n", "\\n"))
 
     @classmethod
-    def for_problems(cls, folder: str, problems: Sequence[str], hint: str = "") -> RefusedError:
+    def for_problems(
+        cls, folder: str, problems: Sequence[str], hint: str = "", kind: str = ""
+    ) -> RefusedError:
         """The refusal for the first of ``problems`` (not empty), counting the rest."""
-        return cls(folder, problems[0], more=len(problems) - 1, hint=hint)
+        return cls(folder, problems[0], more=len(problems) - 1, hint=hint, kind=kind)
+
+    @classmethod
+    def relayed(cls, line: str) -> RefusedError:
+        """A refusal raised in another vLLM process, re-raised from its one line.
+
+        Its ``reason`` is that whole line; its ``folder`` is not known here (empty).
+        """
+        error = cls.__new__(cls)
+        RuntimeError.__init__(error, line)
+        error.folder, error.reason, error.kind = "", line, ""
+        return error
+
+
+@contextlib.contextmanager
+def refusals_logged() -> Iterator[None]:
+    """Log a refusal once, in its own words, before vLLM wraps it.
+
+    vLLM re-raises a loader's error as a worker traceback or a generic "Engine core
+    initialization failed"; this line is what an operator reads in the log.
+    """
+    try:
+        yield
+    except RefusedError as error:
+        logger.error("%s", error)
+        raise

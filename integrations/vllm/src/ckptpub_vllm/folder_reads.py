@@ -5,14 +5,18 @@ swapped: the open never follows a symlink in its last component and never blocks
 on a FIFO, and what was opened must be a regular file. A symlink is followed only
 to a file inside the folder, the rule ``ckptpub publish`` applies, so a folder that
 published is not refused here for the same layout. The happy path costs one open,
-one ``fstat`` and one read; symlinks are resolved only when the open says it met one.
+one ``fstat`` and one read (two for a whole file: the second sees its end); symlinks
+are resolved only when the open says it met one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import os
 import stat
+from collections.abc import Iterator
 
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -31,13 +35,38 @@ def resolve_inside(folder: str, path: str) -> str:
 
 def read_prefix(folder: str, path: str, limit: int) -> tuple[bytes, int]:
     """Up to ``limit`` bytes of the regular file ``path`` of ``folder``, and the file's size."""
+    with _regular_file(folder, path) as (handle, size):
+        return handle.read(limit), size
+
+
+def read_whole(folder: str, path: str, size: int) -> bytearray:
+    """The regular file ``path`` of ``folder``, read once into writable memory, if it has ``size`` bytes.
+
+    The size is checked with ``fstat`` before anything is allocated, so a manifest's
+    number is never trusted alone; a file that changes size while it is read is refused.
+    """
+    with _regular_file(folder, path) as (handle, actual):
+        if actual != size:
+            raise UnreadableError(f"has {actual} bytes, the manifest says {size}")
+        data = bytearray(size)
+        view, got = memoryview(data), 0
+        while got < size and (count := handle.readinto(view[got:])):
+            got += count
+        if got != size or handle.read(1):
+            raise UnreadableError("changed size while it was read")
+        return data
+
+
+@contextlib.contextmanager
+def _regular_file(folder: str, path: str) -> Iterator[tuple[io.BufferedReader, int]]:
+    """A read handle on the regular file ``path`` of ``folder``, and its size."""
     fd = _open_inside(folder, path)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise UnreadableError("is not a regular file")
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read(limit), info.st_size
+            yield handle, info.st_size
     except OSError as error:
         raise UnreadableError(f"cannot be read ({error.strerror or error})") from None
     finally:

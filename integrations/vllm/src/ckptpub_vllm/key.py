@@ -58,24 +58,25 @@ def has_manifest(folder: str) -> bool:
     return os.path.lexists(os.path.join(folder, ckptpub.MANIFEST_NAME))
 
 
-def read_folder_manifest(folder: str) -> ckptpub.Manifest | None:
+def read_folder_manifest(folder: str, kind: str = "") -> ckptpub.Manifest | None:
     """The folder's validated manifest; None only when nothing is at its manifest path.
 
     The manifest file is read directly (no separate look at the folder first); only
     when that fails does a ``lstat`` tell "absent" from "present but unusable".
     With ``CKPTPUB_PUBLIC_KEY``/``CKPTPUB_CERTIFICATE_CHAIN`` set (daemons, plain
-    ``ipc_cache`` engines) only the manifest that key signed is returned.
+    ``ipc_cache`` engines) only the manifest that key signed is returned. ``kind``
+    names what the folder holds in a refusal (``adapter``; a model by default).
     """
     public_key, chain = trusted_from_env()
     if public_key is not None or chain:
-        return signed_manifest(folder, public_key, chain)
+        return signed_manifest(folder, public_key, chain, kind)
     path = os.path.join(folder, ckptpub.MANIFEST_NAME)
     try:
         return ckptpub.read_manifest(path)
     except ckptpub.CkptpubError as error:
         if not os.path.lexists(path):
             return None
-        raise RefusedError(folder, f"its {ckptpub.MANIFEST_NAME} is unusable: {error}") from None
+        raise RefusedError(folder, f"its {ckptpub.MANIFEST_NAME} is unusable: {error}", kind=kind) from None
 
 
 def checkpoint_key(model: str) -> str | None:

@@ -10,12 +10,13 @@ through a :class:`StreamVerifier` and the engine refuses to start on any differe
 in the one pass vLLM makes over the shards anyway. Before either,
 ``startup.check_before_start`` reads the manifest and checks the files the engine
 reads itself; it opens no shard, so an engine start that maps a daemon's weights
-costs the same few filesystem requests for 16 shards or 163.
+costs the same few filesystem requests for 16 shards or 163. With LoRA enabled the
+loaded model is marked as served by ``manifest_cache``, so its adapters are checked
+(``adapters``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator
@@ -31,26 +32,12 @@ from vllm.model_executor.model_loader.weight_cache.ipc_loader import IpcModelLoa
 
 import ckptpub
 
-from . import LOAD_FORMAT, key
-from .errors import RefusedError
+from . import LOAD_FORMAT, adapters, key
+from .errors import RefusedError, refusals_logged
 from .log import logger
 from .options import Options, split_extra_config
 from .startup import check_before_start
 from .verify_stream import StreamVerifier, check_shards_are_files
-
-
-@contextlib.contextmanager
-def refusals_logged() -> Iterator[None]:
-    """Log a refusal once, in its own words, before vLLM wraps it.
-
-    vLLM re-raises a loader's error as a worker traceback or a generic "Engine core
-    initialization failed"; this line is what an operator reads in the log.
-    """
-    try:
-        yield
-    except RefusedError as error:
-        logger.error("%s", error)
-        raise
 
 
 class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is untyped for mypy here
@@ -189,7 +176,10 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
 
     def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = "") -> nn.Module:
         with refusals_logged():
-            return self._load_model(vllm_config, model_config, prefix)
+            model = self._load_model(vllm_config, model_config, prefix)
+        if vllm_config.lora_config is not None:
+            adapters.serve_base(model, model_config.model, self._manifest, self.options)
+        return model
 
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         """Used by the weight-cache daemon (and reloads): always a verified disk load."""

@@ -8,6 +8,8 @@ popped first and everything else (``socket_path``, ``socket_dir``, ``mode``,
 without ``ckptpub.json`` is refused unless ``require_manifest`` is set to false.
 Environment: ``CKPTPUB_REQUIRE_MANIFEST=1`` also fails closed in processes that never
 see this extra config: plain ``ipc_cache`` engines and ``vllm preload`` daemons.
+
+The ``adapter_*`` options apply to the LoRA adapters the engine serves (``adapters``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,15 @@ class Options:
     from somewhere the checkpoint's writers cannot change, it turns "matches its
     manifest" into "is this model" (a manifest is not a signature).
     ``public_key`` (a PEM file) or ``certificate_chain`` (PEM files): refuse unless
-    ``model.sig`` signs exactly this manifest with that key (see ``signature``).
+    ``model.sig`` signs exactly this manifest with that key (see ``signature``);
+    adapters then need a signature by that key too.
+    ``adapter_require_manifest``: refuse adapters without ``ckptpub.json`` (on by
+    default; false serves them unverified, with a warning, unless one is pinned).
+    ``adapter_base_check``: refuse an adapter whose manifest records another base
+    identity than the served base's (on by default; false serves it with a warning).
+    ``adapter_identities``: ``{name or path: identity}`` in the extra config (kept as
+    sorted pairs), an expected identity per adapter, matched by the adapter's name
+    and by its folder; checked like ``expect_identity``.
     """
 
     verify: bool = True
@@ -49,6 +59,9 @@ class Options:
     expect_identity: str | None = None
     public_key: str | None = None
     certificate_chain: tuple[str, ...] = ()
+    adapter_require_manifest: bool = True
+    adapter_base_check: bool = True
+    adapter_identities: tuple[tuple[str, str], ...] = ()
 
     @property
     def trusted(self) -> tuple[str | None, tuple[str, ...]] | None:
@@ -71,10 +84,9 @@ def split_extra_config(extra: Mapping[str, Any] | None) -> tuple[Options, dict[s
         value = rest.pop(name)
         default = getattr(Options, name)
         if name == "expect_identity":
-            try:
-                check_identity(value, "manifest_cache option 'expect_identity'")
-            except CkptpubError as error:  # vLLM reports a bad option as a ValueError, like the others here
-                raise ValueError(str(error)) from None
+            _check_identity(value, "manifest_cache option 'expect_identity'")
+        elif name == "adapter_identities":
+            value = _adapter_identities(value)
         elif name == "public_key":
             if not (isinstance(value, str) and value):
                 raise ValueError(
@@ -94,3 +106,22 @@ def split_extra_config(extra: Mapping[str, Any] | None) -> tuple[Options, dict[s
             raise ValueError(f"manifest_cache option {name!r} must be a positive integer, got {value!r}")
         values[name] = value
     return Options(**values), rest
+
+
+def _check_identity(value: object, what: str) -> None:
+    try:
+        check_identity(value, what)
+    except CkptpubError as error:  # vLLM reports a bad option as a ValueError, like the others here
+        raise ValueError(str(error)) from None
+
+
+def _adapter_identities(value: object) -> tuple[tuple[str, str], ...]:
+    """``adapter_identities`` as sorted ``(name or path, identity)`` pairs, once each is valid."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
+        raise ValueError(
+            "manifest_cache option 'adapter_identities' must map adapter names or paths to identities, "
+            f"got {value!r}"
+        )
+    for key, identity in value.items():
+        _check_identity(identity, f"manifest_cache option 'adapter_identities' for {key!r}")
+    return tuple(sorted(value.items()))

@@ -61,9 +61,12 @@ def read_trusted_manifest(folder: str) -> ckptpub.Manifest:
 
 
 def signed_manifest(
-    folder: str, public_key: str | None, certificate_chain: tuple[str, ...]
+    folder: str, public_key: str | None, certificate_chain: tuple[str, ...], kind: str = ""
 ) -> ckptpub.Manifest:
-    """``check_signed`` for an engine or daemon: anything but a signed manifest is a refusal."""
+    """``check_signed`` for an engine or daemon: anything but a signed manifest is a refusal.
+
+    ``kind`` says what the folder holds in the refusal (``adapter``; a model by default).
+    """
     try:
         return check_signed(folder, public_key, certificate_chain)
     except ckptpub.CkptpubError as error:
@@ -71,4 +74,5 @@ def signed_manifest(
             folder,
             f"a signed checkpoint is required: {error}",
             hint="check it with `ckptpub verify --public-key` (or --certificate-chain)",
+            kind=kind,
         ) from None

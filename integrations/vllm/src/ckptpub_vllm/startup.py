@@ -33,33 +33,67 @@ def check_before_start(folder: str, options: Options) -> ckptpub.Manifest | None
     """The folder's manifest once it passed every start-time check; refuses otherwise.
 
     Returns None only for a folder without a manifest when ``require_manifest`` is
-    off and no identity is pinned (vLLM's own key and an unverified load then apply).
+    off and no identity is pinned (vLLM's own key and an unverified load apply).
     """
-    trusted = options.trusted
-    manifest = signed_manifest(folder, *trusted) if trusted else read_folder_manifest(folder)
-    expected = options.expect_identity
+    manifest = checked_manifest(
+        folder,
+        options,
+        expected=options.expect_identity,
+        require=options.require_manifest,
+        publish=f"ckptpub publish {folder}",
+        opt_out="require_manifest",
+        unverified="vLLM's own key and an unverified load apply",
+    )
     if manifest is None:
-        if expected is not None:
-            raise RefusedError(
-                folder, f"no {ckptpub.MANIFEST_NAME}, so the pinned identity {expected} cannot be checked"
-            )
-        if options.require_manifest:
-            raise RefusedError(
-                folder,
-                f"no {ckptpub.MANIFEST_NAME}",
-                hint=f"publish it with `ckptpub publish {folder}`, "
-                "or set require_manifest to false to serve it unverified",
-            )
-        logger.warning(
-            "ckptpub: %s has no %s and require_manifest is false: vLLM's own key and an unverified "
-            "load apply",
-            folder,
-            ckptpub.MANIFEST_NAME,
-        )
         return None
-    if expected is not None and manifest.identity != expected:
-        raise RefusedError(folder, f"its identity {manifest.identity} is not the expected {expected}")
     if options.verify:
         check_engine_files(folder, manifest)
     logger.info("ckptpub: requested %s, identity %s", folder, manifest.identity)
+    return manifest
+
+
+def checked_manifest(
+    folder: str,
+    options: Options,
+    *,
+    expected: str | None,
+    require: bool,
+    publish: str,
+    opt_out: str,
+    unverified: str,
+    kind: str = "",
+) -> ckptpub.Manifest | None:
+    """The manifest of a model's or an adapter's folder (``kind``), signed and pinned as asked.
+
+    With a trusted key in ``options`` only the manifest it signed is returned. A
+    folder without a manifest is refused when an identity is ``expected`` (a pin a
+    deleted manifest could bypass would pin nothing) or when ``require`` is set,
+    with ``publish`` as the command to run and ``opt_out`` as the option that serves
+    it anyway; otherwise a warning says what happens instead (``unverified``) and
+    None is returned.
+    """
+    trusted = options.trusted
+    manifest = signed_manifest(folder, *trusted, kind=kind) if trusted else read_folder_manifest(folder, kind)
+    if manifest is None:
+        if expected is not None:
+            raise RefusedError(
+                folder,
+                f"no {ckptpub.MANIFEST_NAME}, so the pinned identity {expected} cannot be checked",
+                kind=kind,
+            )
+        if require:
+            raise RefusedError(
+                folder,
+                f"no {ckptpub.MANIFEST_NAME}",
+                hint=f"publish it with `{publish}`, or set {opt_out} to false to serve it unverified",
+                kind=kind,
+            )
+        subject = f"{kind} {folder}" if kind else folder
+        logger.warning(
+            "ckptpub: %s has no %s and %s is false: %s", subject, ckptpub.MANIFEST_NAME, opt_out, unverified
+        )
+        return None
+    if expected is not None and manifest.identity != expected:
+        reason = f"its identity {manifest.identity} is not the expected {expected}"
+        raise RefusedError(folder, reason, kind=kind)
     return manifest

@@ -53,8 +53,16 @@ for _name, _code in (
         _DTYPE_CODES[getattr(torch, _name)] = _code
 
 
+_TORCH_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
+
+
 def dtype_code(dtype: torch.dtype) -> str:
     return _DTYPE_CODES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def torch_dtype(code: str) -> torch.dtype | None:
+    """The torch dtype of a safetensors dtype code, or None when torch has none (``F4``, ``C64``...)."""
+    return _TORCH_DTYPES.get(code)
 
 
 def raw_bytes(tensor: torch.Tensor) -> memoryview:
@@ -77,9 +85,16 @@ class StreamVerifier:
     """Verifies one folder's tensors; use :meth:`wrap` on the weight iterator, then :meth:`finish`."""
 
     def __init__(
-        self, folder: str, manifest: ckptpub.Manifest, *, threads: int = 2, max_pending_mib: int = 2048
+        self,
+        folder: str,
+        manifest: ckptpub.Manifest,
+        *,
+        threads: int = 2,
+        max_pending_mib: int = 2048,
+        kind: str = "",
     ) -> None:
         self.folder = folder
+        self.kind = kind
         self.manifest = manifest
         self.identity = manifest.identity
         self.expected = manifest.model()  # what the identity covers: dtype, shape, digest by name
@@ -94,7 +109,9 @@ class StreamVerifier:
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="ckptpub-verify")
 
     def refuse(self, what: str, more: int = 0) -> RefusedError:
-        return RefusedError(self.folder, what, more=more, hint=f"the manifest's identity is {self.identity}")
+        return RefusedError(
+            self.folder, what, more=more, hint=f"the manifest's identity is {self.identity}", kind=self.kind
+        )
 
     def wrap(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         iterator = iter(weights)

@@ -1,0 +1,319 @@
+"""LoRA adapters inside the guarantee: what a ``manifest_cache`` engine checks before serving one.
+
+vLLM reads an adapter's files in its workers, always in
+``WorkerLoRAManager._load_adapter``: ``PEFTHelper.from_local_dir`` reads
+``adapter_config.json``, then ``LoRAModel.from_local_checkpoint`` reads
+``adapter_model.safetensors`` (``safetensors.safe_open``). Every path that asks for
+an adapter ends there, in the worker:
+
+==========================================  =================================================
+vLLM path                                   how the worker gets to ``_load_adapter``
+==========================================  =================================================
+``LLM.generate(..., lora_request=...)``     the engine core's admission check
+                                            (``adapter_gate``), before the request is scheduled
+``--lora-modules`` at server start,         ``add_lora`` (a failure fails that call: the
+``POST /v1/load_lora_adapter``,             server does not start, the endpoint answers 500,
+LoRA resolver plugins, ``add_lora()``       ``add_lora()`` raises), each with the refusal's line
+a request for an adapter that vLLM's        the admission check again: re-read, and checked
+CPU cache evicted (``max_cpu_loras``)       again, before the request is scheduled
+==========================================  =================================================
+
+What is checked there, each time vLLM reads an adapter, once the base of this
+engine was loaded through ``manifest_cache`` (:func:`serve_base` marks the model;
+an engine with any other load format loads adapters exactly as vLLM does):
+
+1. the adapter folder's manifest: required unless ``adapter_require_manifest`` is
+   false; signed by the engine's trusted key when one is set; its identity equal to
+   an ``adapter_identities`` pin for the adapter's name or folder;
+2. the base: the manifest's ``base_identity`` must be the identity of the base this
+   engine serves (unless ``adapter_base_check`` is false); an adapter that records
+   no base is served with one warning;
+3. the bytes vLLM reads: ``adapter_config.json`` and ``adapter_model.safetensors``
+   are each read once, whole, into memory (sizes from the manifest checked against
+   the file before anything is allocated, no symlink out of the folder); the
+   config's bytes and meaning and every tensor's name, dtype, shape and digest are
+   compared with the manifest; then vLLM's own loading code runs with its two reads
+   served from those bytes (``adapter_reads``), so every byte it puts into the model
+   is a byte that was checked, whatever happens to the files meanwhile.
+
+``adapter_model.bin``/``.pt`` adapters are pickles: ckptpub never unpickles, so
+with a manifest required they are refused (with ``adapter_require_manifest`` false
+and no manifest, vLLM loads them itself, outside the guarantee). A refusal is a
+``RefusedError`` (``ckptpub: refusing to serve adapter DIR: REASON``), logged once here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import ckptpub
+from ckptpub.errors import CkptpubError
+from ckptpub.integration import base_of, layout_in_memory
+
+from . import adapter_reads
+from .adapter_reads import CONFIG_FILE, WEIGHTS_FILE, VerifiedAdapter, served_from_memory
+from .engine_files import FileMismatchError, read_published
+from .errors import RefusedError, refusals_logged
+from .folder_reads import UnreadableError, read_whole
+from .log import logger
+from .options import Options
+from .startup import checked_manifest
+from .verify_stream import StreamVerifier, torch_dtype
+
+PICKLED_WEIGHTS = ("adapter_model.bin", "adapter_model.pt")
+KIND = "adapter"
+#: The attribute of the served model (the ``nn.Module`` vLLM's LoRA manager wraps) that marks it.
+BASE_ATTR = "_ckptpub_base"
+
+
+@dataclass(frozen=True)
+class ServedBase:
+    """The base model a ``manifest_cache`` engine serves, and the options its adapters are checked by."""
+
+    folder: str
+    identity: str | None  # None: served without a manifest (require_manifest false)
+    options: Options
+
+
+@dataclass(frozen=True)
+class ServedAdapter:
+    """An adapter this process served: its name, folder, identity and the identity of the base under it."""
+
+    name: str
+    path: str
+    identity: str | None  # None: no manifest (adapter_require_manifest false)
+    base_identity: str | None
+
+
+_served: dict[str, ServedAdapter] = {}
+_warned: set[tuple[str, str]] = set()
+
+
+def served_adapters() -> tuple[ServedAdapter, ...]:
+    """The adapters served in this process, by name (the latest load of each name), oldest first."""
+    return tuple(_served.values())
+
+
+def record_served(adapter: ServedAdapter) -> bool:
+    """Remember ``adapter`` as served under its name; True the first time it is seen so."""
+    new = _served.get(adapter.name) != adapter
+    _served[adapter.name] = adapter
+    return new
+
+
+def forget_served(name: str) -> None:
+    _served.pop(name, None)
+
+
+def serve_base(model: Any, folder: str, manifest: ckptpub.Manifest | None, options: Options) -> None:
+    """Mark ``model`` as a base served by ``manifest_cache``: its adapters are checked from now on."""
+    setattr(model, BASE_ATTR, ServedBase(folder, manifest.identity if manifest else None, options))
+    install()
+
+
+def check_adapter(folder: str, name: str, base: ServedBase) -> ckptpub.Manifest | None:
+    """The manifest of the adapter at ``folder`` once it, its pin and its base are right.
+
+    None only when there is no manifest and ``adapter_require_manifest`` is false
+    (after a warning). Refuses otherwise (``RefusedError``). Reads ``ckptpub.json`` only.
+    """
+    options = base.options
+    pins = sorted({identity for key, identity in options.adapter_identities if _names(key, name, folder)})
+    if len(pins) > 1:
+        raise RefusedError(folder, f"it is pinned to two identities: {', '.join(pins)}", kind=KIND)
+    manifest = checked_manifest(
+        folder,
+        options,
+        expected=pins[0] if pins else None,
+        require=options.adapter_require_manifest,
+        publish=f"ckptpub publish {folder} --base {base.folder}",
+        opt_out="adapter_require_manifest",
+        unverified="vLLM loads it unverified",
+        kind=KIND,
+    )
+    if manifest is not None:
+        check_base(folder, manifest, base)
+    return manifest
+
+
+def _names(key: str, name: str, folder: str) -> bool:
+    """Whether an ``adapter_identities`` key is the adapter's name or names its folder."""
+    if key == name:
+        return True
+    return os.path.normpath(os.path.abspath(os.path.expanduser(key))) == os.path.normpath(folder)
+
+
+def check_base(folder: str, manifest: ckptpub.Manifest, base: ServedBase) -> None:
+    """Refuse an adapter trained on another base than the served one (see ``adapter_base_check``)."""
+    recorded = base_of(manifest)
+    served = base.identity or f"unknown (its folder {base.folder} has no {ckptpub.MANIFEST_NAME})"
+    if recorded is None:
+        _warn_once(
+            folder,
+            manifest.identity,
+            "ckptpub: adapter %s (identity %s) records no base identity, so its base is not checked; "
+            "it is applied on %s (publish it with --base to record its base)",
+            folder,
+            manifest.identity,
+            served,
+        )
+        return
+    if recorded == base.identity:
+        return
+    if not base.options.adapter_base_check:
+        _warn_once(
+            folder,
+            manifest.identity,
+            "ckptpub: adapter %s was trained on base %s but is applied on %s, as adapter_base_check is false",
+            folder,
+            recorded,
+            served,
+        )
+        return
+    raise RefusedError(
+        folder,
+        f"it was trained on base {recorded}, but this engine serves base {served}",
+        hint="serve it on its own base, or set adapter_base_check to false",
+        kind=KIND,
+    )
+
+
+def _warn_once(folder: str, identity: str, message: str, *args: object) -> None:
+    if (folder, identity) not in _warned:
+        _warned.add((folder, identity))
+        logger.warning(message, *args)
+
+
+def read_checked(folder: str, manifest: ckptpub.Manifest, options: Options) -> VerifiedAdapter:
+    """Read ``adapter_config.json`` and the weights once each, and check them against ``manifest``."""
+    records = {record.path: record for record in manifest.files}
+    if WEIGHTS_FILE not in manifest.weights:
+        pickled = [p for p in PICKLED_WEIGHTS if p in records or os.path.lexists(os.path.join(folder, p))]
+        why = f"; {pickled[0]} is a pickle, which ckptpub never loads: save the adapter as safetensors"
+        reason = f"{WEIGHTS_FILE} is not in the manifest{why if pickled else ''}"
+        raise RefusedError(folder, reason, kind=KIND)
+    config_record = records.get(CONFIG_FILE)
+    if config_record is None:
+        raise RefusedError(folder, f"{CONFIG_FILE} is not in the manifest, and vLLM reads it", kind=KIND)
+    try:
+        config = read_published(folder, config_record, manifest)
+    except FileMismatchError as problem:
+        raise RefusedError(folder, str(problem), hint=f"run `ckptpub verify {folder}`", kind=KIND) from None
+    tensors = _checked_tensors(folder, records[WEIGHTS_FILE], manifest, options)
+    return VerifiedAdapter(folder, manifest, config, tensors)
+
+
+def _checked_tensors(
+    folder: str, record: ckptpub.FileRecord, manifest: ckptpub.Manifest, options: Options
+) -> dict[str, torch.Tensor]:
+    """The weight file's tensors, as views of the one read of it, each checked against the manifest."""
+    try:
+        data = read_whole(folder, WEIGHTS_FILE, record.size)
+        layout = layout_in_memory(data, WEIGHTS_FILE)
+    except UnreadableError as error:
+        raise RefusedError(folder, f"{WEIGHTS_FILE} {error}", kind=KIND) from None
+    except CkptpubError as error:
+        raise RefusedError(folder, str(error), kind=KIND) from None
+    verifier = StreamVerifier(
+        folder, manifest, threads=options.hash_threads, max_pending_mib=options.max_pending_mib, kind=KIND
+    )
+    tensors = {}
+    try:
+        for entry in layout.tensors:
+            dtype = torch_dtype(entry.dtype)
+            if dtype is None:
+                raise verifier.refuse(f"tensor {entry.name!r} has dtype {entry.dtype}, which torch lacks")
+            tensor = _view(data, layout.header_size + entry.begin, layout.header_size + entry.end, dtype)
+            tensors[entry.name] = tensor.reshape(entry.shape)
+            verifier.check(entry.name, tensors[entry.name])
+        verifier.finish()
+    finally:
+        verifier.close()
+    return tensors
+
+
+def _view(data: bytearray, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+    """The bytes ``[start, end)`` of ``data`` as a flat tensor: a view, or a copy where they are unaligned."""
+    if start == end:
+        return torch.empty(0, dtype=dtype)
+    if start % dtype.itemsize:
+        return torch.frombuffer(bytearray(memoryview(data)[start:end]), dtype=dtype)
+    return torch.frombuffer(data, dtype=dtype, count=(end - start) // dtype.itemsize, offset=start)
+
+
+def load_checked(lora_request: Any, base: ServedBase, load: Callable[[Any], Any]) -> Any:
+    """vLLM's ``load`` of ``lora_request`` (a ``LoRARequest``), on checked bytes only."""
+    from vllm.exceptions import LoRAAdapterNotFoundError
+    from vllm.lora.utils import get_adapter_absolute_path
+
+    name = lora_request.lora_name
+    folder = get_adapter_absolute_path(lora_request.lora_path)
+    if not os.path.isdir(folder):
+        raise LoRAAdapterNotFoundError(name, lora_request.lora_path)
+    started = time.perf_counter()
+    manifest = check_adapter(folder, name, base)
+    if manifest is None or not base.options.verify:
+        if manifest is not None:
+            logger.warning("ckptpub: loading adapter %s WITHOUT verification (verify=false)", folder)
+        lora = load(lora_request)
+        identity = manifest.identity if manifest is not None else None
+        _note_served(ServedAdapter(name, folder, identity, base.identity), "UNVERIFIED")
+        return lora
+    adapter = read_checked(folder, manifest, base.options)
+    with served_from_memory(adapter):
+        lora = load(lora_request)
+    if not (adapter.config_read and adapter.tensors_read):
+        unread = CONFIG_FILE if not adapter.config_read else WEIGHTS_FILE
+        reason = f"vLLM read it without going through ckptpub's check of {unread}"
+        raise RefusedError(folder, reason, kind=KIND)
+    _note_served(
+        ServedAdapter(name, folder, adapter.manifest.identity, base.identity),
+        f"verified {len(adapter.tensors)} tensors ({adapter.size / 2**20:.1f} MiB) "
+        f"in {time.perf_counter() - started:.2f} s",
+    )
+    return lora
+
+
+def _note_served(adapter: ServedAdapter, how: str) -> None:
+    """Log an adapter the first time this process serves it (name, folder, identity, base)."""
+    if record_served(adapter):
+        logger.info(
+            "ckptpub: serving adapter %r from %s, identity %s, %s; base identity %s",
+            adapter.name,
+            adapter.path,
+            adapter.identity or "unknown (no manifest)",
+            how,
+            adapter.base_identity or "unknown (no manifest)",
+        )
+
+
+_PATCH_MARK = "_ckptpub_original"
+
+
+def install() -> None:
+    """Route vLLM's adapter loads through :func:`load_checked` in this process (idempotent).
+
+    Each load checks only a base marked by :func:`serve_base`; others load as in vLLM.
+    """
+    from vllm.lora.worker_manager import WorkerLoRAManager
+
+    original = WorkerLoRAManager._load_adapter
+    if getattr(original, _PATCH_MARK, None) is not None:
+        return
+
+    def _load_adapter(self: Any, lora_request: Any) -> Any:
+        base = getattr(self._adapter_manager.model, BASE_ATTR, None)
+        if base is None:  # not a base loaded by manifest_cache: vLLM's own load
+            return original(self, lora_request)
+        with refusals_logged():
+            return load_checked(lora_request, base, lambda request: original(self, request))
+
+    setattr(_load_adapter, _PATCH_MARK, original)
+    adapter_reads.install()
+    WorkerLoRAManager._load_adapter = _load_adapter

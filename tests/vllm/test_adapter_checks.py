@@ -1,0 +1,265 @@
+"""The adapter checks one by one, with vLLM's own adapter loaders and no engine.
+
+``load_checked`` is given what vLLM's ``WorkerLoRAManager._load_adapter`` runs
+(``PEFTHelper.from_local_dir``, then ``LoRAModel.from_local_checkpoint``), real
+vLLM code on real PEFT adapters; only the engine around it is left out (that path
+is ``test_lora.py``). Every case here takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+from ckptpub_vllm import adapters
+from ckptpub_vllm.adapter_frontend import RefusalReason, raise_refusals
+from ckptpub_vllm.errors import RefusedError
+from ckptpub_vllm.options import split_extra_config
+from lora_helpers import TAMPERED_LORA_B, flip_bit, publish
+
+import ckptpub
+
+WEIGHTS = "adapter_model.safetensors"
+
+
+def _base(lora_folders, identity: str | None = "base", **extra) -> adapters.ServedBase:
+    if identity == "base":
+        identity = ckptpub.read_manifest(lora_folders["base"]).identity
+    return adapters.ServedBase(lora_folders["base"], identity, split_extra_config(extra)[0])
+
+
+def _vllm_load(request):
+    """What ``WorkerLoRAManager._load_adapter`` does with the files (vLLM's functions, as it calls them)."""
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.peft_helper import PEFTHelper
+
+    helper = PEFTHelper.from_local_dir(request.lora_path, 512)
+    return LoRAModel.from_local_checkpoint(
+        request.lora_path, {"q_proj", "v_proj"}, helper, lora_model_id=request.lora_int_id, device="cpu"
+    )
+
+
+def _request(name: str, path: str):
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(name, 1, path)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _vllm_reads_routed():
+    """Route vLLM's adapter reads through ckptpub in this process, as ``serve_base`` does in a worker."""
+    adapters.install()
+
+
+def _lora_b(lora, module: str = "model.layers.1.self_attn.v_proj") -> torch.Tensor:
+    return lora.get_lora(module).lora_b
+
+
+def _file_lora_b(folder: str) -> torch.Tensor:
+    return safetensors.torch.load_file(os.path.join(folder, WEIGHTS))[TAMPERED_LORA_B]
+
+
+def test_vllm_gets_exactly_the_checked_bytes_even_if_the_file_changes_during_the_load(lora_folders, tmp_path):
+    """A writer that lands after the check, while vLLM loads, changes nothing vLLM reads."""
+    folder = shutil.copytree(lora_folders["good"], str(tmp_path / "good"))
+    published = _file_lora_b(folder).clone()
+
+    def load_while_a_writer_lands(request):
+        flip_bit(os.path.join(folder, WEIGHTS), TAMPERED_LORA_B)
+        with open(os.path.join(folder, "adapter_config.json"), "r+b") as f:
+            f.write(b"garbage")
+        return _vllm_load(request)
+
+    lora = adapters.load_checked(_request("good", folder), _base(lora_folders), load_while_a_writer_lands)
+    assert not torch.equal(_file_lora_b(folder), published)  # the file did change...
+    assert torch.equal(_lora_b(lora), published)  # ...vLLM got the checked bytes
+    served = {a.name: a for a in adapters.served_adapters()}["good"]
+    assert served.identity == ckptpub.read_manifest(lora_folders["good"]).identity
+    assert served.base_identity == ckptpub.read_manifest(lora_folders["base"]).identity
+
+
+def test_a_check_failure_never_reaches_vllm(lora_folders):
+    calls = []
+    with pytest.raises(RefusedError, match="differs from the manifest") as refused:
+        adapters.load_checked(_request("t", lora_folders["tampered"]), _base(lora_folders), calls.append)
+    assert calls == []
+    assert str(refused.value).startswith(f"ckptpub: refusing to serve adapter {lora_folders['tampered']}: ")
+
+
+def test_a_missing_folder_is_vllms_not_found(lora_folders, tmp_path):
+    from vllm.exceptions import LoRAAdapterNotFoundError
+
+    with pytest.raises(LoRAAdapterNotFoundError):
+        adapters.load_checked(_request("gone", str(tmp_path / "gone")), _base(lora_folders), _vllm_load)
+
+
+def test_opting_out_of_the_base_check_serves_another_bases_adapter_with_a_warning(lora_folders, caplog):
+    caplog.set_level(logging.WARNING, logger="vllm.ckptpub")
+    base = _base(lora_folders, adapter_base_check=False)
+    assert adapters.check_adapter(lora_folders["wrong_base"], "w", base) is not None
+    assert "adapter_base_check is false" in caplog.text
+    with pytest.raises(RefusedError, match="it was trained on base"):
+        adapters.check_adapter(lora_folders["wrong_base"], "w", _base(lora_folders))
+
+
+def test_a_base_served_without_manifest_cannot_vouch_for_an_adapter(lora_folders, caplog):
+    caplog.set_level(logging.WARNING, logger="vllm.ckptpub")
+    with pytest.raises(RefusedError, match="this engine serves base unknown"):
+        adapters.check_adapter(lora_folders["good"], "g", _base(lora_folders, identity=None))
+    assert adapters.check_adapter(lora_folders["nobase"], "n", _base(lora_folders, identity=None))
+    assert "records no base identity" in caplog.text
+
+
+def test_opting_out_of_the_manifest_serves_an_unpublished_adapter_unverified(lora_folders, caplog):
+    caplog.set_level(logging.WARNING, logger="vllm.ckptpub")
+    base = _base(lora_folders, adapter_require_manifest=False)
+    lora = adapters.load_checked(_request("n", lora_folders["nomanifest"]), base, _vllm_load)
+    assert torch.equal(_lora_b(lora), _file_lora_b(lora_folders["nomanifest"]))
+    assert "has no ckptpub.json and adapter_require_manifest is false: vLLM loads it unverified" in (
+        caplog.text
+    )
+    pin = {"n": "blake3:" + "0" * 64}
+    pinned = _base(lora_folders, adapter_require_manifest=False, adapter_identities=pin)
+    with pytest.raises(RefusedError, match="the pinned identity blake3:0+ cannot be checked"):
+        adapters.check_adapter(lora_folders["nomanifest"], "n", pinned)
+
+
+def test_verify_false_skips_only_the_bytes(lora_folders, caplog):
+    caplog.set_level(logging.WARNING, logger="vllm.ckptpub")
+    base = _base(lora_folders, verify=False)
+    lora = adapters.load_checked(_request("t", lora_folders["tampered"]), base, _vllm_load)
+    assert torch.equal(_lora_b(lora), _file_lora_b(lora_folders["tampered"]))
+    assert "WITHOUT verification" in caplog.text
+    with pytest.raises(RefusedError, match="it was trained on base"):
+        adapters.load_checked(_request("w", lora_folders["wrong_base"]), base, _vllm_load)
+
+
+def test_an_engine_that_trusts_a_key_serves_only_adapters_that_key_signed(lora_folders, tmp_path):
+    from signhelpers import make_key
+
+    key = make_key(tmp_path / "keys", "trainer")
+    signed = shutil.copytree(lora_folders["good"], str(tmp_path / "signed"))
+    ckptpub.publish(signed, sign=key.private, base=lora_folders["base"])
+    base = _base(lora_folders, public_key=str(key.public))
+    assert adapters.check_adapter(signed, "s", base).identity == ckptpub.read_manifest(signed).identity
+    with pytest.raises(RefusedError, match="refusing to serve adapter .*: a signed checkpoint is required"):
+        adapters.check_adapter(lora_folders["good"], "g", base)
+
+
+def test_an_adapter_pinned_by_name_and_by_folder_to_two_identities_is_refused(lora_folders):
+    good = lora_folders["good"]
+    pins = {"g": ckptpub.read_manifest(good).identity, good: "blake3:" + "1" * 64}
+    with pytest.raises(RefusedError, match="pinned to two identities"):
+        adapters.check_adapter(good, "g", _base(lora_folders, adapter_identities=pins))
+
+
+def test_a_pickled_adapter_is_refused_unread(lora_folders, tmp_path):
+    folder = shutil.copytree(lora_folders["good"], str(tmp_path / "pickled"))
+    os.remove(os.path.join(folder, WEIGHTS))
+    with open(os.path.join(folder, "adapter_model.bin"), "wb") as f:
+        f.write(b"never unpickled")
+    publish(folder, "--allow-no-weights", "--base", lora_folders["base"])
+    with pytest.raises(RefusedError, match="adapter_model.bin is a pickle, which ckptpub never loads"):
+        adapters.load_checked(_request("p", folder), _base(lora_folders), _vllm_load)
+
+
+def test_weights_behind_a_symlink_out_of_the_folder_are_refused(lora_folders, tmp_path):
+    folder = shutil.copytree(lora_folders["good"], str(tmp_path / "linked"))
+    outside = shutil.copy(os.path.join(folder, WEIGHTS), str(tmp_path / "outside.safetensors"))
+    os.remove(os.path.join(folder, WEIGHTS))
+    os.symlink(outside, os.path.join(folder, WEIGHTS))
+    with pytest.raises(RefusedError, match=f"{WEIGHTS} is a symlink out of the folder"):
+        adapters.load_checked(_request("l", folder), _base(lora_folders), _vllm_load)
+
+
+def test_weights_of_another_size_are_refused_before_anything_is_allocated(lora_folders, tmp_path):
+    folder = shutil.copytree(lora_folders["good"], str(tmp_path / "grown"))
+    with open(os.path.join(folder, WEIGHTS), "ab") as f:
+        f.write(b"\0" * 8)
+    with pytest.raises(RefusedError, match=f"{WEIGHTS} has [0-9]+ bytes, the manifest says"):
+        adapters.load_checked(_request("g", folder), _base(lora_folders), _vllm_load)
+
+
+def test_the_offline_call_raises_the_first_refusal_and_counts_the_rest():
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    def output(finish_reason, stop_reason):
+        completion = CompletionOutput(
+            index=0, text="", token_ids=[], cumulative_logprob=None, logprobs=None,
+            finish_reason=finish_reason, stop_reason=stop_reason,
+        )  # fmt: skip
+        return RequestOutput(
+            request_id="0", prompt=None, prompt_token_ids=[1], prompt_logprobs=None,
+            outputs=[completion], finished=True,
+        )  # fmt: skip
+
+    line = "ckptpub: refusing to serve adapter /a: no ckptpub.json"
+    raise_refusals([output("length", None), output("error", "not ours")])
+    with pytest.raises(RefusedError) as refused:
+        raise_refusals([output("error", line), output("stop", "x"), output("error", line)])
+    assert str(refused.value) == line + " (and 1 more requests refused)"
+    reason = RefusalReason(line)
+    assert reason == "error"
+    assert reason.line == line
+
+
+def test_the_adapter_benchmark_runs_at_toy_size(tmp_path):
+    """``benchmarks/bench_lora_load.py`` still runs (its figures are docs/performance.md's, not checked)."""
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_lora_load.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--layers", "1", "--repeat", "1", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    rows = [line.strip("|").split("|") for line in done.stdout.splitlines() if line.startswith("| rank ")]
+    assert len(rows) == 2, done.stdout
+    assert all(cells[6].strip().endswith("x") for cells in rows), rows  # the ratio of the medians
+
+
+def test_the_server_records_the_adapters_it_loaded_and_forgets_unloaded_ones(lora_folders):
+    """The record the API server keeps (for what it shows about adapters), around vLLM's load and unload.
+
+    vLLM's own ``OpenAIServingModels`` needs a running engine (the server test runs the
+    wrapped methods for real); here they are stand-ins answering as vLLM does.
+    """
+    import asyncio
+    import types
+
+    from ckptpub_vllm import adapter_frontend
+
+    config = types.SimpleNamespace(
+        load_config=types.SimpleNamespace(load_format="manifest_cache"),
+        model_config=types.SimpleNamespace(model=lora_folders["base"]),
+    )
+    models = types.SimpleNamespace(engine_client=types.SimpleNamespace(vllm_config=config))
+
+    async def vllm_load(self, request):
+        return "Success" if request.lora_path != "/refused" else object()  # vLLM's ErrorResponse
+
+    async def vllm_unload(self, request):
+        return "Success"
+
+    load = adapter_frontend._recording_loads(vllm_load)
+    unload = adapter_frontend._recording_unloads(vllm_unload)
+    good = types.SimpleNamespace(lora_name="served-good", lora_path=lora_folders["good"])
+    asyncio.run(load(models, good))
+    asyncio.run(load(models, types.SimpleNamespace(lora_name="served-refused", lora_path="/refused")))
+    served = {a.name: a for a in adapters.served_adapters()}
+    assert served["served-good"] == adapters.ServedAdapter(
+        "served-good",
+        lora_folders["good"],
+        ckptpub.read_manifest(lora_folders["good"]).identity,
+        ckptpub.read_manifest(lora_folders["base"]).identity,
+    )
+    assert "served-refused" not in served
+    asyncio.run(unload(models, types.SimpleNamespace(lora_name="served-good")))
+    assert "served-good" not in {a.name for a in adapters.served_adapters()}

@@ -1,0 +1,320 @@
+"""LoRA adapters through ``manifest_cache`` in real vLLM CPU engines and the real OpenAI server.
+
+Adapters are PEFT adapters of the tiny Qwen3 made here (random ``lora_B``, so each
+changes the answers), published with ``ckptpub publish ADAPTER --base BASE``. One
+offline engine (``run_lora.py``: front end here, engine core and worker in their own
+processes, as users run vLLM) serves them all with vLLM's defaults (``max_loras`` =
+``max_cpu_loras`` = 1, so each new adapter evicts the last); an ``auto`` engine
+before it gives the reference tokens. Nothing of vLLM is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from lora_helpers import TAMPERED_LORA_B, flip_bit
+from vllm_engine_helpers import TINY_ENGINE
+
+import ckptpub
+
+HERE = Path(__file__).parent
+IDS = {"good": 1, "second": 2, "tampered": 3, "config": 4, "wrong_base": 5, "nomanifest": 6, "nobase": 7}
+IDS |= {"pinned": 8, "evicted": 9}
+
+
+@pytest.fixture(scope="module")
+def lora(lora_folders, tmp_path_factory) -> dict[str, str]:
+    evicted = shutil.copytree(lora_folders["good"], str(tmp_path_factory.mktemp("lora_run") / "evicted"))
+    return dict(lora_folders, evicted=evicted)
+
+
+def _lora(folders: dict[str, str], name: str, path: str | None = None) -> list:
+    return [name, IDS[name], path or folders[name]]
+
+
+def _identity(folder: str) -> str:
+    return ckptpub.read_manifest(folder).identity
+
+
+@pytest.fixture(scope="module")
+def offline(lora) -> tuple[dict[str, dict], dict[str, dict], str]:
+    """Reference tokens from ``auto``, then every case through one ``manifest_cache`` engine."""
+    evicted_weights = os.path.join(lora["evicted"], "adapter_model.safetensors")
+    gen = {"op": "generate"}
+    auto = {
+        "base": dict(gen, lora=None),
+        "good": dict(gen, lora=_lora(lora, "good")),
+        "second": dict(gen, lora=_lora(lora, "second")),
+        "tampered": dict(gen, lora=_lora(lora, "tampered")),
+    }
+    ours = {
+        "base": dict(gen, lora=None),
+        "good": dict(gen, lora=_lora(lora, "good")),
+        "tampered": dict(gen, lora=_lora(lora, "tampered")),
+        "config": dict(gen, lora=_lora(lora, "config")),
+        "wrong_base": dict(gen, lora=_lora(lora, "wrong_base")),
+        "nomanifest": dict(gen, lora=_lora(lora, "nomanifest")),
+        "nobase": dict(gen, lora=_lora(lora, "nobase")),
+        "pinned": dict(gen, lora=_lora(lora, "pinned", lora["second"])),
+        # evicted: read (verified), evicted by second, tampered on disk, then asked for again
+        "evicted_first": dict(gen, lora=_lora(lora, "evicted")),
+        "second": dict(gen, lora=_lora(lora, "second")),
+        "tamper_evicted": {"op": "flip", "file": evicted_weights, "tensor": TAMPERED_LORA_B},
+        "evicted_tampered": dict(gen, lora=_lora(lora, "evicted")),
+        "restore_evicted": {"op": "flip", "file": evicted_weights, "tensor": TAMPERED_LORA_B},
+        "evicted_restored": dict(gen, lora=_lora(lora, "evicted")),
+        "add_tampered": {"op": "add_lora", "lora": _lora(lora, "tampered")},
+        "second_after": dict(gen, lora=_lora(lora, "second")),
+        "base_after": dict(gen, lora=None),
+    }
+    pins = {lora["good"]: _identity(lora["good"]), "pinned": _identity(lora["good"])}
+    plan = [
+        {"model": lora["base"], "load_format": "auto", "steps": list(auto.values())},
+        {
+            "model": lora["base"],
+            "load_format": "manifest_cache",
+            "extra": {"adapter_identities": pins},
+            "steps": list(ours.values()),
+        },
+    ]
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "run_lora.py"), json.dumps(plan)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = (proc.stdout + proc.stderr).splitlines()
+    results = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("CKPTPUB_RESULT ")]
+    log = "\n".join(line for line in lines if not line.startswith("CKPTPUB_RESULT "))  # vLLM's and ours
+    Path(lora["evicted"]).with_name("offline.log").write_text(log)  # kept for reading after a failure
+    assert len(results) == len(auto) + len(ours), f"runner failed (rc {proc.returncode}):\n{log[-6000:]}"
+    return (
+        dict(zip(auto, results[: len(auto)], strict=True)),
+        dict(zip(ours, results[len(auto) :], strict=True)),
+        log,
+    )
+
+
+def _refusal(result: dict, folder: str) -> str:
+    """The one-line refusal the offline call raised for the adapter at ``folder``."""
+    error = result.get("error", "")
+    assert result.get("type") == "RefusedError", result
+    assert error.startswith(f"ckptpub: refusing to serve adapter {folder}: "), error
+    return error
+
+
+def test_a_verified_adapter_gives_the_tokens_of_auto(offline, lora):
+    auto, ours, log = offline
+    assert ours["good"]["tokens"] == auto["good"]["tokens"]
+    assert ours["good"]["tokens"] != ours["base"]["tokens"], "the adapter must change the answers"
+    assert ours["base"]["tokens"] == auto["base"]["tokens"]
+    assert ours["second"]["tokens"] == auto["second"]["tokens"] != ours["good"]["tokens"]
+    # Identity in the log, once, with the base's; the good adapter was pinned by its path and matched.
+    served = (
+        f"ckptpub: serving adapter 'good' from {lora['good']}, identity {_identity(lora['good'])}, "
+        "verified 8 tensors"
+    )
+    assert log.count(served) == 1, log[-3000:]
+    assert f"base identity {_identity(lora['base'])}" in log.split(served, 1)[1].splitlines()[0]
+
+
+def test_auto_engines_load_adapters_as_vllm_does(offline):
+    auto, _, log = offline
+    assert "tokens" in auto["tampered"], auto["tampered"]  # no check at all without manifest_cache
+
+
+def test_a_flipped_bit_deep_in_lora_b_is_refused_by_tensor_name(offline, lora):
+    _, ours, log = offline
+    error = _refusal(ours["tampered"], lora["tampered"])
+    assert f"tensor '{TAMPERED_LORA_B}' differs from the manifest" in error
+    assert log.count(error.split("; ")[0]) >= 1  # logged in the worker, in its own words
+
+
+def test_an_edited_adapter_config_is_refused(offline, lora):
+    _, ours, log = offline
+    error = _refusal(ours["config"], lora["config"])
+    assert "adapter_config.json: bytes differ from the manifest" in error
+    assert log.count(f"ckptpub: refusing to serve adapter {lora['config']}") == 1  # logged once
+
+
+def test_an_adapter_trained_on_another_base_is_refused_with_both_identities(offline, lora):
+    _, ours, _ = offline
+    error = _refusal(ours["wrong_base"], lora["wrong_base"])
+    assert f"trained on base {_identity(lora['other_base'])}" in error
+    assert f"this engine serves base {_identity(lora['base'])}" in error
+    assert "adapter_base_check" in error
+
+
+def test_an_adapter_without_a_manifest_is_refused_with_the_publish_hint(offline, lora):
+    _, ours, _ = offline
+    error = _refusal(ours["nomanifest"], lora["nomanifest"])
+    assert "no ckptpub.json" in error
+    assert f"`ckptpub publish {lora['nomanifest']} --base {lora['base']}`" in error
+    assert "adapter_require_manifest" in error
+
+
+def test_an_adapter_without_a_recorded_base_is_served_with_one_warning(offline, lora):
+    _, ours, log = offline
+    assert ours["nobase"]["tokens"] == ours["good"]["tokens"]
+    assert log.count(f"adapter {lora['nobase']} (identity {_identity(lora['nobase'])}) records no base") == 1
+
+
+def test_a_pin_by_name_is_checked(offline, lora):
+    _, ours, _ = offline
+    error = _refusal(ours["pinned"], lora["second"])
+    assert f"its identity {_identity(lora['second'])} is not the expected {_identity(lora['good'])}" in error
+
+
+def test_an_evicted_adapter_is_checked_again_when_read_again(offline, lora):
+    _, ours, _ = offline
+    good = ours["good"]["tokens"]
+    assert ours["evicted_first"]["tokens"] == good
+    assert ours["second"]["tokens"] != good  # max_cpu_loras = 1: reading second evicted it
+    error = _refusal(ours["evicted_tampered"], lora["evicted"])
+    assert f"tensor '{TAMPERED_LORA_B}' differs from the manifest" in error
+    assert ours["evicted_restored"]["tokens"] == good
+
+
+def test_refusals_cost_the_request_only(offline, lora):
+    auto, ours, log = offline
+    error = ours["add_tampered"]["error"]  # an explicit add_lora fails that call, with the worker's line
+    assert f"ckptpub: refusing to serve adapter {lora['tampered']}: tensor '{TAMPERED_LORA_B}'" in error
+    assert ours["second_after"]["tokens"] == auto["second"]["tokens"]
+    assert ours["base_after"]["tokens"] == auto["base"]["tokens"]
+    assert "EngineDeadError" not in log
+
+
+# -- the OpenAI server ---------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> tuple[int, dict | str]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            text = response.read().decode()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        text, status = error.read().decode(), error.code
+    try:
+        return status, json.loads(text)
+    except json.JSONDecodeError:
+        return status, text
+
+
+@pytest.fixture(scope="module")
+def server(lora, offline, tmp_path_factory):
+    """``python -m vllm.entrypoints.openai.api_server`` with ``--lora-modules`` and runtime loading.
+
+    It opts out of the manifest requirement, so an adapter without one is served
+    unverified (with a warning); every other check stays on.
+    """
+    root = tmp_path_factory.mktemp("server")
+    port = _free_port()
+    log_path = root / "server.log"
+    extra = {"adapter_require_manifest": False}
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", lora["base"], "--load-format", "manifest_cache",
+        "--model-loader-extra-config", json.dumps(extra),
+        "--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"good={lora['good']}",
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    for option, value in TINY_ENGINE.items():  # the offline engines' settings, as flags
+        command += [f"--{option.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, log_path.read_text()[-6000:]
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, log_path.read_text()[-6000:]
+                time.sleep(1)
+        yield url, log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _complete(url: str, model: str) -> tuple[int, dict | str]:
+    body = {"model": model, "prompt": "the quick brown fox", "max_tokens": 8, "temperature": 0.0}
+    return _post(f"{url}/v1/completions", body | {"return_token_ids": True})
+
+
+def _tokens(answer: tuple[int, dict | str]) -> list[int]:
+    status, body = answer
+    assert status == 200, answer
+    assert isinstance(body, dict)
+    return body["choices"][0]["token_ids"]
+
+
+def _load(url: str, name: str, path: str) -> tuple[int, dict | str]:
+    return _post(f"{url}/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+
+def test_the_server_serves_a_verified_adapter_and_refuses_a_bad_one_per_call(server, offline, lora):
+    url, log_path = server
+    auto, _, _ = offline
+    assert _tokens(_complete(url, "good")) == auto["good"]["tokens"]
+    expected = {
+        "tampered": f"tensor '{TAMPERED_LORA_B}' differs from the manifest",
+        "wrong_base": f"it was trained on base {_identity(lora['other_base'])}, but this engine serves base "
+        f"{_identity(lora['base'])}",
+    }
+    for name, reason in expected.items():
+        status, body = _load(url, name, lora[name])
+        assert status == 500, (status, body)
+        # vLLM writes "<path>" for paths in what a client sees; the server's log has the whole line.
+        assert f"ckptpub: refusing to serve adapter <path>: {reason}" in body["error"]["message"], body
+        assert f"ckptpub: refusing to serve adapter {lora[name]}: {reason}" in log_path.read_text()
+    # Opted out of the manifest requirement: served unverified, with a warning naming it.
+    assert _load(url, "nomanifest", lora["nomanifest"])[0] == 200
+    assert _tokens(_complete(url, "nomanifest")) == auto["good"]["tokens"]
+    assert f"adapter {lora['nomanifest']} has no ckptpub.json and adapter_require_manifest is false" in (
+        log_path.read_text()
+    )
+    assert _tokens(_complete(url, lora["base"])) == auto["base"]["tokens"]
+
+
+def test_the_server_refuses_a_request_whose_evicted_adapter_changed_then_answers_on(server, offline, lora):
+    url, log_path = server
+    auto, _, _ = offline
+    evictable = shutil.copytree(lora["good"], str(log_path.parent / "evictable"))
+    assert _load(url, "evictable", evictable)[0] == 200
+    assert _tokens(_complete(url, "evictable")) == auto["good"]["tokens"]
+    assert _load(url, "second", lora["second"])[0] == 200  # max_cpu_loras = 1: this evicts "evictable"
+    assert _tokens(_complete(url, "second")) == auto["second"]["tokens"]
+    flip_bit(os.path.join(evictable, "adapter_model.safetensors"), TAMPERED_LORA_B)
+    status, body = _complete(url, "evictable")  # read again at admission, checked again
+    assert status == 500, (status, body)
+    reason = f"tensor '{TAMPERED_LORA_B}' differs from the manifest"
+    assert f"ckptpub: refusing to serve adapter <path>: {reason}" in body["error"]["message"], body
+    assert f"ckptpub: refusing to serve adapter {evictable}: {reason}" in log_path.read_text()
+    assert _tokens(_complete(url, "second")) == auto["second"]["tokens"]
+    assert _tokens(_complete(url, lora["base"])) == auto["base"]["tokens"]
+    assert _tokens(_complete(url, "good")) == auto["good"]["tokens"]

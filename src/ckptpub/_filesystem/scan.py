@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from .._format.manifest import MANIFEST_NAME
 from ..errors import CkptpubError
+from .hub_cache import is_cached_blob
 
 #: Prefix and suffix of the temporary files an atomic manifest write uses.
 TEMP_PREFIX = "." + MANIFEST_NAME + "."
@@ -143,7 +144,9 @@ def _file_entry(root: str, relative: str, child: os.DirEntry[bytes]) -> FolderEn
     try:
         if child.is_symlink():
             real_path = os.path.realpath(real_path)
-            if os.path.commonpath([root, real_path]) != root or real_path == root:
+            if is_cached_blob(root, real_path):
+                pass  # a file of a model in the Hugging Face cache: its blob
+            elif os.path.commonpath([root, real_path]) != root or real_path == root:
                 raise CkptpubError(f"{relative}: symlink points outside the checkpoint folder")
             if os.path.dirname(real_path) == root and is_ckptpub_file(os.path.basename(real_path)):
                 raise CkptpubError(

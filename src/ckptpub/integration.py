@@ -13,13 +13,30 @@ same way:
 * ``base_of(manifest)``: the base identity a manifest records (a fine-tune's or an
   adapter's parent), or None;
 * ``layout_in_memory(data, display_name)``: the tensors of a whole safetensors file held
-  in memory, with the header checks publishing applies (``CkptpubError`` otherwise).
+  in memory, with the header checks publishing applies (``CkptpubError`` otherwise);
+* ``resolve_inside(root, link, display_name)``: where a symlink of the real folder
+  ``root`` may lead (inside it, or into the blobs of the cached model whose snapshot it
+  is), the rule publishing applies; ``CkptpubError`` otherwise;
+* ``locate(name, revision)``: the folder a model's name means (a path that exists, or a
+  hub id's snapshot in the Hugging Face cache, resolved offline by huggingface_hub), and
+  ``cached_model(folder)``: a real folder as a cached model (hub id, commit), or None.
 """
 
 from ._filesystem import jsonfiles
+from ._filesystem.hub_cache import cached_model, locate
+from ._filesystem.scan import resolve_inside
 from ._format.manifest import check_identity
 from ._format.safetensors import layout_in_memory
 from ._format.strict_json import loads_strict
 from ._operations.explain import base_of
 
-__all__ = ["base_of", "check_identity", "jsonfiles", "layout_in_memory", "loads_strict"]
+__all__ = [
+    "base_of",
+    "cached_model",
+    "check_identity",
+    "jsonfiles",
+    "layout_in_memory",
+    "loads_strict",
+    "locate",
+    "resolve_inside",
+]

@@ -179,12 +179,15 @@ def copy_checkpoint(source: Path, target: Path) -> Path:
     return target
 
 
-def run_cli(*args: object, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m ckptpub`` as a real subprocess and capture its output."""
+def run_cli(
+    *args: object, timeout: float = 120, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``python -m ckptpub`` as a real subprocess and capture its output (``env`` added to ours)."""
     return subprocess.run(
         [sys.executable, "-m", "ckptpub", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
     )

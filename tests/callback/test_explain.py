@@ -186,7 +186,8 @@ def test_unpublished_base_warns_once_and_ls_marks_a_resave(tiny, tokenizer, tmp_
     warnings = [r.getMessage() for r in caplog.records if r.name == "ckptpub"]
     assert warnings == [
         f"ckptpub: the base model {base} has no ckptpub.json, so this run's checkpoints will record "
-        f"no base_identity; publish it before training: ckptpub publish {base}"
+        f"no base_identity; publish it before training: ckptpub publish {base}, or pass "
+        "PublishCallback(publish_base=True) to publish it in the background"
     ]
     lines = cli("ls", tmp_path / "run", expect=0)
     assert [line.split()[-2:] for line in lines[1:]] == [["-", "checkpoint-5"], ["=prev", "checkpoint-10"]]

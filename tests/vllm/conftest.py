@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("vllm")
 ckptpub = pytest.importorskip("ckptpub")
 
-from vllm_engine_helpers import TAMPERED_TENSOR, run_engines, same_size_edit  # noqa: E402
+from vllm_engine_helpers import TAMPERED_TENSOR, hub_env, run_engines, same_size_edit  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +73,39 @@ def models(tmp_path_factory) -> dict[str, str]:
     }
 
 
+@pytest.fixture(scope="session")
+def hub_home(models, tmp_path_factory) -> dict[str, str]:
+    """An ``HF_HOME`` whose cache holds v1's files as three models: ``acme/tiny-qwen3`` (published by
+    hub id), ``acme/tampered`` (published, then one tensor zeroed in its blob: same header, same
+    sizes) and ``acme/unpublished``. Keys: ``home`` and each hub id's snapshot."""
+    from ckptpub_vllm.testing import find_tensor_file, tensor_location
+    from hf_cache import cache_model
+
+    home = str(tmp_path_factory.mktemp("hf"))
+    snapshots = {
+        repo: cache_model(home, repo, models["nomanifest"])
+        for repo in ("acme/tiny-qwen3", "acme/tampered", "acme/unpublished")
+    }
+    for repo in ("acme/tiny-qwen3", "acme/tampered"):
+        ckptpub.publish(snapshots[repo])
+    # Each repository has blobs of its own: zeroing acme/tampered's leaves the others as they were.
+    blob = os.path.realpath(find_tensor_file(snapshots["acme/tampered"], TAMPERED_TENSOR))
+    start, end = tensor_location(blob, TAMPERED_TENSOR)
+    with open(blob, "r+b") as f:
+        f.seek(start)
+        f.write(bytes(end - start))
+    return {"home": home, **snapshots}
+
+
+#: Engine jobs on hub ids (model, load format, extra config), run in the same runner as the rest.
+HUB_JOBS = {
+    "hub_auto": ("acme/tiny-qwen3", "auto", {}),
+    "hub_manifest": ("acme/tiny-qwen3", "manifest_cache", {}),
+    "hub_tampered": ("acme/tampered", "manifest_cache", {}),
+    "hub_unpublished": ("acme/unpublished", "manifest_cache", {}),
+}
+
+
 ENGINE_JOBS = {
     "v1_auto": ("v1", "auto", {}),
     "v1_manifest": ("v1", "manifest_cache", {}),
@@ -93,7 +126,7 @@ ENGINE_JOBS = {
 
 
 @pytest.fixture(scope="session")
-def engine_results(models) -> tuple[dict[str, dict], str]:
+def engine_results(models, hub_home) -> tuple[dict[str, dict], str]:
     """All engine jobs above, run in one subprocess (in-process engine cores)."""
     pinned = {"expect_identity": ckptpub.read_manifest(models["v1"]).identity}
     all_jobs = dict(
@@ -102,7 +135,8 @@ def engine_results(models) -> tuple[dict[str, dict], str]:
         republished_pinned=("republished", "manifest_cache", pinned),
         nomanifest_pinned=("nomanifest", "manifest_cache", dict(pinned, require_manifest=False)),
     )
-    names = list(all_jobs)
+    names = list(all_jobs) + list(HUB_JOBS)
     jobs = [{"model": models[m], "load_format": fmt, "extra": extra} for m, fmt, extra in all_jobs.values()]
-    results, log = run_engines(jobs)
+    jobs += [{"model": m, "load_format": fmt, "extra": extra} for m, fmt, extra in HUB_JOBS.values()]
+    results, log = run_engines(jobs, env=hub_env(hub_home))
     return dict(zip(names, results, strict=True)), log

@@ -6,10 +6,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -30,6 +36,12 @@ TINY_ENGINE = {
     "kv_cache_memory_bytes": 64 << 20,
     "seed": 0,
 }
+
+
+def hub_env(hub_home: dict[str, str]) -> dict[str, str]:
+    """The environment of an engine serving hub ids from the tests' cache (``hub_home``), offline: vLLM
+    then hands the loader the snapshot path; folders given as paths are unaffected."""
+    return {"HF_HOME": hub_home["home"], "HF_HUB_OFFLINE": "1"}
 
 
 def same_size_edit(path: str, old: bytes, new: bytes) -> None:
@@ -59,3 +71,67 @@ def run_engines(jobs: list[dict], env: dict | None = None, timeout: int = 600) -
     ]
     assert len(results) == len(jobs), f"runner failed (rc {proc.returncode}):\n{log[-4000:]}"
     return results, log
+
+
+@contextlib.contextmanager
+def api_server(args: list[str], log_path: Path, env: dict | None = None) -> Iterator[str]:
+    """``python -m vllm.entrypoints.openai.api_server ARGS`` with the tiny engine's settings, on a free
+    port; yields its URL once ``/health`` answers, and stops it afterwards (its output in ``log_path``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
+    for option, value in TINY_ENGINE.items():  # the offline engines' settings, as flags
+        command += [f"--{option.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, log_path.read_text()[-6000:]
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, log_path.read_text()[-6000:]
+                time.sleep(1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def post(url: str, body: dict) -> tuple[int, dict | str]:
+    """POST ``body`` as JSON; the status and the decoded answer (its text when it is not JSON)."""
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            text = response.read().decode()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        text, status = error.read().decode(), error.code
+    try:
+        return status, json.loads(text)
+    except json.JSONDecodeError:
+        return status, text
+
+
+def complete(url: str, model: str, prompt: str = "the quick brown fox") -> tuple[int, dict | str]:
+    """A greedy completion of 8 tokens, with the token ids in the answer."""
+    body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "return_token_ids": True}
+    return post(f"{url}/v1/completions", body)
+
+
+def completion_tokens(answer: tuple[int, dict | str]) -> list[int]:
+    status, body = answer
+    assert status == 200, answer
+    assert isinstance(body, dict)
+    return body["choices"][0]["token_ids"]

@@ -12,10 +12,11 @@ import os
 import sys
 from typing import Any
 
+from .._filesystem.hub_cache import HUB_KEY
 from .._format.canonical import canonical_json
 from .._format.manifest import Manifest
 from .._operations.diff import ManifestDiff
-from .._operations.explain import base_of
+from .._operations.explain import base_hub_of, base_of, hub_name
 from .._operations.verify import Problem, VerifyReport
 from .._runs.runview import RunEntry
 from ..errors import one_line
@@ -45,14 +46,16 @@ def print_diff_lines(difference: ManifestDiff, a: Manifest, b: Manifest) -> None
         adapter, base, side = (b, a, "b") if relation == "adapter_on_a" else (a, b, "a")
         skip = "removed" if side == "b" else "added"
         print(
-            f"lineage  {side} is an adapter on {'a' if side == 'b' else 'b'} ({short(base.identity)}): "
+            f"lineage  {side} is an adapter on {'a' if side == 'b' else 'b'} "
+            f"({_with_hub(short(base.identity), base_name(adapter, base))}): "
             f"its {adapter.model_tensor_count or adapter.tensor_count} tensors apply on top of that base"
         )
     elif relation in ("from_a", "from_b"):
         child, parent = ("b", "a") if relation == "from_a" else ("a", "b")
-        print(f"lineage  {child} records {parent} as its base")
+        name = base_name(b, a) if relation == "from_a" else base_name(a, b)
+        print(f"lineage  {child} records {parent}{f' ({short_hub(name)})' if name else ''} as its base")
     elif relation == "same_base":
-        print(f"lineage  a and b record the same base {short(base_of(a))}")
+        print(f"lineage  a and b record the same base {_with_hub(short(base_of(a)), base_hub_of(a))}")
     whats = {c.what for c in difference.tensor_changes}
     everything = (
         not difference.added
@@ -91,7 +94,8 @@ def print_tree(roots: list[dict[str, Any]], as_json: bool) -> None:
         return
     for root in roots:
         base = root["base_identity"]
-        print(f"base {short(base)} (not in this run)" if base else "(no base recorded)")
+        name = _with_hub(short(base), root.get("base_hub"))
+        print(f"base {name} (not in this run)" if base else "(no base recorded)")
         _print_children(root["children"], "")
 
 
@@ -125,6 +129,22 @@ def print_verify_lines(report: VerifyReport, *, quiet: bool) -> None:
                 else f"{p.kind}: {one_line(p.detail)}"
             )
             print(f"{one_line(path)}: FAILED ({what})")
+
+
+def base_name(child: Manifest, base: Manifest) -> str | None:
+    """The base by hub id and short commit: as the child recorded it, or as the base's own manifest says."""
+    return base_hub_of(child) or hub_name(base.provenance.get(HUB_KEY))
+
+
+def _with_hub(text: str, hub: str | None) -> str:
+    """``text``, then the hub name when there is one (``short_hub``)."""
+    return f"{text} {short_hub(hub)}" if hub else text
+
+
+def short_hub(hub: str) -> str:
+    """``org/name@<12 hex of the commit>``, on one line (provenance is untrusted text)."""
+    repo_id, _, revision = hub.rpartition("@")
+    return one_line(f"{repo_id}@{revision[:12]}")
 
 
 def manifest_summary(manifest: Manifest, folder: str) -> dict[str, Any]:
@@ -164,6 +184,8 @@ def diff_json(difference: ManifestDiff, a: Manifest, b: Manifest) -> dict[str, A
         "identity_b": difference.identity_b,
         "base_identity_a": base_of(a),
         "base_identity_b": base_of(b),
+        "base_hub_a": base_hub_of(a),
+        "base_hub_b": base_hub_of(b),
         "relation": difference.relation,
         "changed": list(difference.changed),
         "added": list(difference.added),

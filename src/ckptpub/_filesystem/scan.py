@@ -4,7 +4,8 @@ Every regular file below the folder counts, except the manifest itself and the
 temporary files ckptpub writes next to it (regular files only: a folder with such a
 name counts with everything in it). Names are read as bytes and decoded as strict
 UTF-8, so the same folder gives the same manifest in every locale. A symlink counts as the file it points
-to only when that file is inside the folder; one that leaves the folder, loops,
+to only when that file is inside the folder, or is a blob of the cached model whose snapshot the
+folder is (``resolve_inside``); one that leaves the folder, loops,
 or points at anything but a regular file makes the folder unusable rather than
 being skipped, since skipping would let a manifest silently ignore part of a model.
 """
@@ -18,6 +19,7 @@ from typing import NamedTuple
 
 from .._format.manifest import MANIFEST_NAME
 from ..errors import CkptpubError
+from .hub_cache import is_cached_blob
 
 #: Prefix and suffix of the temporary files an atomic manifest write uses.
 TEMP_PREFIX = "." + MANIFEST_NAME + "."
@@ -83,6 +85,24 @@ def is_temp_name(name: str) -> bool:
     return name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX)
 
 
+def resolve_inside(root: str, link: str, display_name: str) -> str:
+    """Where the symlink ``link`` of the real folder ``root`` leads, if a symlink may lead there.
+
+    Inside ``root`` (not ``root`` itself), and not the manifest, the signature or a
+    temporary file at its top, which publishing replaces; or, for a snapshot of a
+    model in the Hugging Face cache, a blob of that cached model
+    (``hub_cache.is_cached_blob``). ``CkptpubError`` otherwise.
+    """
+    target = os.path.realpath(link)
+    if is_cached_blob(root, target):
+        return target
+    if os.path.commonpath([root, target]) != root or target == root:
+        raise CkptpubError(f"{display_name}: symlink points outside the checkpoint folder")
+    if os.path.dirname(target) == root and is_ckptpub_file(os.path.basename(target)):
+        raise CkptpubError(f"{display_name}: symlink points at {MANIFEST_NAME}, which publishing replaces")
+    return target
+
+
 def scan_folder(root: str) -> list[FolderEntry]:
     """All files that count in the real folder ``root``, sorted by path."""
     entries: list[FolderEntry] = []
@@ -142,13 +162,7 @@ def _file_entry(root: str, relative: str, child: os.DirEntry[bytes]) -> FolderEn
     real_path = os.fsdecode(child.path)
     try:
         if child.is_symlink():
-            real_path = os.path.realpath(real_path)
-            if os.path.commonpath([root, real_path]) != root or real_path == root:
-                raise CkptpubError(f"{relative}: symlink points outside the checkpoint folder")
-            if os.path.dirname(real_path) == root and is_ckptpub_file(os.path.basename(real_path)):
-                raise CkptpubError(
-                    f"{relative}: symlink points at {MANIFEST_NAME}, which publishing replaces"
-                )
+            real_path = resolve_inside(root, real_path, relative)
             info = os.lstat(real_path)
         else:
             info = child.stat(follow_symlinks=False)

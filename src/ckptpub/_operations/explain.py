@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
+from .._filesystem.hub_cache import BASE_HUB_KEY
 from .._filesystem.model_files import read_config
 from .._format.canonical import canonical_json
 from .._format.config_meaning import WRITTEN_BY, meaning, same_rule
@@ -232,6 +233,22 @@ def base_of(manifest: Manifest) -> str | None:
     """The recorded base identity (``provenance.base_identity``), if it is a string."""
     base = manifest.provenance.get("base_identity")
     return base if isinstance(base, str) else None
+
+
+def hub_name(record: object) -> str | None:
+    """``org/name@<commit>`` of a hub record (``provenance.hub``: the model itself in the Hugging Face
+    cache; ``base_hub``: its base), or None for anything else."""
+    if not isinstance(record, dict):
+        return None
+    repo_id, revision = record.get("repo_id"), record.get("revision")
+    if not isinstance(repo_id, str) or not isinstance(revision, str):
+        return None
+    return f"{repo_id}@{revision}"
+
+
+def base_hub_of(manifest: Manifest) -> str | None:
+    """The recorded base by hub id and commit (``provenance.base_hub``), if there is one."""
+    return hub_name(manifest.provenance.get(BASE_HUB_KEY))
 
 
 def relation(a: Manifest, b: Manifest) -> str | None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._filesystem.hub_cache import HUB_KEY, CachedModel, cached_model, locate
 from .._filesystem.jsonfiles import write_atomically
 from .._filesystem.model_files import config_digests, is_shard_path, read_layout, weight_files
 from .._filesystem.read import read_manifest
@@ -135,7 +136,7 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
             f"or pass --allow-no-weights (allow_no_weights=True) for a layout without safetensors weights"
         )
     config = config_digests(by_path, FORMAT)
-    provenance = _provenance(options.provenance)
+    provenance = _provenance(options.provenance, cached_model(root))
     spans = list(_spans(entries, layouts))
     if options.signer is not None:  # a signature lists each file's SHA-256: from the same reads
         span_digests, file_sha256 = options.hashing.file_digests(spans)
@@ -205,10 +206,16 @@ def publish(
     the key is loaded before anything is hashed or written.
 
     ``base`` and ``adapter`` record lineage for a merged or converted model: each
-    is a published checkpoint folder or an identity (``blake3:<64 hex>``), recorded
-    as ``provenance.base_identity`` / ``provenance.adapter_identity`` (they override
-    those keys of ``provenance``). A folder without a manifest is refused: publish
-    the base first, so the record names bytes someone can check.
+    is a published checkpoint folder, a published model's hub id in the Hugging Face
+    cache (``org/name``, ``org/name@REVISION``) or an identity (``blake3:<64 hex>``),
+    recorded as ``provenance.base_identity`` / ``provenance.adapter_identity`` (they
+    override those keys of ``provenance``), and a cached model also by its hub id and
+    commit (``base_hub`` / ``adapter_hub``). A folder without a manifest is refused:
+    publish the base first, so the record names bytes someone can check.
+
+    ``folder`` may be a snapshot in the Hugging Face cache: its files are symlinks
+    into the cached repository's blobs, which are read and never changed; the manifest
+    then also records the model's hub id and commit (``provenance.hub``).
 
     Refuses (``CkptpubError``) what ``build_manifest`` refuses. A manifest that
     landed but after which the folder's modification time could not be restored
@@ -266,16 +273,22 @@ def _with_lineage(provenance: Any, **links: Any) -> Any:
         return provenance  # _Options.checked refuses it with its usual message
     merged = dict(provenance or {})
     for name, value in given.items():
-        merged[f"{name}_identity"] = _identity_of(value, name)
+        identity, cached = lineage_of(value, name)
+        merged[f"{name}_identity"] = identity
+        if cached is not None:  # ``base_hub``: the base by its hub id and commit
+            merged[f"{name}_hub"] = cached.record()
     return merged
 
 
-def _identity_of(value: Any, what: str) -> str:
+def lineage_of(value: Any, what: str) -> tuple[str, CachedModel | None]:
+    """The identity of ``value`` (an identity, a published folder, or a published model's hub id), and
+    the cached model it is when it is one (so a record can name it by hub id and commit)."""
     if isinstance(value, str) and value.startswith(DIGEST_PREFIX):
-        return check_identity(value, what)
+        return check_identity(value, what), None
     path = as_path(value, what)
     try:
-        return read_manifest(path).identity
+        folder = locate(path)
+        return read_manifest(folder).identity, cached_model(os.path.realpath(folder))
     except CkptpubError as error:
         raise CkptpubError(f"{what}: {error} (publish it first: ckptpub publish {path})") from None
 
@@ -309,9 +322,13 @@ def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]) -> It
             yield Span(entry.real_path, base + t.begin, base + t.end, entry.path, identity, t.name)
 
 
-def _provenance(extra: Mapping[str, Any] | None) -> dict[str, Any]:
+def _provenance(extra: Mapping[str, Any] | None, cached: CachedModel | None) -> dict[str, Any]:
+    """The caller's provenance, with ckptpub's version, the time and, for a model in the Hugging Face
+    cache, its hub id and commit (``hub``)."""
     try:
         provenance: dict[str, Any] = dict(extra or {})
+        if cached is not None:
+            provenance.setdefault(HUB_KEY, cached.record())
         producer = dict(provenance.get("producer") or {})
         producer["ckptpub"] = __version__
         provenance["producer"] = producer

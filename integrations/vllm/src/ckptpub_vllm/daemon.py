@@ -65,13 +65,13 @@ def _upgrade_load_format(vllm_config: Any) -> None:
     from vllm.config import VllmConfig
 
     from . import LOAD_FORMAT
-    from .key import has_manifest
+    from .key import folder_of, has_manifest
     from .log import logger
 
     if not isinstance(vllm_config, VllmConfig):
         return
     load_config = vllm_config.load_config
-    folder = vllm_config.model_config.model
+    folder = folder_of(vllm_config.model_config.model, vllm_config.model_config.revision)
     if (
         load_config.load_format in _PLAIN_FORMATS
         and not load_config.model_loader_extra_config

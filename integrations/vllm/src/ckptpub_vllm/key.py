@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable, Iterator
 
 import ckptpub
-from ckptpub.integration import FORMATS, loads_strict
+from ckptpub.integration import FORMATS, loads_strict, locate
 
 from .errors import RefusedError
 from .folder_reads import UnreadableError, read_prefix
@@ -51,6 +51,19 @@ def checked(folder: str, manifest: ckptpub.Manifest) -> Iterator[None]:
         yield
     finally:
         _checked.pop(folder, None)
+
+
+def model_folder(model: str, revision: str | None = None) -> str:
+    """The folder vLLM's ``model`` names: that path when it exists (with ``HF_HUB_OFFLINE=1`` vLLM
+    hands over a hub id's snapshot path), else the hub id's snapshot at ``revision`` in the Hugging
+    Face cache, resolved offline by huggingface_hub (``ckptpub.integration.locate``). A hub id that is
+    not in the cache is refused: nothing there could be checked."""
+    if os.path.lexists(model):
+        return model
+    try:
+        return locate(model, revision)
+    except ckptpub.CkptpubError as error:
+        raise RefusedError(model, str(error)) from None
 
 
 def has_manifest(folder: str) -> bool:
@@ -83,7 +96,7 @@ def checkpoint_key(model: str) -> str | None:
     """Drop-in replacement for vLLM's ``protocol.hash_checkpoint``."""
     manifest = None
     if isinstance(model, str):
-        manifest = _checked.get(model) or read_folder_manifest(model)
+        manifest = _checked.get(model) or read_folder_manifest(folder_of(model))
     if manifest is not None:
         if (model, manifest.identity) not in _logged:
             _logged.add((model, manifest.identity))
@@ -128,6 +141,16 @@ def older_format_keys(folder: str, manifest: ckptpub.Manifest) -> Iterator[str]:
             yield manifest.identity_in(version, configs)
         except (ckptpub.CkptpubError, ValueError, RecursionError):
             continue
+
+
+def folder_of(model: str, revision: str | None = None) -> str:
+    """The folder whose manifest speaks for ``model``: as ``model_folder`` finds it, or ``model`` itself
+    when that finds none, so an engine or daemon that does not ask for ``manifest_cache`` keeps vLLM's
+    own behaviour (``hash_checkpoint`` is handed the model alone: the default revision)."""
+    try:
+        return model_folder(model, revision)
+    except RefusedError:
+        return model
 
 
 def original_hash_checkpoint() -> Callable[[str], str | None]:

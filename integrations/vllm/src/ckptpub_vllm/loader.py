@@ -51,12 +51,15 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
     weight-cache daemon's) waits for its hashes before returning.
     """
 
-    def __init__(self, load_config: LoadConfig, manifest: ckptpub.Manifest | None, options: Options) -> None:
+    def __init__(
+        self, load_config: LoadConfig, manifest: ckptpub.Manifest | None, options: Options, folder: str
+    ) -> None:
         super().__init__(load_config)
         self.manifest = manifest
         self.options = options
+        self.folder = folder  # where the checkpoint is: vLLM's model, or the snapshot its hub id names
         self.verifier: StreamVerifier | None = None
-        self._folder: str | None = None
+        self._source: str | None = None
         self._started = 0.0
         self._finish_after_post_processing = False
 
@@ -82,11 +85,11 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
                 )
             super().load_weights(model, model_config)
             return
-        self._folder = model_config.model
+        self._source = model_config.model
         self._started = time.perf_counter()
-        check_shards_are_files(model_config.model)
+        check_shards_are_files(self.folder)
         self.verifier = StreamVerifier(
-            model_config.model,
+            self.folder,
             self.manifest,
             threads=self.options.hash_threads,
             max_pending_mib=self.options.max_pending_mib,
@@ -120,7 +123,7 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
         weights: Iterator[tuple[str, torch.Tensor]] = super()._get_weights_iterator(source)
         if self.verifier is None:
             return weights
-        if source.model_or_path != self._folder or source.prefix or source.subfolder:
+        if source.model_or_path != self._source or source.prefix or source.subfolder:
             logger.warning(
                 "ckptpub: weights from %s (prefix %r) are not covered by the manifest",
                 source.model_or_path,
@@ -157,15 +160,15 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         self.options, rest = split_extra_config(load_config.model_loader_extra_config)
         super().__init__(dataclasses.replace(load_config, model_loader_extra_config=rest))
         self._manifest: ckptpub.Manifest | None = None
-        self._folder: str | None = None
+        self._folder = ""
 
     def _prepare(self, model_config: ModelConfig) -> ckptpub.Manifest | None:
-        self._folder = model_config.model
-        self._manifest = check_before_start(model_config.model, self.options)
+        self._folder = key.model_folder(model_config.model, model_config.revision)
+        self._manifest = check_before_start(self._folder, self.options)
         return self._manifest
 
     def _disk_loader(self, manifest: ckptpub.Manifest | None) -> VerifyingDiskLoader:
-        return VerifyingDiskLoader(self._fallback_load_config(), manifest, self.options)
+        return VerifyingDiskLoader(self._fallback_load_config(), manifest, self.options, self._folder)
 
     # -- vLLM's entry points ---------------------------------------------------------------
     def get_external_weight_memory(self, vllm_config: VllmConfig) -> int:
@@ -178,7 +181,7 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         with refusals_logged():
             model = self._load_model(vllm_config, model_config, prefix)
         if vllm_config.lora_config is not None:
-            adapters.serve_base(model, model_config.model, self._manifest, self.options)
+            adapters.serve_base(model, self._folder, self._manifest, self.options)
         return model
 
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
@@ -243,7 +246,7 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         return state
 
     def _older_keys(self) -> Iterator[str]:
-        if self._manifest is None or self._folder is None:
+        if self._manifest is None or not self._folder:
             return iter(())
         return key.older_format_keys(self._folder, self._manifest)
 

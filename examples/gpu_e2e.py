@@ -34,6 +34,9 @@ import subprocess
 import sys
 import time
 
+# The tiny model's one builder and the tensor helpers live with the tests: run from a checkout.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
 ENGINE = dict(
     dtype="bfloat16", max_model_len=128, enforce_eager=True, max_num_seqs=2, gpu_memory_utilization=0.15
 )
@@ -134,7 +137,7 @@ def cuda_available(program: str) -> bool:
 def negate_tensor(folder: str, name: str = "model.norm.weight") -> None:
     """Same header, same size, different values: the case header-only keys cannot tell apart."""
     import torch
-    from ckptpub_vllm.testing import find_tensor_file, tensor_location
+    from support.safetensors_files import find_tensor_file, tensor_location
 
     path = find_tensor_file(folder, name)
     start, end = tensor_location(path, name)
@@ -152,7 +155,7 @@ def main() -> int:
     if not cuda_available("gpu_e2e"):
         return 2
 
-    from ckptpub_vllm.testing import build_tiny_qwen3
+    from support.tiny_model import build_tiny_qwen3
 
     import ckptpub
 

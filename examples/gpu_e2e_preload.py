@@ -120,7 +120,7 @@ def main() -> int:
         return 2
 
     from ckptpub_vllm.preload.status import read_decisions
-    from ckptpub_vllm.testing import build_tiny_qwen3
+    from support.tiny_model import build_tiny_qwen3  # gpu_e2e put tests/ on the path
 
     import ckptpub
 

@@ -2,7 +2,10 @@
 
 ``publish(folder, sign=SigningKey(...))`` (or a private key's path) writes it;
 ``check_signature`` checks it reading only ``model.sig`` and ``ckptpub.json``;
-``verify_signed`` checks it and then every byte. ``model_signing`` is the optional
+``verify_signed`` checks it and then every byte. ``read_trusted_manifest(folder,
+trusted)`` is where "signed or plain" is decided: with a ``TrustedKey`` (from options
+with ``TrustedKey.of``, or ``TrustedKey.from_environment``) only the manifest it signed,
+with None the folder's own. ``model_signing`` is the optional
 ``sign`` extra, imported only when a signature is made or checked. The chain of
 trust is in ``docs/security.md``; the implementation is ``ckptpub._operations.signing``.
 """
@@ -13,7 +16,7 @@ from ._operations.signing import (
     SigningKey,
     TrustedKey,
     check_signature,
-    sign_checkpoint,
+    read_trusted_manifest,
     verify_signed,
 )
 
@@ -23,6 +26,6 @@ __all__ = [
     "SigningKey",
     "TrustedKey",
     "check_signature",
-    "sign_checkpoint",
+    "read_trusted_manifest",
     "verify_signed",
 ]

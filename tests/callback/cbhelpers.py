@@ -1,4 +1,4 @@
-"""Helpers for the callback tests: the tiny offline model, the CLI, folder listings.
+"""Helpers for the callback tests: the CLI, folder listings (the tiny model is ``support.tiny_model``).
 
 Lives in its own module (not conftest.py) so test files can import it by a name no
 other test folder uses (this folder is on pytest's ``pythonpath``, see pyproject.toml).
@@ -11,8 +11,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-import train_tiny  # noqa: F401  (conftest and tests use cbhelpers.train_tiny)
 
 import ckptpub
 

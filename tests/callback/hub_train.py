@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 
-import train_tiny
+from support import tiny_model
 
 
 class Records(logging.Handler):
@@ -31,7 +31,7 @@ def run(job: dict) -> dict:
 
     torch.set_num_threads(1)
     if job["model"] is None:
-        model, tokenizer = train_tiny.build_model(), train_tiny.build_tokenizer()
+        model, tokenizer = tiny_model.build_model(), tiny_model.build_tokenizer()
     else:  # by hub id (or snapshot path), as users load a downloaded base
         model = AutoModelForCausalLM.from_pretrained(job["model"])
         tokenizer = AutoTokenizer.from_pretrained(job["model"])
@@ -39,7 +39,7 @@ def run(job: dict) -> dict:
     logging.getLogger("ckptpub").addHandler(records)
     try:
         callback = PublishCallback(**job["options"])
-        trainer = train_tiny.make_trainer(
+        trainer = tiny_model.make_trainer(
             job["out"], model=model, tokenizer=tokenizer, max_steps=10, save_steps=5, callbacks=[callback]
         )
         trainer.train()

@@ -1,6 +1,6 @@
 """What a user asks of a fine-tune run, answered by ``ckptpub diff``/``show``/``ls``/``log`` in a few lines.
 
-Real Trainer runs of the tiny offline Qwen3 (examples/train_tiny.py) from a base
+Real Trainer runs of the tiny offline Qwen3 (tests/support/tiny_model.py) from a base
 saved and published in the test; every ckptpub command is a real subprocess.
 """
 
@@ -20,12 +20,11 @@ from ckptpub import PublishCallback
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A bf16 base (published), a full fine-tune of it in f32, a LoRA run on it, and the LoRA merged back."""
-    import cbhelpers
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
+    from support import tiny_model as tiny
     from transformers import AutoModelForCausalLM
 
-    tiny = cbhelpers.train_tiny
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as conftest's one_torch_thread does for each test, restored below
     root = tmp_path_factory.mktemp("explain")

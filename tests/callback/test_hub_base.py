@@ -26,12 +26,12 @@ PUBLISHED, CONSENTING, UNPUBLISHED = "acme/published", "acme/consenting", "acme/
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    import train_tiny
+    from support import tiny_model
 
     root = tmp_path_factory.mktemp("hub-runs")
     source = root / "download"
-    train_tiny.build_model().save_pretrained(source)
-    train_tiny.build_tokenizer().save_pretrained(source)
+    tiny_model.build_model().save_pretrained(source)
+    tiny_model.build_tokenizer().save_pretrained(source)
     home = root / "hf"
     snapshots = {repo: cache_model(home, repo, source) for repo in (PUBLISHED, CONSENTING, UNPUBLISHED)}
     env = {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}

@@ -13,7 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from checkpoints import VECTOR_FILES, publish_in_format, raw_shard, run_cli, write_checkpoint, write_files
+from checkpoints import (
+    VECTOR_FILES,
+    forged_tables,
+    publish_in_format,
+    raw_shard,
+    run_cli,
+    write_checkpoint,
+    write_files,
+)
 
 import ckptpub
 from ckptpub._format.manifest import FORMAT, FORMAT_V1, FORMAT_V2, parse_manifest
@@ -70,26 +78,11 @@ def v2_bytes(tmp_path: Path) -> bytes:
     return v2_manifest(write_files(tmp_path / "v", VECTOR_FILES))
 
 
-def reidentified(header: dict, model: bytes, layout: bytes) -> bytes:
-    """A manifest with edited tables whose sizes and identity are recomputed, as a careful forger would."""
-    from ckptpub._format.manifest import FileRecord, identity_of
-    from ckptpub._format.tables import Tables
-
-    header = header | {"tables": {"model": len(model), "layout": len(layout)}}
-    files = [FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in header["files"]]
-    counts = tuple(f["tensors"] for f in header["files"] if "header_size" in f)
-    header["identity"] = identity_of(
-        Tables(model, layout, counts), files, header["weights"], header["config"], FORMAT_V2
-    )
-    return json.dumps(header).encode() + b"\n" + model + layout
-
-
 def edit_model(change: Callable[[list[bytes]], list[bytes]]) -> Callable[[bytes], bytes]:
     def edit(data: bytes) -> bytes:
-        header, tables = split(data)
-        model, layout = tables[: header["tables"]["model"]], tables[header["tables"]["model"] :]
-        lines = model.splitlines(keepends=True)
-        return reidentified(header, b"".join(change(lines)), layout)
+        return forged_tables(
+            data, lambda model, layout: (b"".join(change(model.splitlines(keepends=True))), layout)
+        )
 
     return edit
 
@@ -124,8 +117,12 @@ TABLE_CASES = [
 @pytest.mark.parametrize(
     ("damage", "expected"), [c[1:] for c in TABLE_CASES], ids=[c[0] for c in TABLE_CASES]
 )
-def test_broken_tables_are_refused_when_tensors_are_used(v2_bytes: bytes, damage, expected: str) -> None:
-    manifest = parse_manifest(damage(v2_bytes), "m.json")  # the identity matches the (forged) tables
+def test_broken_tables_are_refused(v2_bytes: bytes, damage, expected: str) -> None:
+    """On reading (the identity matches the forged tables); a reader of the identity alone
+    (``check_tables=False``) is refused when it first uses the tensors."""
+    with pytest.raises(ckptpub.CkptpubError, match=f"^m.json: .*({expected})"):
+        parse_manifest(damage(v2_bytes), "m.json")
+    manifest = parse_manifest(damage(v2_bytes), "m.json", check_tables=False)
     with pytest.raises(ckptpub.CkptpubError, match=f"^m.json: .*({expected})"):
         manifest.tensors  # noqa: B018 - decoding is the check
 
@@ -183,3 +180,26 @@ def test_an_old_format_manifest_still_verifies_and_keeps_its_identity(tmp_path: 
     assert result.returncode == 0, result.stderr
     assert f"identity {reread.identity}" in result.stderr
     assert json.loads(ckptpub.publish(folder).to_json())["format"] == FORMAT
+
+
+def test_a_manifest_that_cannot_be_encoded_is_a_ckptpub_error(tmp_path: Path) -> None:
+    """``to_json`` follows the error model: an unknown format, a config rule the format does not
+    follow, or provenance that is not JSON data."""
+    folder = write_checkpoint(tmp_path / "ckpt")
+    manifest = ckptpub.build_manifest(folder)
+    with pytest.raises(ckptpub.CkptpubError, match="no encoding for manifest format 'ckptpub/9'"):
+        manifest.to_json("ckptpub/9")
+    with pytest.raises(ckptpub.CkptpubError, match="cannot be written as ckptpub/3"):
+        publish_in_format(folder, FORMAT_V2).to_json(FORMAT)
+    for version in (FORMAT, FORMAT_V2, FORMAT_V1):
+        by_hand = ckptpub.Manifest(
+            manifest.identity,
+            manifest.tensors,
+            manifest.files,
+            manifest.weights,
+            manifest.config,
+            {"x": float("inf")},
+            version,
+        )
+        with pytest.raises(ckptpub.CkptpubError, match=f"cannot be encoded as {version}: .*Infinity"):
+            by_hand.to_json(version)

@@ -2,9 +2,9 @@
 
 The vector (tests/vectors/manifest-v3.json) gives a folder's files byte for byte and
 the exact manifest (with empty provenance) a publisher must write for it. The header
-line is rebuilt here from docs/format.md's rule, not from ckptpub's encoder, so a
-forger's manifest (regions edited, sizes and identity recomputed) is what a careful
-attacker would write.
+line is rebuilt by tests/checkpoints.py's ``v3_forged`` from docs/format.md's rule, not
+from ckptpub's encoder, so a forger's manifest (regions edited, sizes and identity
+recomputed) is what a careful attacker would write.
 """
 
 from __future__ import annotations
@@ -17,22 +17,31 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from checkpoints import VECTOR_FILES, raw_shard, run_cli, write_checkpoint, write_files
+from checkpoints import (
+    V3_HEADER_ORDER,
+    VECTOR_FILES,
+    raw_shard,
+    run_cli,
+    v3_forged,
+    v3_parts,
+    write_checkpoint,
+    write_files,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.manifests import replaced
 
 import ckptpub
 from ckptpub._format.canonical import canonical_json
-from ckptpub._format.manifest import FORMAT, FileRecord, identity_of, parse_manifest
-from ckptpub._format.regions import Regions, region_text
+from ckptpub._format.manifest import parse_manifest
+from ckptpub._format.regions import region_text
 
 VECTORS = Path(__file__).parent.parent / "vectors"
 UPDATE = os.environ.get("CKPTPUB_UPDATE_VECTORS") == "1"
-HEADER_ORDER = ("format", "identity", "sizes", "config", "weights", "files", "provenance")
 
 
 def vector_manifest(folder: Path) -> bytes:
-    return ckptpub.build_manifest(folder)._replace(provenance={}).to_json()
+    return replaced(ckptpub.build_manifest(folder), provenance={}).to_json()
 
 
 def test_manifest_vector(tmp_path: Path) -> None:
@@ -84,49 +93,30 @@ def test_json_load_and_jq_read_a_fresh_manifest_with_the_identity_show_prints(pu
     assert names == sorted(names) == sorted(t.name for t in ckptpub.read_manifest(published).tensors)
 
 
-def split(data: bytes) -> tuple[dict, bytes, bytes]:
-    """The header fields, and the two regions' bytes, found by the sizes the first line gives."""
-    line, _, rest = data.partition(b"\n")
-    header = json.loads(line.removesuffix(b',"model":[') + b"}")
-    model = rest[: header["sizes"]["model"]]
-    layout = rest[len(model) + len(b'\n],"layout":[\n') :][: header["sizes"]["layout"]]
-    return header, model, layout
-
-
-def forged(header: dict, model: bytes, layout: bytes) -> bytes:
-    """A manifest with these regions, sizes and identity recomputed, written by docs/format.md's layout."""
-    files = [FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in header["files"]]
-    counts = tuple(f["tensors"] for f in header["files"] if "header_size" in f)
-    identity = identity_of(Regions(model, layout, counts), files, header["weights"], header["config"], FORMAT)
-    header = header | {"sizes": {"model": len(model), "layout": len(layout)}, "identity": identity}
-    line = b"{" + b",".join(b'"%s":%s' % (k.encode(), canonical_json(header[k])) for k in HEADER_ORDER)
-    return line + b',"model":[\n' + model + b'\n],"layout":[\n' + layout + b"\n]}\n"
-
-
 @pytest.fixture
 def v3_bytes(tmp_path: Path) -> bytes:
     return vector_manifest(write_files(tmp_path / "v", VECTOR_FILES))
 
 
 def test_the_forger_in_this_file_writes_what_publish_writes(v3_bytes: bytes) -> None:
-    assert forged(*split(v3_bytes)) == v3_bytes
+    assert v3_forged(*v3_parts(v3_bytes)) == v3_bytes
 
 
 def model_entries(change: Callable[[list[bytes]], list[bytes]]) -> Callable[[bytes], bytes]:
     """Edit the model region's entries (their texts, without the ``,\\n`` between them), then re-identify."""
 
     def edit(data: bytes) -> bytes:
-        header, model, layout = split(data)
-        return forged(header, b",\n".join(change(model.split(b",\n"))), layout)
+        header, model, layout = v3_parts(data)
+        return v3_forged(header, b",\n".join(change(model.split(b",\n"))), layout)
 
     return edit
 
 
 def layout_text(old: bytes, new: bytes) -> Callable[[bytes], bytes]:
     def edit(data: bytes) -> bytes:
-        header, model, layout = split(data)
+        header, model, layout = v3_parts(data)
         assert old in layout
-        return forged(header, model, layout.replace(old, new, 1))
+        return v3_forged(header, model, layout.replace(old, new, 1))
 
     return edit
 
@@ -195,9 +185,12 @@ REGION_CASES = [
 @pytest.mark.parametrize(
     ("damage", "expected"), [c[1:] for c in REGION_CASES], ids=[c[0] for c in REGION_CASES]
 )
-def test_broken_regions_are_refused_when_tensors_are_used(v3_bytes: bytes, damage, expected: str) -> None:
-    """The identity matches the forged regions, so reading (an engine's key) succeeds; using entries fails."""
-    manifest = parse_manifest(damage(v3_bytes), "m.json")
+def test_broken_regions_are_refused(v3_bytes: bytes, damage, expected: str) -> None:
+    """On reading (the identity matches the forged regions); a reader of the identity alone
+    (``check_tables=False``: an engine's key) is refused when it first uses the entries."""
+    with pytest.raises(ckptpub.CkptpubError, match=f"^m.json: .*({expected})"):
+        parse_manifest(damage(v3_bytes), "m.json")
+    manifest = parse_manifest(damage(v3_bytes), "m.json", check_tables=False)
     with pytest.raises(ckptpub.CkptpubError, match=f"^m.json: .*({expected})"):
         manifest.tensors  # noqa: B018 - decoding is the check
 
@@ -233,9 +226,9 @@ def test_layout_rules(v3_bytes: bytes, edit: Callable[[bytes], bytes], expected:
 
 
 def test_a_header_with_its_fields_in_another_order_is_refused(v3_bytes: bytes) -> None:
-    header, model, layout = split(v3_bytes)
+    header, model, layout = v3_parts(v3_bytes)
     line = b"{" + b",".join(
-        b'"%s":%s' % (k.encode(), canonical_json(header[k])) for k in reversed(HEADER_ORDER)
+        b'"%s":%s' % (k.encode(), canonical_json(header[k])) for k in reversed(V3_HEADER_ORDER)
     )
     data = line + b',"model":[\n' + model + b'\n],"layout":[\n' + layout + b"\n]}\n"
     with pytest.raises(ckptpub.CkptpubError, match="must be in its exact layout"):
@@ -320,7 +313,7 @@ def test_nothing_but_ckptpub_error_escapes_from_a_damaged_manifest(data: st.Data
     damaged = data.draw(_mutations(valid))
     if data.draw(st.booleans()):
         with contextlib.suppress(ValueError, KeyError, TypeError):  # a first line no forger could use
-            damaged = forged(*split(damaged))
+            damaged = v3_forged(*v3_parts(damaged))
     with contextlib.suppress(ckptpub.CkptpubError):
         manifest = parse_manifest(damaged)
         manifest.model()

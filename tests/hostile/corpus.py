@@ -20,13 +20,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from checkpoints import flip_byte, locate
+from checkpoints import flip_byte, forged_tables, locate
+from support.manifests import replaced
 
 import ckptpub
 from ckptpub._filesystem.model_files import read_layout
 from ckptpub._format.manifest import (
     FORMAT,
     FORMAT_V1,
+    FORMAT_V2,
     FileRecord,
     Manifest,
     TensorRecord,
@@ -323,13 +325,57 @@ def deep_provenance(depth: int) -> Callable[[Path], None]:
         for _ in range(depth - 1):  # built, not parsed: the test process's own stack is deeper than the CLI's
             value = [value]
         deep = {**manifest.provenance, "deep": value}
-        (folder / "ckptpub.json").write_bytes(manifest._replace(provenance=deep).to_json())
+        (folder / "ckptpub.json").write_bytes(replaced(manifest, provenance=deep).to_json())
 
     return damage
 
 
 def nested(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
+
+
+def forge_tables(
+    edit: Callable[[bytes, bytes], tuple[bytes, bytes]], version: str = FORMAT_V2
+) -> Callable[[Path], None]:
+    """Write the manifest as ``version`` (ckptpub/2: two text tables; ckptpub/3: two JSON regions, as
+    published), then edit its model and layout entries; sizes and identity recomputed to match."""
+
+    def damage(folder: Path) -> None:
+        data = in_format(ckptpub.read_manifest(folder), version)
+        (folder / "ckptpub.json").write_bytes(forged_tables(data, edit))
+
+    return damage
+
+
+def model_line(change: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    """Change the first line of the model table (``name TAB dtype TAB shape TAB digest``)."""
+
+    def edit(model: bytes, layout: bytes) -> tuple[bytes, bytes]:
+        first, rest = model.split(b"\n", 1)
+        return change(first) + b"\n" + rest, layout
+
+    return forge_tables(edit)
+
+
+def field(index: int, change: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
+    """A change of one tab-separated field of a table line."""
+
+    def edit(line: bytes) -> bytes:
+        fields = line.split(b"\t")
+        fields[index] = change(fields[index])
+        return b"\t".join(fields)
+
+    return edit
+
+
+def layout_lines(change: Callable[[list[bytes]], list[bytes]]) -> Callable[[Path], None]:
+    return forge_tables(lambda model, layout: (model, b"".join(change(layout.splitlines(keepends=True)))))
+
+
+def swapped(lines: list[bytes], a: int, b: int) -> list[bytes]:
+    lines = list(lines)
+    lines[a], lines[b] = lines[b], lines[a]
+    return lines
 
 
 _PROBE = """
@@ -1068,6 +1114,100 @@ CASES = [
     ),
 ]
 
+#: ckptpub/2 manifests (the format before today's) whose tables break a rule while the header and
+#: identity agree with them (a careful forger's): every reader must refuse them alike (show and ls as
+#: verify and diff do).
+TABLE_CASES = [
+    Case(
+        "model table unsorted",
+        forge_tables(
+            lambda model, layout: (b"".join(swapped(model.splitlines(keepends=True), 0, 1)), layout)
+        ),
+        True,
+        BAD_MANIFEST,
+        "model table: names are not sorted and unique",
+    ),
+    Case(
+        "model table line of three fields",
+        model_line(lambda line: line.rsplit(b"\t", 1)[0]),
+        True,
+        BAD_MANIFEST,
+        "name, dtype, shape and digest separated by tabs",
+    ),
+    Case(
+        "model table unknown dtype",
+        model_line(field(1, lambda dtype: b"F33")),
+        True,
+        BAD_MANIFEST,
+        "unknown dtype",
+    ),
+    Case(
+        "model table dtype of another width",
+        model_line(field(1, lambda dtype: b"F16")),
+        True,
+        BAD_MANIFEST,
+        "do not add up to the file size",
+    ),
+    Case(
+        "model table digest in capitals",
+        model_line(field(3, bytes.upper)),
+        True,
+        BAD_MANIFEST,
+        "64 lowercase hex digits",
+    ),
+    Case(
+        "model table shape not integers",
+        model_line(field(2, lambda shape: shape + b"x")),
+        True,
+        BAD_MANIFEST,
+        "is not comma-separated non-negative integers",
+    ),
+    Case(
+        "model table name not UTF-8",
+        model_line(field(0, lambda name: b"\xff" + name)),
+        True,
+        BAD_MANIFEST,
+        "model table is not valid UTF-8",
+    ),
+    Case(
+        "model table empty name",
+        model_line(field(0, lambda name: b"")),
+        True,
+        BAD_MANIFEST,
+        "a tensor name is empty",
+    ),
+    Case(
+        "model table without its last newline",
+        forge_tables(lambda model, layout: (model[:-1], layout)),
+        True,
+        BAD_MANIFEST,
+        "line counts do not match",
+    ),
+    Case(
+        "layout names a tensor the model table lacks",
+        layout_lines(lambda lines: [x.replace(b"model.norm.weight", b"model.norm.weigh") for x in lines]),
+        True,
+        BAD_MANIFEST,
+        "is not the name of a model tensor",
+    ),
+    Case(
+        "layout places a tensor twice",
+        layout_lines(lambda lines: [lines[0] if x == b"model.norm.weight\n" else x for x in lines]),
+        True,
+        BAD_MANIFEST,
+        "a tensor name occurs twice",
+    ),
+    # Every rule holds, but the layout lies about where tensors lie: a mismatch for verify; the
+    # model table (what the identity and an engine use, by name) is the true one.
+    Case(
+        "layout lines in another order",
+        layout_lines(lambda lines: swapped(lines, 2, len(lines) - 1)),
+        True,
+        {"publish": 0, "verify": 1, "verify-pinned": 1, "show": 0, "diff": 0},
+    ),
+]
+CASES += TABLE_CASES
+
 RUN_CASES = [
     RunCase("intact run", lambda r: None, 0, ("checkpoint-10", "checkpoint-20"), ()),
     RunCase(
@@ -1107,5 +1247,26 @@ RUN_CASES = [
         2,
         ("checkpoint-10",),
         ("checkpoint-20",),
+    ),
+    RunCase(
+        "manifest of a checkpoint is truncated",
+        lambda r: os.truncate(r / "checkpoint-20" / "ckptpub.json", 100),
+        2,
+        ("checkpoint-10",),
+        ("checkpoint-20",),
+    ),
+    RunCase(
+        "manifest of a checkpoint breaks a table rule",
+        lambda r: TABLE_CASES[0].damage(r / "checkpoint-20"),
+        2,
+        ("checkpoint-10",),
+        ("checkpoint-20",),
+    ),
+    RunCase(
+        "run index is a FIFO",
+        lambda r: os.mkfifo(r / "ckptpub-index.jsonl"),
+        2,
+        ("checkpoint-10", "checkpoint-20"),
+        ("ckptpub-index.jsonl",),
     ),
 ]

@@ -26,7 +26,7 @@ TENSOR = "model.norm.weight"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, keys: dict) -> tuple[dict[str, dict], str]:
-    from ckptpub_vllm.testing import build_tiny_qwen3
+    from support.tiny_model import build_tiny_qwen3
 
     root = tmp_path_factory.mktemp("signed-engine")
     signed = Path(build_tiny_qwen3(str(root / "signed"), max_shard_size="150KB"))

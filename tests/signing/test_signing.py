@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import signhelpers
 from checkpoints import flip_byte, locate, run_cli
+from support.manifests import replaced
 
 import ckptpub
 from ckptpub import signing
@@ -61,7 +62,7 @@ def _edit_manifest(folder: Path) -> None:
     """A valid manifest of the same files whose provenance says another step (not the signed bytes)."""
     manifest = ckptpub.read_manifest(folder)
     (folder / "ckptpub.json").write_bytes(
-        manifest._replace(provenance={**manifest.provenance, "step": 21}).to_json()
+        replaced(manifest, provenance={**manifest.provenance, "step": 21}).to_json()
     )
 
 
@@ -225,11 +226,8 @@ def test_the_bundle_holds_what_model_signing_sign_writes(signed: Path, keys: dic
 
 def test_certificate_chain(signed: Path, certificates: dict) -> None:
     company, other = certificates["company"], certificates["other"]
-    (signed / "model.sig").unlink()
-    manifest = ckptpub.read_manifest(signed)
-    sha256 = {r.path: hashlib.sha256((signed / r.path).read_bytes()).hexdigest() for r in manifest.files}
     key = signing.SigningKey(str(company.private), str(company.certificate), (str(company.root),))
-    signing.sign_checkpoint(str(signed), manifest, sha256, signing.Signer(key))
+    ckptpub.publish(signed, sign=key)
     for root, accepted in ((company.root, True), (other.root, False)):
         result = signhelpers.model_signing_cli(
             "verify", "certificate", signed, "--signature", signed / "model.sig", "--certificate_chain", root
@@ -370,3 +368,25 @@ def test_trusted_key_takes_exactly_one_of_key_or_chain() -> None:
     with pytest.raises(ckptpub.CkptpubError, match="either a public key or a certificate chain"):
         signing.TrustedKey("key.pub", ("root.pem",))
     assert signing.TrustedKey(certificate_chain=[Path("root.pem")]).certificate_chain == ("root.pem",)
+
+
+def test_signed_or_plain_is_decided_by_one_function(signed: Path, keys: dict) -> None:
+    """``read_trusted_manifest``: with a key only what it signed, without one the folder's own manifest."""
+    trusted = signing.TrustedKey.of(str(keys["trainer"].public))
+    assert trusted == signing.TrustedKey(public_key=str(keys["trainer"].public))
+    assert signing.TrustedKey.of(None, ()) is None
+    assert signing.read_trusted_manifest(signed, trusted) == ckptpub.read_manifest(signed)
+    assert signing.read_trusted_manifest(signed, None) == ckptpub.read_manifest(signed)
+    stranger = signing.TrustedKey.of(str(keys["stranger"].public))
+    with pytest.raises(ckptpub.CkptpubError, match=r": not what the trusted key signed: model.sig: "):
+        signing.read_trusted_manifest(signed, stranger)
+    environment = {"CKPTPUB_PUBLIC_KEY": f" {keys['trainer'].public} "}
+    assert signing.TrustedKey.from_environment(environment) == trusted
+    chain = {"CKPTPUB_CERTIFICATE_CHAIN": os.pathsep.join(["a.pem", " ", "b.pem"])}
+    from_chain = signing.TrustedKey.from_environment(chain)
+    assert from_chain == signing.TrustedKey(certificate_chain=("a.pem", "b.pem"))
+    assert signing.TrustedKey.from_environment({}) is None
+    _republish(signed)  # a valid manifest, but not the signed one
+    with pytest.raises(ckptpub.CkptpubError, match=r"ckptpub.json: differs from the one signed"):
+        signing.read_trusted_manifest(signed, trusted)
+    assert signing.read_trusted_manifest(signed, None).identity == ckptpub.read_manifest(signed).identity

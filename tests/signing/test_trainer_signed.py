@@ -17,15 +17,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "callback"))
 import cbhelpers  # noqa: E402
 import signhelpers  # noqa: E402
 from checkpoints import run_cli  # noqa: E402
+from support import tiny_model  # noqa: E402
 
 from ckptpub import PublishCallback  # noqa: E402
 
 
 def test_every_saved_checkpoint_is_signed(tmp_path: Path, keys: dict) -> None:
     callback = PublishCallback(sign=keys["trainer"].private)
-    trainer = cbhelpers.train_tiny.make_trainer(
-        str(tmp_path), callbacks=[callback], max_steps=10, save_steps=5
-    )
+    trainer = tiny_model.make_trainer(str(tmp_path), callbacks=[callback], max_steps=10, save_steps=5)
     trainer.train()
     assert callback.failures == []
     names = cbhelpers.checkpoints(tmp_path)

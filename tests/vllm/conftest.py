@@ -7,15 +7,19 @@ result from a single ``run_engine.py`` subprocess started once per session.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 pytest.importorskip("vllm")
 ckptpub = pytest.importorskip("ckptpub")
 
-from vllm_engine_helpers import TAMPERED_TENSOR, hub_env, run_engines, same_size_edit  # noqa: E402
+from checkpoints import forged_tables  # noqa: E402
+from vllm_engine_helpers import TAMPERED_TENSOR, TOGGLED_LOADS, hub_env, run_engines, same_size_edit  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -35,8 +39,10 @@ def models(tmp_path_factory) -> dict[str, str]:
     republished (tampered, published again); nomanifest; grown (a shard grew past its
     tensors); badheader (a shard's header damaged); tokenizer (a same-size edit of
     tokenizer.json); template (a chat template added after publishing); manifestdir
-    (ckptpub.json is a folder)."""
-    from ckptpub_vllm.testing import build_tiny_qwen3, copy_with_zeroed_tensor
+    (ckptpub.json is a folder); tables (its model region's first two entries swapped, sizes and
+    identity recomputed); toggled (v1, for loads under a writer that flips two tensors)."""
+    from support.safetensors_files import copy_with_zeroed_tensor
+    from support.tiny_model import build_tiny_qwen3
 
     root = tmp_path_factory.mktemp("ckpts")
     v1 = build_tiny_qwen3(str(root / "v1"), max_shard_size="150KB")
@@ -60,6 +66,13 @@ def models(tmp_path_factory) -> dict[str, str]:
         f.write("{{ messages[0]['content'] }}")
     manifestdir = shutil.copytree(nomanifest, str(root / "manifestdir"))
     os.mkdir(os.path.join(manifestdir, ckptpub.MANIFEST_NAME))
+    toggled = shutil.copytree(v1, str(root / "toggled"))
+    tables = shutil.copytree(v1, str(root / "tables"))
+    with open(os.path.join(tables, ckptpub.MANIFEST_NAME), "r+b") as f:
+        unsorted = forged_tables(f.read(), lambda model, layout: (_swap_first_lines(model), layout))
+        f.seek(0)
+        f.truncate()
+        f.write(unsorted)
     return {
         "v1": v1,
         "tampered": tampered,
@@ -70,6 +83,8 @@ def models(tmp_path_factory) -> dict[str, str]:
         "tokenizer": tokenizer,
         "template": template,
         "manifestdir": manifestdir,
+        "tables": tables,
+        "toggled": toggled,
     }
 
 
@@ -78,8 +93,8 @@ def hub_home(models, tmp_path_factory) -> dict[str, str]:
     """An ``HF_HOME`` whose cache holds v1's files as three models: ``acme/tiny-qwen3`` (published by
     hub id), ``acme/tampered`` (published, then one tensor zeroed in its blob: same header, same
     sizes) and ``acme/unpublished``. Keys: ``home`` and each hub id's snapshot."""
-    from ckptpub_vllm.testing import find_tensor_file, tensor_location
     from hf_cache import cache_model
+    from support.safetensors_files import find_tensor_file, tensor_location
 
     home = str(tmp_path_factory.mktemp("hf"))
     snapshots = {
@@ -106,6 +121,12 @@ HUB_JOBS = {
 }
 
 
+def _swap_first_lines(table: bytes) -> bytes:
+    """The first two entries of a ckptpub/3 region (one a line) or /2 table in each other's place."""
+    first, second, rest = table.split(b"\n", 2)
+    return b"\n".join((second, first, rest))
+
+
 ENGINE_JOBS = {
     "v1_auto": ("v1", "auto", {}),
     "v1_manifest": ("v1", "manifest_cache", {}),
@@ -119,6 +140,8 @@ ENGINE_JOBS = {
     "tokenizer_manifest": ("tokenizer", "manifest_cache", {}),
     "template_manifest": ("template", "manifest_cache", {}),
     "manifestdir_manifest": ("manifestdir", "manifest_cache", {"require_manifest": False}),
+    "tables_manifest": ("tables", "manifest_cache", {}),
+    **{f"toggled_{n}": ("toggled", "manifest_cache", {}) for n in range(TOGGLED_LOADS)},
     "tampered_unverified": ("tampered", "manifest_cache", {"verify": False}),
     "v1_bad_option": ("v1", "manifest_cache", {"no_such_option": 1}),
     "v1_no_fallback": ("v1", "manifest_cache", {"fallback": False}),
@@ -138,5 +161,41 @@ def engine_results(models, hub_home) -> tuple[dict[str, dict], str]:
     names = list(all_jobs) + list(HUB_JOBS)
     jobs = [{"model": models[m], "load_format": fmt, "extra": extra} for m, fmt, extra in all_jobs.values()]
     jobs += [{"model": m, "load_format": fmt, "extra": extra} for m, fmt, extra in HUB_JOBS.values()]
-    results, log = run_engines(jobs, env=hub_env(hub_home))
+    with toggling(models["toggled"], [TAMPERED_TENSOR, "model.embed_tokens.weight"]):
+        results, log = run_engines(jobs, env=hub_env(hub_home))
     return dict(zip(names, results, strict=True)), log
+
+
+_TOGGLER = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the finally below puts the bytes back
+spans = [(os.open(p, os.O_RDWR), int(a), int(b)) for p, a, b in zip(*[iter(sys.argv[1:])] * 3)]
+original = [os.pread(fd, end - start, start) for fd, start, end in spans]
+try:
+    while True:
+        for zeros in (True, False):
+            for (fd, start, end), old in zip(spans, original):
+                os.pwrite(fd, bytes(end - start) if zeros else old, start)
+            time.sleep(0.0002)
+finally:
+    for (fd, start, _), old in zip(spans, original):
+        os.pwrite(fd, old, start)
+"""
+
+
+@contextlib.contextmanager
+def toggling(folder: str, names: list[str]):
+    """A writer that sets the tensors ``names`` to zeros and back every 0.2 ms (a ``pwrite`` of the
+    shard, as another process sharing the file could), for as long as the block runs."""
+    from support.safetensors_files import find_tensor_file, tensor_location
+
+    spans = []
+    for name in names:
+        shard = find_tensor_file(folder, name)
+        spans += [shard, *map(str, tensor_location(shard, name))]
+    writer = subprocess.Popen([sys.executable, "-c", _TOGGLER, *spans])
+    try:
+        yield
+    finally:
+        writer.terminate()
+        writer.wait(timeout=30)

@@ -142,7 +142,7 @@ def engines(follow):
     held, earlier = run / "checkpoint-10", run / "checkpoint-5"
     served = run / "checkpoint-15"  # same identity, another folder
 
-    from ckptpub_vllm.testing import copy_with_zeroed_tensor
+    from support.safetensors_files import copy_with_zeroed_tensor
 
     # same layout (safetensors headers byte for byte), different bytes
     tampered = copy_with_zeroed_tensor(

@@ -25,7 +25,8 @@ import ckptpub
 
 @pytest.fixture(scope="module")
 def migrated(tmp_path_factory: pytest.TempPathFactory):
-    from ckptpub_vllm.testing import build_tiny_qwen3, copy_with_zeroed_tensor
+    from support.safetensors_files import copy_with_zeroed_tensor
+    from support.tiny_model import build_tiny_qwen3
 
     root = tmp_path_factory.mktemp("migration")
     folder = root / "model"

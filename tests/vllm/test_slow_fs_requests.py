@@ -37,7 +37,7 @@ def is_shard(path: str) -> bool:
 def slow_mount(tmp_path_factory):
     """``few`` and ``many`` (one model, two layouts), ``for_auto`` and ``for_manifest`` (copies of
     ``few``), all published, served from a slow mount; yields ``(fs, mountpoint)``."""
-    from ckptpub_vllm.testing import build_tiny_qwen3
+    from support.tiny_model import build_tiny_qwen3
 
     root = tmp_path_factory.mktemp("slowfs")
     source = root / "source"

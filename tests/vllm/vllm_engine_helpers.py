@@ -27,6 +27,8 @@ SHIM = HERE.parents[1] / "tests" / "daemon_sim"
 SHIM_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))}
 #: The engines' settings (run_engine.py) that enter vLLM's weight-cache key: a daemon must match them.
 DAEMON_ARGS = ["--dtype", "float32", "--max-model-len", "128", "--enforce-eager"]
+#: Engine loads of the ``toggled`` checkpoint while a writer changes its bytes under them.
+TOGGLED_LOADS = 4
 #: What every test engine of the tiny Qwen3 runs with: small, eager, deterministic.
 TINY_ENGINE = {
     "dtype": "float32",

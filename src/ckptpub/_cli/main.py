@@ -3,7 +3,7 @@
 Exit codes (``ExitCode``, shared by every command, ``ckptpub preload`` too): 0 all
 good; 1 a mismatch or difference was found; 2 unusable input, a usage error, or
 anything else that prevented a verdict. Every failure is one line on stderr, never a
-traceback (``CKPTPUB_DEBUG=1`` shows the traceback instead, for debugging). Results
+traceback (``CKPTPUB_DEBUG=1``, a flag: ``on``/``true``/``yes`` too, shows the traceback instead). Results
 go to stdout in lines that people and scripts can both read (``path: OK`` /
 ``path: FAILED (...)``), or as JSON.
 
@@ -21,6 +21,7 @@ import enum
 import functools
 import gc
 import io
+import logging
 import os
 import sys
 import traceback
@@ -31,14 +32,15 @@ from typing import Any, Generic, NoReturn, TypeVar
 from .._filesystem.hub_cache import locate
 from .._filesystem.read import read_manifest
 from .._filesystem.safe_open import read_bounded
-from .._filesystem.scan import SIGNATURE_NAME
-from .._format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
+from .._format.manifest import MAX_MANIFEST_BYTES
+from .._format.names import MANIFEST_NAME, SIGNATURE_NAME
 from .._hashing.distributed import DEFAULT_TIMEOUT_S, DistributedHasher, env_world, init_from_env
 from .._operations.diff import diff_manifests
 from .._operations.explain import base_hub_of, base_of, hub_name, is_adapter
 from .._operations.publishing import publish, publish_on_ranks
 from .._operations.verify import verify
-from .._runs.runview import lineage, list_run
+from .._runs.runview import RunEntry, lineage, list_run
+from .._settings import DEBUG_ENV, env_flag, seconds
 from .._version import __version__
 from ..errors import CkptpubError, one_line
 from .printing import (
@@ -61,8 +63,6 @@ from .progress import ProgressBar
 
 #: Entry-point group through which other distributions add commands; each entry point is a ``Command``.
 COMMANDS_GROUP = "ckptpub.commands"
-#: Set (to anything but ``0``) to get the traceback of a failure instead of its one-line error.
-DEBUG_VARIABLE = "CKPTPUB_DEBUG"
 
 
 class ExitCode(enum.IntEnum):
@@ -130,6 +130,32 @@ def _without_cycle_collector() -> Iterator[None]:
             gc.enable()
 
 
+class _StderrLines(logging.Handler):
+    """Each record as one line on stderr, as every note of the CLI is (its text starts ``ckptpub: ``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        to_stderr(one_line(record.getMessage()))
+
+
+@contextlib.contextmanager
+def _library_warnings_on_stderr() -> Iterator[None]:
+    """Warnings the library logs while a command runs (``ckptpub`` logger), each a line on stderr.
+
+    Such a warning does not change the outcome (a published manifest whose folder's
+    modification time could not be put back); it is shown once, not also by a handler
+    of the root logger.
+    """
+    library = logging.getLogger("ckptpub")
+    handler = _StderrLines(logging.WARNING)
+    library.addHandler(handler)
+    propagate, library.propagate = library.propagate, False
+    try:
+        yield
+    finally:
+        library.removeHandler(handler)
+        library.propagate = propagate
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with exact option names, and a usage error raised as one ``UsageError`` line."""
 
@@ -147,14 +173,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     _occupy_closed_standard_fds()
     _escape_unencodable_output()
     program = "ckptpub"  # what the error line starts with: the command's own program, once known
+    tracebacks = False
     try:
+        tracebacks = debugging()  # a CKPTPUB_DEBUG that is neither on nor off is refused in one line
         commands = _commands(argv)
         named = commands.get(argv[0]) if argv else None
         if named is not None:  # a usage error in its arguments is said in its name
             program = named.program
         command, arguments = _parse(commands, argv)
         try:
-            with _without_cycle_collector() if command.one_shot else contextlib.nullcontext():
+            with (
+                _library_warnings_on_stderr(),
+                _without_cycle_collector() if command.one_shot else contextlib.nullcontext(),
+            ):
                 code = command.run(arguments)
         except UsageError as error:
             error.program = error.program or f"ckptpub {command.name}"
@@ -168,10 +199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         fail(str(done.code), program=program)  # sys.exit("message"), as Python itself would print it
         return ExitCode.UNUSABLE
     except BrokenPipeError:  # the reader of stdout went away: nothing to say, nobody to say it to
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _discard_stdout()
         return ExitCode.BROKEN_PIPE
     except (Exception, KeyboardInterrupt) as error:
-        if debugging():
+        if tracebacks:
             raise
         message, code = _explain(error)
         fail(message, program=program)
@@ -179,25 +210,39 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> NoReturn:
-    """Console entry point: ``main()``, then exit with exactly its code.
+    """Console entry point (through ``console.main``): ``main()``, then exit with exactly its code.
 
     Output is flushed here, so a full or closed stdout still ends with the exit code
     ``main`` chose (interpreter shutdown would flush it again, print a warning and
     exit 120); ``os._exit`` then skips that second flush. A manifest is already
     fsynced by then. Under ``CKPTPUB_DEBUG`` the traceback ``main`` let through is
-    printed, and the exit code still says "no verdict" (2), never Python's 1.
+    printed, and the exit code still says "no verdict" (2), never Python's 1. A
+    Ctrl-C at any moment here ends the run with exit 130 and one line.
     """
     try:
-        code = main()
-    except KeyboardInterrupt as error:  # Ctrl-C while main was already handling another outcome
-        if debugging():
+        try:
+            code = main()
+        except KeyboardInterrupt as error:  # Ctrl-C while main was already handling another outcome
+            if _tracebacks_wanted():
+                traceback.print_exception(error)
+            else:
+                fail("interrupted")
+            code = ExitCode.INTERRUPTED
+        except Exception as error:  # only under CKPTPUB_DEBUG: main re-raised it
             traceback.print_exception(error)
-        else:
+            code = ExitCode.UNUSABLE
+        code = _flush_streams(code)
+        for hasher in _JOINED:  # torchrun stops every rank once one exits non-zero: let rank 0 say why first
+            hasher.meet()
+    except KeyboardInterrupt:  # another Ctrl-C while the first one, or the output, was handled
+        with contextlib.suppress(KeyboardInterrupt):  # and one more while this line is written
             fail("interrupted")
         code = ExitCode.INTERRUPTED
-    except Exception as error:  # only under CKPTPUB_DEBUG: main re-raised it
-        traceback.print_exception(error)
-        code = ExitCode.UNUSABLE
+    os._exit(code)
+
+
+def _flush_streams(code: int) -> int:
+    """Flush stdout and stderr; the exit code, or 141/2 for output lost when there was nothing else to say."""
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
@@ -206,12 +251,20 @@ def run() -> NoReturn:
             code = code or ExitCode.BROKEN_PIPE
         except (OSError, ValueError):  # full, closed: main already reported what it could
             code = code or ExitCode.UNUSABLE
-    os._exit(code)
+    return code
 
 
 def debugging() -> bool:
-    """Whether ``CKPTPUB_DEBUG`` asks for tracebacks instead of one-line errors."""
-    return os.environ.get(DEBUG_VARIABLE, "") not in ("", "0")
+    """Whether the flag ``CKPTPUB_DEBUG`` asks for tracebacks instead of one-line errors."""
+    return env_flag(DEBUG_ENV)
+
+
+def _tracebacks_wanted() -> bool:
+    """``debugging()``, and off for a ``CKPTPUB_DEBUG`` that is neither on nor off (``main`` said so)."""
+    try:
+        return debugging()
+    except CkptpubError:
+        return False
 
 
 def fail(message: str, *, program: str = "ckptpub") -> None:
@@ -316,6 +369,11 @@ def _escape_unencodable_output() -> None:
                 stream.reconfigure(errors="backslashreplace")
 
 
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null: output it could not take is dropped, not retried (and failed) at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def _flush_stdout() -> None:
     """Flush results inside ``main`` so a full or closed stdout is reported as one line, exit 2."""
     if sys.stdout is not None:
@@ -385,14 +443,16 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def _seconds(text: str) -> float:
+def seconds_argument(text: str) -> float:
+    """An argparse ``type`` for a duration: ``_settings.seconds`` (NaN, infinities, 0 and less refused)."""
     try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < 1e7:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
+        return seconds(text)
+    except CkptpubError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+#: The torchrun job a command joined (``_join_ranks``): its ranks meet once more before they exit.
+_JOINED: list[DistributedHasher] = []
 
 
 def _join_ranks(timeout_s: float) -> DistributedHasher | None:
@@ -400,6 +460,7 @@ def _join_ranks(timeout_s: float) -> DistributedHasher | None:
     if env_world() is None:
         return None
     hasher = init_from_env(timeout_s)
+    _JOINED.append(hasher)
     if hasher.rank != 0:  # rank 0 reports for all of them, including every rank's failure
         devnull = os.open(os.devnull, os.O_WRONLY)
         for fd in (1, 2):
@@ -438,7 +499,7 @@ def _add_hashing(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rank-timeout",
-        type=_seconds,
+        type=seconds_argument,
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
         help="under torchrun (the work is spread over its ranks, rank 0 writes and prints): fail when a "
@@ -547,13 +608,14 @@ def _cmd_publish(args: PublishArguments) -> int:
         else:
             print(manifest.identity)
         _flush_stdout()
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError) as error:  # the manifest is published: say so, and that its identity is here
         if isinstance(error, BrokenPipeError):
             raise
-        raise CkptpubError(
-            f"published {os.path.join(args.folder, MANIFEST_NAME)} (identity {manifest.identity}), "
+        _discard_stdout()
+        note(
+            f"warning: published {os.path.join(args.folder, MANIFEST_NAME)} (identity {manifest.identity}), "
             f"but could not write to stdout: {getattr(error, 'strerror', None) or error}"
-        ) from None
+        )
     note(
         f"published {os.path.join(args.folder, MANIFEST_NAME)}: {manifest.tensor_count} tensors, "
         f"{len(manifest.files)} files, {gb(sum(f.size for f in manifest.files))}"
@@ -628,14 +690,14 @@ def _signing_key(args: PublishArguments) -> Any:
 
 
 def _trusted_key(args: VerifyArguments) -> Any:
-    """``--public-key PUB`` or ``--certificate-chain PEM`` as a ``signing.TrustedKey``; None for neither."""
-    if args.public_key is None and not args.certificate_chain:
-        return None
+    """``--public-key PUB`` or ``--certificate-chain PEM`` as a ``TrustedKey``; None for neither."""
     if args.public_key is not None and args.certificate_chain:
         raise UsageError("give --public-key or --certificate-chain, not both", "ckptpub verify")
+    if args.public_key is None and not args.certificate_chain:
+        return None  # what TrustedKey.of says too, without importing signing (and hashlib) on every verify
     from .._operations.signing import TrustedKey
 
-    return TrustedKey(args.public_key, tuple(args.certificate_chain or ()))
+    return TrustedKey.of(args.public_key, args.certificate_chain or ())
 
 
 def _cmd_show(args: ShowArguments) -> int:
@@ -697,21 +759,26 @@ def _cmd_ls(args: RunArguments) -> int:
         print_json([e.as_dict() for e in entries])
     else:
         print_run_table(entries)
-    unusable = sum(e.status == "unusable" for e in entries)
-    published = sum(e.status == "ok" for e in entries)
-    gone = sum(e.status == "gone" for e in entries)
-    note(
-        f"{plural(published, 'published checkpoint')} under {args.run_dir}"
-        + (f", {gone} rotated away" if gone else "")
-        + (f", {unusable} unusable" if unusable else "")
-    )
-    return ExitCode.UNUSABLE if unusable else ExitCode.OK
+    return _run_outcome(args.run_dir, entries)
 
 
 def _cmd_log(args: RunArguments) -> int:
     entries = list_run(args.run_dir)
     print_tree(lineage(entries), args.json)
-    return ExitCode.UNUSABLE if any(e.status == "unusable" for e in entries) else ExitCode.OK
+    return _run_outcome(args.run_dir, entries)
+
+
+def _run_outcome(run_dir: str, entries: list[RunEntry]) -> int:
+    """What every view of a run ends with: the summary line (unusable ones counted), and exit 2 if any."""
+    unusable = sum(e.status == "unusable" for e in entries)
+    published = sum(e.status == "ok" for e in entries)
+    gone = sum(e.status == "gone" for e in entries)
+    note(
+        f"{plural(published, 'published checkpoint')} under {run_dir}"
+        + (f", {gone} rotated away" if gone else "")
+        + (f", {unusable} unusable" if unusable else "")
+    )
+    return ExitCode.UNUSABLE if unusable else ExitCode.OK
 
 
 BUILT_IN: tuple[Command[Any], ...] = (

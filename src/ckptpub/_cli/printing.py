@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from .._filesystem.hub_cache import HUB_KEY
@@ -33,9 +34,13 @@ def print_run_table(entries: list[RunEntry]) -> None:
         )
         base = short(e.base_identity) or "-"
         print(f"{step:>8}  {identity:<19}  {size:>9}  {base:<19}  {note:<7}  {one_line(e.path)}")
-    for e in entries:
-        if e.status == "unusable":
-            print(f"# {one_line(e.detail or '')}")
+    _print_why_unusable(e.detail for e in entries if e.status == "unusable")
+
+
+def _print_why_unusable(details: Iterable[str | None]) -> None:
+    """After a view of a run, one ``# reason`` line per unusable checkpoint (each names its path)."""
+    for detail in details:
+        print(f"# {one_line(detail or '')}")
 
 
 def print_diff_lines(difference: ManifestDiff, a: Manifest, b: Manifest) -> None:
@@ -94,9 +99,15 @@ def print_tree(roots: list[dict[str, Any]], as_json: bool) -> None:
         return
     for root in roots:
         base = root["base_identity"]
-        name = _with_hub(short(base), root.get("base_hub"))
-        print(f"base {name} (not in this run)" if base else "(no base recorded)")
+        if root.get("unusable"):
+            print("unusable (its manifest cannot be used, so its base is unknown)")
+        else:
+            name = _with_hub(short(base), root.get("base_hub"))
+            print(f"base {name} (not in this run)" if base else "(no base recorded)")
         _print_children(root["children"], "")
+    _print_why_unusable(
+        child["entry"]["detail"] for root in roots if root.get("unusable") for child in root["children"]
+    )
 
 
 def _print_children(nodes: list[dict[str, Any]], indent: str) -> None:
@@ -105,8 +116,9 @@ def _print_children(nodes: list[dict[str, Any]], indent: str) -> None:
         e = node["entry"]
         step = f"step {e['step']}" if e["step"] is not None else "-"
         marks = [m for m, on in (("adapter", e["adapter"]), ("=prev", e["same_as_previous"])) if on]
+        identity = "UNUSABLE" if e["status"] == "unusable" else short(e["identity"])
         print(
-            f"{indent}{'`-' if last else '|-'} {step:<10} {short(e['identity'])}  {one_line(e['path'])}"
+            f"{indent}{'`-' if last else '|-'} {step:<10} {identity:<19}  {one_line(e['path'])}"
             + (f"  ({', '.join(marks)})" if marks else "")
         )
         _print_children(node["children"], indent + ("   " if last else "|  "))

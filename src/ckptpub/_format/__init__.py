@@ -10,8 +10,10 @@ Modules (imports go downwards only; from outside this package only ``ckptpub.err
     tables        ckptpub/2's two text tables: one line per tensor, decoded column by column
     records       what both encode: tensor and file records, model and layout parts, tiling
     config_meaning  which config keys each format's identity counts (``INERT``: what it leaves out)
-    safetensors   a safetensors header's bytes to a checked ``ShardLayout``; ``DTYPE_BITS``
+    safetensors   a safetensors header's bytes (or a whole file in memory) to a checked ``ShardLayout``;
+                  ``header_length``, ``DTYPE_BITS``
     strict_json   ``loads_strict``: JSON with duplicate keys, NaN, 1e400 and lone surrogates refused
     canonical     canonical JSON (RFC 8785): one byte sequence per value, so digests are stable
     digest        ``blake3:<64 hex>``: ``DIGEST_PREFIX`` and ``digest_bytes``
+    names         every file name ckptpub reads or writes (manifest, signature, run index, ...)
 """

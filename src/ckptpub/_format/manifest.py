@@ -31,6 +31,7 @@ from ..errors import CkptpubError
 from .canonical import canonical_json
 from .config_meaning import meaning, same_rule
 from .digest import DIGEST_PREFIX, digest_bytes
+from .names import CONFIG_FILES, MANIFEST_NAME
 from .records import FileRecord, ModelEntry, TensorRecord
 from .regions import (
     BETWEEN,
@@ -54,11 +55,8 @@ FORMAT_V2 = "ckptpub/2"
 FORMAT_V1 = "ckptpub/1"
 #: Every format read, oldest first.
 FORMATS = (FORMAT_V1, FORMAT_V2, FORMAT)
-MANIFEST_NAME = "ckptpub.json"
 #: A manifest larger than this is refused unread (about 300k tensors fit).
 MAX_MANIFEST_BYTES = 64 << 20
-#: Config files whose meaning (not formatting) is part of the identity.
-CONFIG_FILES = ("config.json", "adapter_config.json")
 _DIGEST = re.compile(re.escape(DIGEST_PREFIX) + "[0-9a-f]{64}")
 #: A ckptpub/3 manifest's first line: these fields in this order, each value canonical JSON.
 _HEADER_FIELDS = ("format", "identity", "sizes", "config", "weights", "files", "provenance")
@@ -154,16 +152,6 @@ class Manifest:
         manifest._tensors, manifest._source, manifest._name = None, source, display_name
         return manifest
 
-    def _replace(self, **changes: Any) -> Manifest:
-        """A copy with some fields changed (``Manifest`` was a ``NamedTuple``; its callers keep this)."""
-        fields = {
-            name: getattr(self, name) for name in ("identity", "files", "weights", "config", "provenance")
-        }
-        if "tensors" in changes or self._source is None:
-            fields["tensors"] = changes.pop("tensors") if "tensors" in changes else self.tensors
-            return Manifest(**(fields | changes), version=self.version)
-        return Manifest.lazy(source=self._source, display_name=self._name, **(fields | changes))
-
     def __eq__(self, other: object) -> bool:
         """Equal manifests list the same entries (their regions' bytes) and the same header fields."""
         if not isinstance(other, Manifest):
@@ -218,6 +206,17 @@ class Manifest:
         assert self._source is not None
         return self._source.model.count(b"\n")
 
+    def check(self) -> Manifest:
+        """Check every rule now, the entries' too (decoding them once); ``CkptpubError`` names the first.
+
+        ``parse_manifest`` and ``read_manifest`` call it unless told not to, so every
+        command that says whether a manifest is usable (``show``, ``ls``, ``verify``,
+        ``diff``, an engine's start) gives the same answer; only a reader that needs
+        the identity alone (a weight-cache key) skips it, as ``docs/format.md`` allows.
+        """
+        _ = self.tensors
+        return self
+
     def model(self) -> dict[str, ModelEntry]:
         """The model's tensors by name, as the identity covers them (dtype, shape, digest; no place).
 
@@ -256,15 +255,25 @@ class Manifest:
         """The bytes written to ``ckptpub.json``: ``ckptpub/3``, or an older format when asked.
 
         The identity written is the one ``version`` defines (each format's differs).
-        A manifest whose config digests follow another format's rule (a ``/2``
-        manifest's include ``use_cache``) cannot be written as ``version``: its
-        config's meaning under that rule is not known (``ValueError``; publish the
-        folder again instead).
+        Raises ``CkptpubError`` for a ``version`` with no encoding, for a manifest
+        whose config digests follow another format's rule (a ``/2`` manifest's include
+        ``use_cache``: its config's meaning under ``version``'s rule is not known;
+        publish the folder again instead), and for a manifest built by hand whose
+        provenance is not plain JSON data (``publish`` refuses that earlier).
         """
+        try:
+            return self._encoded(version)
+        except (TypeError, ValueError, RecursionError) as error:  # canonical_json: not plain JSON data
+            raise CkptpubError(f"{self._name}: cannot be encoded as {version}: {error}") from None
+
+    def _encoded(self, version: str) -> bytes:
         if version not in FORMATS:
-            raise ValueError(f"no encoding for manifest format {version!r}")
+            raise CkptpubError(
+                f"no encoding for manifest format {version!r} "
+                f"(this ckptpub writes {', '.join(map(repr, reversed(FORMATS)))})"
+            )
         if self.config and not same_rule(version, self.version):
-            raise ValueError(
+            raise CkptpubError(
                 f"a {self.version} manifest's config digests follow that format's rule; it cannot be "
                 f"written as {version} (publish the folder again)"
             )
@@ -441,12 +450,29 @@ def config_digest(document: Mapping[str, Any], version: str = FORMAT) -> str:
     return digest_bytes(canonical_json(meaning(document, version)))
 
 
-def parse_manifest(data: bytes, display_name: str = MANIFEST_NAME) -> Manifest:
+def config_meaning(data: bytes, name: str, version: str) -> tuple[dict[str, Any], str]:
+    """A config file's bytes as its JSON object and the digest of its meaning under ``version``'s rule.
+
+    Read strictly (``loads_strict``), so every reader of a config (publish, verify,
+    diff, the vLLM plugin's engine-file check) sees one meaning or the same
+    ``CkptpubError`` naming ``name``: not JSON, not an object, or not canonically encodable.
+    """
+    document = loads_strict(data, name, "config")
+    if not isinstance(document, dict):
+        raise CkptpubError(f"{name}: config is not a JSON object")
+    try:
+        return document, config_digest(document, version)
+    except (ValueError, RecursionError) as error:  # nested deeper than canonical encoding goes
+        raise CkptpubError(f"{name}: config cannot be encoded canonically: {error}") from None
+
+
+def parse_manifest(data: bytes, display_name: str = MANIFEST_NAME, *, check_tables: bool = True) -> Manifest:
     """Parse and validate manifest bytes (``ckptpub/3``, ``/2``, ``/1``); ``CkptpubError`` names a problem.
 
-    A ``ckptpub/3`` manifest's header, layout, sizes and identity are checked here;
-    its regions entry by entry when ``Manifest.tensors`` or ``model()`` is first
-    used (``/2``: its tables, line by line).
+    Every rule is checked (``Manifest.check``). With ``check_tables=False`` a
+    ``ckptpub/3`` manifest's header, layout, sizes and identity are checked, its
+    regions entry by entry only when its tensors are first used (``/2``: its tables,
+    line by line): for a reader that needs the identity alone.
     """
     if len(data) > MAX_MANIFEST_BYTES:
         raise CkptpubError(
@@ -454,7 +480,8 @@ def parse_manifest(data: bytes, display_name: str = MANIFEST_NAME) -> Manifest:
         )
     validator = _Validator(display_name)
     if data.startswith(_V3_START):
-        return validator.manifest_v3(data)
+        manifest = validator.manifest_v3(data)
+        return manifest.check() if check_tables else manifest
     newline = data.find(b"\n")
     # A view: the tables are copied once, each into its own bytes, not first as one remainder.
     head, rest = (data, memoryview(b"")) if newline < 0 else (data[:newline], memoryview(data)[newline + 1 :])
@@ -465,7 +492,8 @@ def parse_manifest(data: bytes, display_name: str = MANIFEST_NAME) -> Manifest:
     ):  # a ckptpub/1 document over several lines (or a re-formatted /3 one), or no JSON at all
         return validator.manifest_v1(loads_strict(data, display_name, "manifest"))
     if isinstance(document, dict) and document.get("format") == FORMAT_V2:
-        return validator.manifest_v2(document, rest)
+        manifest = validator.manifest_v2(document, rest)
+        return manifest.check() if check_tables else manifest
     if bytes(rest).strip():
         document = loads_strict(data, display_name, "manifest")
     return validator.manifest_v1(document)
@@ -648,7 +676,7 @@ class _Validator:
         if not isinstance(name, str) or not name:
             raise self.fail(f"{where}: name must be a non-empty string")
         dtype = entry["dtype"]
-        if dtype not in DTYPE_BITS:
+        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:  # a list or an object cannot be looked up
             raise self.fail(f"tensor {name!r}: unknown dtype {dtype!r}")
         shape = tuple(
             self.count(d, f"tensor {name!r}: shape")

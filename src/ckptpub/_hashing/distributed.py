@@ -11,10 +11,19 @@ returns every digest and the writing rank builds exactly the manifest one proces
 Each call is two ``all_gather`` s of fixed-size ``uint8`` tensors (no pickle):
 
 1. the plan: each rank's span count and a BLAKE3 fingerprint of its span names and
-   ranges, or the error that stopped it before hashing (``taking_part``). Ranks that
-   see different folders refuse together.
+   ranges, a fingerprint of its files' identities on storage (inode, size,
+   modification and change times), or the error that stopped it before hashing
+   (``taking_part``). Ranks that see different folders refuse together.
 2. the digests: 32 bytes per span, filled on the rows the rank owns, with a status
    and a message, so a rank whose read failed makes every rank fail with its reason.
+
+A rank trusts another's digest of a file it did not read only when the two see the
+very same file on storage (one shared file system, wherever each mounts it): equal
+names, sizes and headers do not make equal bytes (node-local copies, a stale
+replica). When any rank's files are other files than the rest's, every rank hashes
+every file itself, and the ranks compare their digests: equal, the result is the
+single-process one (no faster); different, every rank refuses, naming the first
+span whose bytes differ, so no rank's verdict or manifest rests on bytes it did not read.
 
 A rank that dies or stalls makes the others' collective fail after the group's
 timeout (gloo raises; a dead peer's closed connection is usually seen at once). The
@@ -28,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import heapq
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -35,9 +45,12 @@ from typing import Any
 import blake3
 
 from .._format.digest import DIGEST_PREFIX
+from .._settings import seconds
 from ..errors import CkptpubError
 from .engine import FileDigests, Span
 from .options import HashOptions
+
+log = logging.getLogger("ckptpub")
 
 #: Seconds a rank waits for the others at each exchange; the digest exchange waits for the slowest
 #: rank's hashing, so this must cover hashing one rank's share of the checkpoint.
@@ -46,9 +59,11 @@ DIGEST_BYTES = 32
 #: Room for a rank's error message in each exchange (longer ones are cut).
 MESSAGE_BYTES = 512
 _FAILED = 1  # a row's status byte: 0 all went well
-# A plan row: status byte, span count (8 bytes), fingerprint, "SHA-256 wanted" byte, message.
+# A plan row: status byte, span count (8 bytes), fingerprint, storage fingerprint, "SHA-256 wanted"
+# byte, message.
 _PLAN_SAME = slice(1, 9 + DIGEST_BYTES)  # span count and fingerprint: equal on every rank
-_PLAN_SHA256 = 9 + DIGEST_BYTES
+_PLAN_STORAGE = slice(9 + DIGEST_BYTES, 9 + 2 * DIGEST_BYTES)  # equal where ranks read the same files
+_PLAN_SHA256 = 9 + 2 * DIGEST_BYTES
 _PLAN_MESSAGE_AT = _PLAN_SHA256 + 1
 _PLAN_BYTES = _PLAN_MESSAGE_AT + MESSAGE_BYTES
 # A digest row: status byte, message, DIGEST_BYTES per span, then (when wanted) a SHA-256 per file.
@@ -65,7 +80,7 @@ def new_group(timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
 
     import torch.distributed as dist
 
-    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=seconds(timeout_s, "timeout_s")))
 
 
 def env_world() -> tuple[int, int] | None:
@@ -84,8 +99,9 @@ def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistributedHasher:
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        timeout = timedelta(seconds=seconds(timeout_s, "timeout_s"))
         try:
-            dist.init_process_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(backend="gloo", timeout=timeout)
         except (RuntimeError, ValueError) as error:
             raise CkptpubError(f"cannot join the torchrun job: {error}") from None
     return DistributedHasher(None)
@@ -125,6 +141,24 @@ def plan_fingerprint(spans: Sequence[Span]) -> bytes:
     return hasher.digest()
 
 
+def storage_fingerprint(spans: Sequence[Span]) -> bytes:
+    """BLAKE3 of each file's identity on storage as this rank sees it: inode, size, modification and
+    change times (not the device, which each node numbers its own way for one NFS export).
+
+    Equal on ranks that read the same files of one shared file system; a copy is another
+    inode or was changed at another time (the change time cannot be set back by its owner).
+    """
+    hasher = blake3.blake3()
+    for first, _ in files_of(spans):
+        try:
+            info = os.stat(spans[first].path)
+            identity = f"{info.st_ino} {info.st_size} {info.st_mtime_ns} {info.st_ctime_ns}"
+        except OSError as error:  # hashing it will fail and say why; meanwhile it is no shared file
+            identity = f"unreadable {error.errno}"
+        hasher.update(f"{identity}\n".encode())
+    return hasher.digest()
+
+
 class DistributedHasher:
     """``engine.hash_spans`` (and ``hash_files``) spread over the ranks of a process group (``None``: the
     default group).
@@ -159,6 +193,7 @@ class DistributedHasher:
         self._joined = True
         plan = bytearray(_PLAN_BYTES)
         plan[_PLAN_SAME] = len(spans).to_bytes(8, "little") + plan_fingerprint(spans)
+        plan[_PLAN_STORAGE] = storage_fingerprint(spans)
         plan[_PLAN_SHA256] = sha256
         plans = self._all_gather(plan)
         _raise_failures(plans, _PLAN_MESSAGE_AT)
@@ -167,7 +202,13 @@ class DistributedHasher:
                 "the ranks see different checkpoints (file lists or layouts differ); "
                 "publish once every rank sees the complete folder"
             )
-        owners = assign_files(spans, self.world_size)
+        shared = all(other[_PLAN_STORAGE] == plans[0][_PLAN_STORAGE] for other in plans)
+        if not shared:
+            log.warning(
+                "ckptpub: the ranks read the folder from different storage (copies, not one shared "
+                "file system): every rank hashes every file itself, and the ranks compare digests"
+            )
+        owners = assign_files(spans, self.world_size) if shared else [self.rank] * len(spans)
         mine = [i for i, owner in enumerate(owners) if owner == self.rank]
         files = [first for first, _ in files_of(spans)]  # each file's first span
         sha256_wanted = any(other[_PLAN_SHA256] for other in plans)
@@ -196,6 +237,8 @@ class DistributedHasher:
                 rows[at : at + DIGEST_BYTES] = bytes.fromhex(value)
         gathered = self._all_gather(rows)
         _raise_failures(gathered, 1)
+        if not shared:
+            _raise_differences(gathered, spans, sha256_at)
         file_sha256 = (
             [
                 gathered[owners[first]][at : at + DIGEST_BYTES].hex()
@@ -209,6 +252,36 @@ class DistributedHasher:
             for at, owner in zip(range(_DIGESTS_AT, sha256_at, DIGEST_BYTES), owners, strict=True)
         ]
         return FileDigests(span_digests, file_sha256)
+
+    def close(self) -> None:
+        """Leave the hasher's own group on every rank together: a barrier, then the group destroyed.
+
+        For a group made for hashing (``new_group``), at a point every rank reaches after
+        its last call (a training's end). The barrier means no rank is inside a collective
+        of the group any more when any rank takes it down; left to the interpreter's exit,
+        its teardown on a rank whose peer already exited aborts the process (SIGABRT,
+        "terminate called without an active exception"). The default group (``None``) is
+        its creator's to end. A failed barrier leaves the group as it is, broken.
+        """
+        if self._group is None or not self.meet():
+            return
+        import torch.distributed as dist
+
+        dist.destroy_process_group(self._group)
+        self.broken = "its group was closed"
+
+    def meet(self) -> bool:
+        """A barrier of every rank of the group; False (and the hasher broken) when it fails or is broken."""
+        if self.broken is not None:
+            return False
+        import torch.distributed as dist
+
+        try:
+            dist.barrier(group=self._group)
+        except RuntimeError as error:
+            self.broken = _first_line(error)
+            return False
+        return True
 
     @contextlib.contextmanager
     def taking_part(self) -> Iterator[None]:
@@ -258,6 +331,22 @@ def _raise_failures(rows: list[bytes], message_at: int) -> None:
         if row[0] == _FAILED:
             text = row[message_at : message_at + MESSAGE_BYTES].rstrip(b"\0").decode("utf-8", "replace")
             raise CkptpubError(f"rank {rank}: {text}")
+
+
+def _raise_differences(rows: list[bytes], spans: Sequence[Span], sha256_at: int) -> None:
+    """Refuse, on every rank alike, when ranks that each hashed every span read different bytes."""
+    for rank, row in enumerate(rows):
+        if row[_DIGESTS_AT:] == rows[0][_DIGESTS_AT:]:
+            continue
+        at = next(i for i in range(_DIGESTS_AT, len(row)) if row[i] != rows[0][i])
+        if at < sha256_at:
+            where = spans[(at - _DIGESTS_AT) // DIGEST_BYTES].label
+        else:  # a file's SHA-256 (for a signature)
+            where = spans[files_of(spans)[(at - sha256_at) // DIGEST_BYTES][0]].name
+        raise CkptpubError(
+            f"rank {rank} read other bytes than rank 0 in {where}: the ranks' copies of the folder "
+            "differ; publish or verify where every rank reads the same files"
+        )
 
 
 def _first_line(error: BaseException) -> str:

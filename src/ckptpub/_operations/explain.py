@@ -15,10 +15,12 @@ import os
 from typing import Any, NamedTuple
 
 from .._filesystem.hub_cache import BASE_HUB_KEY
-from .._filesystem.model_files import read_config
+from .._filesystem.model_files import MAX_CONFIG_BYTES
+from .._filesystem.safe_open import read_inside
 from .._format.canonical import canonical_json
 from .._format.config_meaning import WRITTEN_BY, meaning, same_rule
-from .._format.manifest import CONFIG_FILES, FORMATS, MANIFEST_NAME, Manifest, ModelEntry
+from .._format.manifest import FORMATS, Manifest, ModelEntry, config_meaning
+from .._format.names import CONFIG_FILES, MANIFEST_NAME
 from ..errors import CkptpubError
 
 #: A pattern lists at most this many alternatives at one position (``{a,b,... 40 more}`` beyond).
@@ -285,13 +287,14 @@ class ConfigComparison(NamedTuple):
 def compare_configs(a: Manifest, b: Manifest, folder_a: str | None, folder_b: str | None) -> ConfigComparison:
     """Compare the configs of ``a`` and ``b``, reading their files from the folders when they are given.
 
-    A config is read from its folder only if the file is a regular file inside it
-    (no symlink) and still has the digest the manifest recorded (under that
-    manifest's own rule): keys read from a file edited since publishing would
-    describe a different model. A config whose file bytes are the same on both sides
-    is not read. Digests taken with different rules cannot be compared without the
-    files, unless they are equal (then neither config holds a key one rule leaves out
-    and the other counts): such a config counts as changed, and a note says why.
+    A config is read from its folder only if the file is a regular file inside it (a
+    symlink only to a file inside it, as publishing allows) and still has the digest
+    the manifest recorded (under that manifest's own rule): keys read from a file
+    edited since publishing would describe a different model. A config whose file
+    bytes are the same on both sides is not read. Digests taken with different rules
+    cannot be compared without the files, unless they are equal (then neither config
+    holds a key one rule leaves out and the other counts): such a config counts as
+    changed, and a note says why.
     """
     rule = max(a.version, b.version, key=FORMATS.index)
     comparable = same_rule(a.version, b.version)
@@ -339,8 +342,8 @@ def _read_config(
 ) -> tuple[dict[str, Any], None] | tuple[None, str]:
     if folder is None:
         return None, "given as a manifest file, not a folder"
-    try:
-        document, meaning_digest = read_config(os.path.join(folder, name), name, version)
+    try:  # a symlink inside the folder is followed, as publishing followed it
+        document, meaning_digest = config_meaning(read_inside(folder, name, MAX_CONFIG_BYTES), name, version)
     except CkptpubError as error:
         return None, str(error)
     if meaning_digest != digest:

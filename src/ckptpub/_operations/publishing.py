@@ -1,13 +1,17 @@
 """Build a manifest from a folder's bytes and write it atomically next to them.
 
-Writing goes through ``jsonfiles.write_atomically`` (a temporary file in the folder,
+Writing goes through ``jsonfiles.write_together`` (temporary files in the folder,
 fsync, rename and a directory fsync), so a reader (or a crash) sees either no
-manifest, the old one, or the complete new one. The folder's modification time is restored afterwards because
-the Trainer's ``save_total_limit`` rotation orders checkpoints by it.
+manifest, the old one, or the complete new one; a signature is written with it,
+under the folder's write lock (``jsonfiles.folder_lock``), so concurrent publishes
+never pair one's manifest with another's signature. The folder's modification time
+is restored afterwards because the Trainer's ``save_total_limit`` rotation orders
+checkpoints by it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -15,21 +19,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._filesystem.hub_cache import HUB_KEY, CachedModel, cached_model, locate
-from .._filesystem.jsonfiles import write_atomically
+from .._filesystem.jsonfiles import folder_lock, write_together
 from .._filesystem.model_files import config_digests, is_shard_path, read_layout, weight_files
 from .._filesystem.read import read_manifest
-from .._filesystem.run_index import INDEX_NAME
 from .._filesystem.scan import FolderEntry, as_path, resolve_folder, restat, scan_folder
 from .._format.canonical import canonical_json
 from .._format.digest import DIGEST_PREFIX
-from .._format.manifest import (
-    FORMAT,
-    MANIFEST_NAME,
-    MAX_MANIFEST_BYTES,
-    Manifest,
-    check_identity,
-    identity_of,
-)
+from .._format.manifest import FORMAT, MAX_MANIFEST_BYTES, Manifest, check_identity, identity_of
+from .._format.names import MANIFEST_NAME, RUN_INDEX_NAME, SIGNATURE_NAME
 from .._format.records import FileRecord
 from .._format.regions import Entry, check_shapes, encode_regions, entries_of
 from .._format.safetensors import ShardLayout
@@ -42,8 +39,13 @@ if TYPE_CHECKING:
     from .._hashing.distributed import DistributedHasher
     from .signing import Signer, SigningKey
 
+log = logging.getLogger("ckptpub")
+
 #: Provenance nested deeper than this is refused (it is a record of facts, not a data store).
 MAX_PROVENANCE_DEPTH = 64
+#: Provenance longer than this (as canonical JSON) is refused, for the same reason; it also bounds
+#: the work of checking a value from Python that shares its parts (``[x, x]`` nested 64 deep).
+MAX_PROVENANCE_CHARS = 1 << 20
 
 
 def build_manifest(
@@ -167,7 +169,7 @@ def _refuse_nested_checkpoints(root: str, entries: list[FolderEntry]) -> None:
         parts = entry.path.split("/")
         nested = (
             parts[-1] == MANIFEST_NAME
-            or entry.path == INDEX_NAME
+            or entry.path == RUN_INDEX_NAME
             or (len(parts) > 1 and _is_checkpoint_name(parts[0]))
         )
         if nested:
@@ -217,9 +219,10 @@ def publish(
     into the cached repository's blobs, which are read and never changed; the manifest
     then also records the model's hub id and commit (``provenance.hub``).
 
-    Refuses (``CkptpubError``) what ``build_manifest`` refuses. A manifest that
-    landed but after which the folder's modification time could not be restored
-    is reported as a ``CkptpubError`` too (the manifest left is valid).
+    Refuses (``CkptpubError``) what ``build_manifest`` refuses, and then nothing is
+    written. Once the manifest landed, the publish has happened: a folder whose
+    modification time cannot be restored afterwards (one the publisher does not own)
+    is a warning on the ``ckptpub`` logger, not an error.
 
     >>> manifest = publish("runs/demo/checkpoint-20")  # doctest: +SKIP
     >>> manifest.identity  # doctest: +SKIP
@@ -242,26 +245,34 @@ def publish(
     except OSError as error:
         raise CkptpubError(f"{root}: {error.strerror or error}") from None
     manifest, entries, file_sha256 = _build(root, options)
+    files = [(os.path.join(root, MANIFEST_NAME), _manifest_bytes(manifest))]
+    if options.signer is not None:  # signed before anything is written; the manifest lands last
+        files.insert(
+            0,
+            (
+                os.path.join(root, SIGNATURE_NAME),
+                _signature(root, manifest, entries, file_sha256, options.signer),
+            ),
+        )
     try:
-        write_manifest(root, manifest, _file_mode(entries))
-        if options.signer is not None:
-            _sign(root, manifest, entries, file_sha256, options.signer)
+        with folder_lock(root):  # another publish of this folder never pairs its manifest with our signature
+            write_together(files, _file_mode(entries))
     finally:  # a failed write created and removed a temp file: the folder's mtime is restored then too
         problem = _restore_mtime(root, before)
     if problem is not None:
-        raise CkptpubError(f"{root}: {MANIFEST_NAME} was written, but {problem}")
+        log.warning("ckptpub: %s: published %s (a valid manifest), but %s", root, MANIFEST_NAME, problem)
     return manifest
 
 
-def _sign(
+def _signature(
     root: str, manifest: Manifest, entries: list[FolderEntry], file_sha256: list[str], signer: Signer
-) -> None:
-    """Write ``model.sig`` over the manifest just written, with the manifest's permissions."""
-    from .signing import sign_checkpoint
+) -> bytes:
+    """``model.sig``'s bytes for the manifest about to be written."""
+    from .signing import signature_for
 
     symlinks = any(e.real_path != os.path.join(root, *e.path.split("/")) for e in entries)
     sha256 = dict(zip((e.path for e in entries), file_sha256, strict=True))
-    sign_checkpoint(root, manifest, sha256, signer, allow_symlinks=symlinks, mode=_file_mode(entries))
+    return signature_for(root, manifest, sha256, signer, allow_symlinks=symlinks)
 
 
 def _with_lineage(provenance: Any, **links: Any) -> Any:
@@ -293,19 +304,15 @@ def lineage_of(value: Any, what: str) -> tuple[str, CachedModel | None]:
         raise CkptpubError(f"{what}: {error} (publish it first: ckptpub publish {path})") from None
 
 
-def write_manifest(root: str, manifest: Manifest, mode: int) -> None:
-    """Write ``manifest`` into the real folder ``root`` atomically (``jsonfiles.write_atomically``).
-
-    Refuses a manifest over the size readers accept before writing anything.
-    Ctrl-C in the main thread never leaves a temporary file behind.
-    """
+def _manifest_bytes(manifest: Manifest) -> bytes:
+    """What ``ckptpub.json`` will hold; refused before anything is written when readers would refuse it."""
     data = manifest.to_json()
     if len(data) > MAX_MANIFEST_BYTES:
         raise CkptpubError(
             f"{MANIFEST_NAME}: {len(data)} bytes would be over the {MAX_MANIFEST_BYTES}-byte manifest "
             f"limit readers accept; not written"
         )
-    write_atomically(os.path.join(root, MANIFEST_NAME), data, mode)
+    return data
 
 
 def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]) -> Iterator[Span]:
@@ -333,7 +340,7 @@ def _provenance(extra: Mapping[str, Any] | None, cached: CachedModel | None) -> 
         producer["ckptpub"] = __version__
         provenance["producer"] = producer
         provenance.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        canonical_json(provenance)  # TypeError/ValueError: not plain JSON data
+        canonical_json(provenance, max_chars=MAX_PROVENANCE_CHARS)  # TypeError/ValueError: not JSON data
     except (TypeError, ValueError) as error:
         raise CkptpubError(f"provenance: not plain JSON data ({error})") from None
     if _depth(provenance) > MAX_PROVENANCE_DEPTH:  # readers' parsers stop near 1000; stay far from it

@@ -21,20 +21,20 @@ when a signature is made or checked (see ``signing_backend``).
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .._filesystem.jsonfiles import write_atomically
-from .._filesystem.safe_open import READ_FLAGS, kind_of, open_failure
-from .._filesystem.scan import SIGNATURE_NAME, as_path
-from .._format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from .._filesystem.read import read_manifest
+from .._filesystem.safe_open import OpenError, read_bounded
+from .._filesystem.scan import as_path
+from .._format.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from .._format.names import MANIFEST_NAME, SIGNATURE_NAME
 from .._hashing.engine import ProgressCallback
 from .._hashing.options import SpanHasher
-from ..errors import CkptpubError, NoManifestError
+from .._settings import CERTIFICATE_CHAIN_ENV, PUBLIC_KEY_ENV
+from ..errors import CkptpubError, NoManifestError, and_more
 from .verify import Problem, VerifyReport, verify
 
 #: Paths ``model_signing`` leaves out of a signature unless told otherwise (its "git paths"),
@@ -93,6 +93,27 @@ class TrustedKey:
         if (self.public_key is None) == (not self.certificate_chain):
             raise CkptpubError("give either a public key or a certificate chain to verify a signature with")
 
+    @classmethod
+    def of(cls, public_key: str | None, certificate_chain: Sequence[str] = ()) -> TrustedKey | None:
+        """The key a verifier was given, or None when it was given neither (nothing signed is required).
+
+        The one shape of "is a signature required": ``TrustedKey | None``. Both given
+        is a ``CkptpubError``, as for the constructor.
+        """
+        if public_key is None and not certificate_chain:
+            return None
+        return cls(public_key, tuple(certificate_chain))
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> TrustedKey | None:
+        """``CKPTPUB_PUBLIC_KEY`` or ``CKPTPUB_CERTIFICATE_CHAIN`` (PEM files, ``os.pathsep``-separated).
+
+        What engines, daemons and ``ckptpub preload`` trust when no option says so; None when neither is set.
+        """
+        public_key = environ.get(PUBLIC_KEY_ENV, "").strip() or None
+        chain = [path for path in environ.get(CERTIFICATE_CHAIN_ENV, "").split(os.pathsep) if path.strip()]
+        return cls.of(public_key, chain)
+
 
 class Signer:
     """A ``SigningKey`` loaded and checked: made before anything is hashed, so a key that cannot
@@ -150,28 +171,24 @@ def signed_resources(
     return sorted(resources)
 
 
-def sign_checkpoint(
+def signature_for(
     root: str,
     manifest: Manifest,
     file_sha256: Mapping[str, str],
     signer: Signer,
     *,
     allow_symlinks: bool = False,
-    mode: int = 0o644,
-) -> None:
-    """Sign the published folder ``root``: write ``root/model.sig`` atomically.
+) -> bytes:
+    """The bytes of ``model.sig`` for the folder ``root`` published with ``manifest``.
 
-    ``manifest`` is the one just written to ``root/ckptpub.json`` (its canonical bytes
-    are what is signed), ``file_sha256`` the SHA-256 of each of its files, read in the
-    same pass as their BLAKE3 digests (``engine.hash_files``).
-    ``allow_symlinks`` is recorded as model_signing records it: a folder with symlinks
-    verifies with ``model_signing verify --allow_symlinks``. ``mode``: the signature's
-    permissions (the manifest's). Raises ``CkptpubError`` when the signature cannot be
-    written; nothing is left half-written.
+    ``manifest``'s canonical bytes (what ``ckptpub.json`` holds) are what is signed,
+    ``file_sha256`` is the SHA-256 of each of its files, read in the same pass as
+    their BLAKE3 digests (``engine.hash_files``). ``allow_symlinks`` is recorded as
+    model_signing records it: a folder with symlinks verifies with ``model_signing
+    verify --allow_symlinks``.
     """
     resources = signed_resources(manifest, file_sha256, manifest.to_json())
-    bundle = signer.sign(os.path.basename(root), resources, allow_symlinks)
-    write_atomically(os.path.join(root, SIGNATURE_NAME), bundle, mode)
+    return signer.sign(os.path.basename(root), resources, allow_symlinks)
 
 
 @dataclass(frozen=True)
@@ -207,6 +224,10 @@ def check_signature(folder: str | os.PathLike[str], trusted: TrustedKey) -> Sign
     root = as_path(folder, "folder")
     if not isinstance(trusted, TrustedKey):
         raise CkptpubError(f"trusted: expected a TrustedKey, got {type(trusted).__name__}")
+    from . import signing_backend
+
+    # The key first: one that cannot be used is said whatever the folder holds.
+    verifier = signing_backend.load_verifier(trusted.public_key, trusted.certificate_chain)
     signature = _read_small(root, SIGNATURE_NAME, MAX_SIGNATURE_BYTES)
     if signature is None:
         raise CkptpubError(
@@ -215,11 +236,7 @@ def check_signature(folder: str | os.PathLike[str], trusted: TrustedKey) -> Sign
     manifest_bytes = _read_small(root, MANIFEST_NAME, MAX_MANIFEST_BYTES)
     if manifest_bytes is None:
         raise NoManifestError(f"{root}: no {MANIFEST_NAME}; run 'ckptpub publish' on it first")
-    from . import signing_backend
-
-    statement = signing_backend.verify_bundle(
-        signature, trusted.public_key, trusted.certificate_chain, SIGNATURE_NAME
-    )
+    statement = signing_backend.verify_bundle(signature, verifier, SIGNATURE_NAME)
     if isinstance(statement, str):
         return SignatureCheck(None, (Problem(SIGNATURE_NAME, "signature", statement),))
     problems = list(_serialization_problems(statement.serialization))
@@ -250,6 +267,28 @@ def _serialization_problems(serialization: Mapping[str, object]) -> Sequence[Pro
         detail = f"signs a {method!r} serialization with {hash_type!r}, not 'files' with 'sha256'"
         return [Problem(SIGNATURE_NAME, "signature", detail)]
     return []
+
+
+def read_trusted_manifest(folder: str | os.PathLike[str], trusted: TrustedKey | None) -> Manifest:
+    """The manifest to go on with: the one ``trusted`` signed, or (``trusted`` None) the folder's own.
+
+    "Signed or plain" is decided here, once: with a key, anything but a signature of
+    exactly this manifest by that key is a ``CkptpubError`` naming the first problem
+    (and how many more), and the manifest returned is parsed from the bytes the
+    signature covers; without one, it is ``read_manifest(folder)``.
+    """
+    if trusted is None:
+        return read_manifest(folder)
+    check = check_signature(folder, trusted)
+    if check.manifest is None:
+        first = check.problems[0]
+        raise CkptpubError(
+            and_more(
+                f"{as_path(folder, 'folder')}: not what the trusted key signed: {first.path}: {first.detail}",
+                len(check.problems) - 1,
+            )
+        )
+    return check.manifest
 
 
 def verify_signed(
@@ -286,25 +325,11 @@ def verify_signed(
 
 
 def _read_small(root: str, name: str, limit: int) -> bytes | None:
-    """The bytes of the regular file ``root/name`` (never followed if a symlink); None if nothing is there."""
+    """The bytes of the regular file ``root/name`` (``read_bounded``); None when nothing is there."""
     path = os.path.join(root, name)
     try:
-        fd = os.open(path, READ_FLAGS)
-    except OSError as error:
-        if error.errno == errno.ENOENT:
+        return read_bounded(path, limit, path)
+    except OpenError as error:
+        if error.absent:
             return None
-        raise CkptpubError(f"{path}: {open_failure(error)}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CkptpubError(f"{path}: {kind_of(info.st_mode)}, not a regular file")
-        data = os.read(fd, limit + 1)
-        while len(data) <= limit and (more := os.read(fd, limit + 1 - len(data))):
-            data += more
-    except OSError as error:
-        raise CkptpubError(f"{path}: cannot read: {error.strerror or error}") from None
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise CkptpubError(f"{path}: over the {limit}-byte limit")
-    return data
+        raise

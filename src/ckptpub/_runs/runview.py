@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from .._filesystem import run_index
 from .._filesystem.read import read_manifest
-from .._format.manifest import MANIFEST_NAME
+from .._format.names import MANIFEST_NAME, RUN_INDEX_NAME
 from .._operations.explain import base_hub_of, base_of, is_adapter
 from ..errors import CkptpubError
 
@@ -57,8 +57,8 @@ def list_run(run_dir: str) -> list[RunEntry]:
         records = run_index.read(run_dir)
     except CkptpubError as error:
         records = []
-        entries[run_index.INDEX_NAME] = RunEntry(
-            run_index.INDEX_NAME, None, None, None, None, False, "index", "unusable", str(error)
+        entries[RUN_INDEX_NAME] = RunEntry(
+            RUN_INDEX_NAME, None, None, None, None, False, "index", "unusable", str(error)
         )
     for record in records:  # a path published twice keeps its last record
         path = record["path"]
@@ -96,6 +96,9 @@ def lineage(entries: list[RunEntry]) -> list[dict[str, Any]]:
 
     A checkpoint whose base is another checkpoint of this run (a merge of step 40
     published with ``--base``) hangs under that one; bases outside the run are roots.
+    Unusable checkpoints, whose base cannot be known, are the children of one last
+    root marked ``"unusable": true``: no view of a run leaves a checkpoint out
+    silently (rotated ones are left out: ``ls`` lists them).
     """
     nodes: dict[str | None, dict[str, Any]] = {}
     roots: list[dict[str, Any]] = []
@@ -116,6 +119,9 @@ def lineage(entries: list[RunEntry]) -> list[dict[str, Any]]:
                 roots.append(parent)
         parent["children"].append(node)
         nodes.setdefault(entry.identity, node)
+    unusable = [{"entry": e.as_dict(), "children": []} for e in entries if e.status == "unusable"]
+    if unusable:
+        roots.append({"base_identity": None, "unusable": True, "children": unusable})
     return roots
 
 

@@ -25,7 +25,8 @@ from typing import Any
 from .._filesystem.hub_cache import BASE_HUB_KEY, CachedModel, cached_model, is_hub_id, locate, split_revision
 from .._filesystem.read import read_manifest
 from .._format.digest import DIGEST_PREFIX
-from .._format.manifest import MANIFEST_NAME, check_identity
+from .._format.manifest import check_identity
+from .._format.names import MANIFEST_NAME
 from ..errors import CkptpubError, NoManifestError
 
 

@@ -17,6 +17,7 @@ has the Trainer facts it relies on):
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.metadata
 import logging
@@ -30,10 +31,12 @@ from typing import Any, TypeGuard
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from .._filesystem import run_index
-from .._format.manifest import MANIFEST_NAME, Manifest
+from .._format.manifest import Manifest
+from .._format.names import MANIFEST_NAME, TRAINER_STATE_NAME
 from .._hashing.distributed import DEFAULT_TIMEOUT_S, DistributedHasher, new_group
 from .._operations.publishing import publish, publish_on_ranks
 from .._operations.signing import Signer
+from .._settings import seconds
 from ..errors import CkptpubError
 from .accelerate_helper import publish_accelerate_state
 from .base_model import Base, find_base, named_base, unidentified
@@ -43,7 +46,6 @@ __all__ = ["PublishCallback", "Published", "publish_accelerate_state"]
 log = logging.getLogger("ckptpub")
 
 _CHECKPOINT_PREFIX = "checkpoint"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
-_DONE_MARKER = "trainer_state.json"  # written last before rotation by the saving rank
 _PRODUCER_PACKAGES = ("transformers", "torch", "accelerate", "peft", "safetensors")
 
 
@@ -116,7 +118,7 @@ def checkpoint_folder(
         return direct
 
     def written_at(folder: str) -> float:
-        for probe in (os.path.join(folder, _DONE_MARKER), folder):
+        for probe in (os.path.join(folder, TRAINER_STATE_NAME), folder):
             try:
                 return os.stat(probe).st_mtime
             except OSError:
@@ -197,13 +199,29 @@ class _Publisher:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._loop, name="ckptpub-publisher", daemon=True)
             self._thread.start()
+            atexit.register(self.join)
 
     def join(self) -> None:
-        """Wait until every submitted save is published (or skipped), then stop the worker."""
+        """Wait until every submitted save is published (or skipped), then stop the worker.
+
+        ``on_train_end`` calls it; so does the interpreter's exit when training ended
+        without it (an exception in ``train()``), so the worker is never cut off
+        inside a collective (or a manifest's write) while the process tears down.
+        """
+        atexit.unregister(self.join)
         if self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
         self._thread = None
+
+    def close_hasher(self) -> None:
+        """End the job-wide hashing group with the other ranks, once no publish runs (``join`` first).
+
+        So the group does not outlive the training: the next ``train()`` makes a new one.
+        """
+        if self.hasher is not None:
+            self.hasher.close()
+            self.hasher = None
 
     def take_done(self) -> list[Published]:
         with self._done_lock:
@@ -388,10 +406,10 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
         self.publish_base = bool(publish_base)
         self.index = index
         self.distributed = distributed
-        self.rank_timeout_s = rank_timeout_s
+        self.rank_timeout_s = seconds(rank_timeout_s, "rank_timeout_s")
         signer = None if sign is None else Signer.load(sign)
         self._pub = _Publisher(
-            background=background, max_pending=max_pending, require=_DONE_MARKER, signer=signer
+            background=background, max_pending=max_pending, require=TRAINER_STATE_NAME, signer=signer
         )
         self._holding = False
         self._base: Base | None = None
@@ -502,9 +520,10 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
     ) -> None:
         self._release()
         self._pub.join()
+        self._pub.close_hasher()  # every rank is here, after its last collective
         self._deliver(state)
         for p in self.published:  # a checkpoint deleted after its publish leaves no manifest behind
-            if not os.path.isfile(os.path.join(p.folder, _DONE_MARKER)):
+            if not os.path.isfile(os.path.join(p.folder, TRAINER_STATE_NAME)):
                 _withdraw(p.folder)
 
     # -- helpers -------------------------------------------------------------

@@ -71,7 +71,9 @@ def has_manifest(folder: str) -> bool:
     return os.path.lexists(os.path.join(folder, ckptpub.MANIFEST_NAME))
 
 
-def read_folder_manifest(folder: str, kind: str = "") -> ckptpub.Manifest | None:
+def read_folder_manifest(
+    folder: str, kind: str = "", *, check_tables: bool = True
+) -> ckptpub.Manifest | None:
     """The folder's validated manifest; None only when nothing is at its manifest path.
 
     The manifest file is read directly (no separate look at the folder first); only
@@ -79,13 +81,15 @@ def read_folder_manifest(folder: str, kind: str = "") -> ckptpub.Manifest | None
     With ``CKPTPUB_PUBLIC_KEY``/``CKPTPUB_CERTIFICATE_CHAIN`` set (daemons, plain
     ``ipc_cache`` engines) only the manifest that key signed is returned. ``kind``
     names what the folder holds in a refusal (``adapter``; a model by default).
+    ``check_tables=False``: the tables are checked when the tensors are first used
+    (the key needs the identity alone, which commits to the model table's bytes).
     """
     public_key, chain = trusted_from_env()
     if public_key is not None or chain:
         return signed_manifest(folder, public_key, chain, kind)
     path = os.path.join(folder, ckptpub.MANIFEST_NAME)
     try:
-        return ckptpub.read_manifest(path)
+        return ckptpub.read_manifest(path, check_tables=check_tables)
     except ckptpub.CkptpubError as error:
         if not os.path.lexists(path):
             return None
@@ -96,7 +100,7 @@ def checkpoint_key(model: str) -> str | None:
     """Drop-in replacement for vLLM's ``protocol.hash_checkpoint``."""
     manifest = None
     if isinstance(model, str):
-        manifest = _checked.get(model) or read_folder_manifest(folder_of(model))
+        manifest = _checked.get(model) or read_folder_manifest(folder_of(model), check_tables=False)
     if manifest is not None:
         if (model, manifest.identity) not in _logged:
             _logged.add((model, manifest.identity))
@@ -175,9 +179,3 @@ def install() -> None:
         return
     setattr(_patched, _PATCH_MARK, current)
     protocol.hash_checkpoint = _patched
-
-
-def installed() -> bool:
-    from vllm.model_executor.model_loader.weight_cache import protocol
-
-    return getattr(protocol.hash_checkpoint, _PATCH_MARK, None) is not None

@@ -178,7 +178,7 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         return memory
 
     def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = "") -> nn.Module:
-        with refusals_logged():
+        with refusals_logged(model_config.model):
             model = self._load_model(vllm_config, model_config, prefix)
         if vllm_config.lora_config is not None:
             adapters.serve_base(model, self._folder, self._manifest, self.options)
@@ -186,7 +186,7 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
 
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         """Used by the weight-cache daemon (and reloads): always a verified disk load."""
-        with refusals_logged():
+        with refusals_logged(model_config.model):
             manifest = self._prepare(model_config)
             self._disk_loader(manifest).load_weights(model, model_config)
 

@@ -2,9 +2,11 @@
 
 vLLM's disk loader yields ``(name, tensor)`` pairs straight from the safetensors
 files, with the stored dtype and bytes, and the model copies each into place. The
-verifier checks name, dtype and shape at once and hands the raw bytes to a small
-thread pool (BLAKE3 releases the GIL), so hashing overlaps with vLLM's copying
-instead of adding a second pass over the checkpoint. Loading pauses only when more
+verifier checks name, dtype and shape at once, copies the bytes out of the shard's
+mapping (the copy is what vLLM then loads, so a write to the file cannot slip in
+between check and use) and hands the copy to a small thread pool (BLAKE3 releases
+the GIL), so hashing overlaps with vLLM's copying instead of adding a second pass
+over the checkpoint. Loading pauses only when more
 than ``max_pending_mib`` of tensors wait for their hash. Any difference raises
 :class:`RefusedError` naming the tensor; ``finish`` waits for the last hashes and
 also refuses when manifest tensors never arrived. When reading a shard fails (a
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import os
 import stat
-import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -65,6 +66,18 @@ def torch_dtype(code: str) -> torch.dtype | None:
     return _TORCH_DTYPES.get(code)
 
 
+def private_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes in memory only this process writes: a contiguous copy of a CPU tensor.
+
+    vLLM's CPU tensors from disk are views of the shard's shared mapping, so a write to
+    the file (``pwrite``, another process's mapping) shows in them at any moment; a
+    tensor on an accelerator is already a copy of its own.
+    """
+    if tensor.device.type != "cpu":
+        return tensor
+    return tensor.detach().clone(memory_format=torch.contiguous_format)
+
+
 def raw_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's bytes as stored (a zero-copy view for CPU tensors)."""
     t = tensor.detach()
@@ -102,7 +115,6 @@ class StreamVerifier:
         self.partial_reason: str | None = None
         self.verified_tensors = 0
         self.verified_bytes = 0
-        self.hash_seconds = 0.0
         self._max_pending = max_pending_mib << 20
         self._pending: deque[tuple[str, Future[str], int]] = deque()
         self._pending_bytes = 0
@@ -125,8 +137,7 @@ class StreamVerifier:
             except Exception as error:  # noqa: BLE001 - whatever the shard reader raised: name the shard
                 self.close()
                 raise self.refuse(self.reading_failed(error)) from error
-            self.check(name, tensor)
-            yield name, tensor
+            yield name, self.check(name, tensor)
 
     def reading_failed(self, error: Exception) -> str:
         """Why reading the shards failed, by shard name where the files show it."""
@@ -135,7 +146,16 @@ class StreamVerifier:
             return problems[0]
         return "reading the weights failed: " + " ".join(f"{type(error).__name__}: {error}".split())
 
-    def check(self, name: str, tensor: torch.Tensor) -> None:
+    def check(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Check one tensor from disk; return the copy to load into the model (use it, not ``tensor``).
+
+        Name, dtype and shape are checked now, the bytes' digest now or on the pool.
+        What is hashed is a private copy (``private_copy``), and that copy is what the
+        model gets: the bytes verified are the bytes loaded, whatever is written to the
+        shard between this check and vLLM's copy into the model (checking the mapped
+        view itself left that window open: a ``pwrite`` in between put unverified bytes
+        into the model while the check passed).
+        """
         record = self.expected.get(name)
         if record is None:
             raise self.refuse(f"tensor {name!r} is not in the manifest")
@@ -149,22 +169,18 @@ class StreamVerifier:
             raise self.refuse(
                 f"tensor {name!r} has shape {list(tensor.shape)}, the manifest says {list(record.shape)}"
             )
-        data = raw_bytes(tensor)
+        loaded = private_copy(tensor)
+        data = raw_bytes(loaded)
         size = int(data.nbytes)
         if size <= INLINE_HASH_BYTES:
-            self._compare(name, self._digest(data), size)
-            return
-        self._pending.append((name, self._pool.submit(self._digest, data), size))
+            self._compare(name, ckptpub.tensor_digest(data), size)
+            return loaded
+        self._pending.append((name, self._pool.submit(ckptpub.tensor_digest, data), size))
         self._pending_bytes += size
         self._collect(block=False)
         while self._pending_bytes > self._max_pending and self._pending:
             self._collect_one()
-
-    def _digest(self, data: memoryview) -> str:
-        start = time.perf_counter()
-        digest = ckptpub.tensor_digest(data)
-        self.hash_seconds += time.perf_counter() - start
-        return digest
+        return loaded
 
     def _collect(self, block: bool) -> None:
         while self._pending and (block or self._pending[0][1].done()):

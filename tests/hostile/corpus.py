@@ -378,6 +378,32 @@ def swapped(lines: list[bytes], a: int, b: int) -> list[bytes]:
     return lines
 
 
+def model_entry(change: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    """Change the first entry of the ckptpub/3 model region (``["name","dtype",[shape],"hex"]``)."""
+
+    def edit(model: bytes, layout: bytes) -> tuple[bytes, bytes]:
+        first, rest = model.split(b",\n", 1)
+        return change(first) + b",\n" + rest, layout
+
+    return forge_tables(edit, FORMAT)
+
+
+def entry_field(index: int, value: object) -> Callable[[bytes], bytes]:
+    """A region entry with field ``index`` set to ``value``, still written as canonical JSON."""
+
+    def edit(entry: bytes) -> bytes:
+        fields = json.loads(entry)
+        fields[index] = value(fields[index]) if callable(value) else value
+        return json.dumps(fields, separators=(",", ":")).encode()
+
+    return edit
+
+
+def layout_entries(change: Callable[[list[bytes]], list[bytes]]) -> Callable[[Path], None]:
+    """Change the ckptpub/3 layout region's entries (each without the ``,\\n`` between them)."""
+    return forge_tables(lambda model, layout: (model, b",\n".join(change(layout.split(b",\n")))), FORMAT)
+
+
 _PROBE = """
 from ckptpub.errors import CkptpubError
 from ckptpub._format.strict_json import loads_strict
@@ -1208,6 +1234,104 @@ TABLE_CASES = [
 ]
 CASES += TABLE_CASES
 
+#: The same for ckptpub/3 (what publish writes): regions whose entries break a rule while the first
+#: line and identity agree with them.
+REGION_CASES = [
+    Case(
+        "model region unsorted",
+        forge_tables(lambda model, layout: (b",\n".join(swapped(model.split(b",\n"), 0, 1)), layout), FORMAT),
+        True,
+        BAD_MANIFEST,
+        "model region: names are not sorted and unique",
+    ),
+    Case(
+        "model region entry not in canonical form",
+        model_entry(lambda entry: entry.replace(b",", b", ", 1)),
+        True,
+        BAD_MANIFEST,
+        "model region: not in canonical form",
+    ),
+    Case(
+        "model region entry of three fields",
+        model_entry(lambda entry: entry.rsplit(b",", 1)[0] + b"]"),
+        True,
+        BAD_MANIFEST,
+        "an entry is not [name, dtype, shape, digest]",
+    ),
+    Case(
+        "model region unknown dtype",
+        model_entry(entry_field(1, "F33")),
+        True,
+        BAD_MANIFEST,
+        "unknown dtype",
+    ),
+    Case(
+        "model region dtype of another width",
+        model_entry(entry_field(1, "F16")),
+        True,
+        BAD_MANIFEST,
+        "do not add up to the file size",
+    ),
+    Case(
+        "model region digest in capitals",
+        model_entry(entry_field(3, str.upper)),
+        True,
+        BAD_MANIFEST,
+        "64 lowercase hex digits",
+    ),
+    Case(
+        "model region shape not integers",
+        model_entry(entry_field(2, lambda shape: [str(shape[0]), *shape[1:]])),
+        True,
+        BAD_MANIFEST,
+        "a shape is not an array of non-negative integers",
+    ),
+    Case(
+        "model region dimension of 2**53",
+        model_entry(entry_field(2, lambda shape: [0, 2**53])),
+        True,
+        BAD_MANIFEST,
+        "a shape dimension is 2**53 or more",
+    ),
+    Case(
+        "model region name not UTF-8",
+        model_entry(lambda entry: entry.replace(b'["', b'["\xff', 1)),
+        True,
+        BAD_MANIFEST,
+        "model region is not valid UTF-8",
+    ),
+    Case(
+        "model region empty name",
+        model_entry(entry_field(0, "")),
+        True,
+        BAD_MANIFEST,
+        "a tensor name is empty",
+    ),
+    Case(
+        "layout names a tensor the model region lacks",
+        layout_entries(
+            lambda entries: [x.replace(b'"model.norm.weight"', b'"model.norm.w"') for x in entries]
+        ),
+        True,
+        BAD_MANIFEST,
+        "is not the name of a model tensor",
+    ),
+    Case(
+        "layout region places a tensor twice",
+        layout_entries(lambda entries: [entries[0] if x == b'["model.norm.weight"]' else x for x in entries]),
+        True,
+        BAD_MANIFEST,
+        "a tensor name occurs twice",
+    ),
+    Case(
+        "layout region entries in another order",
+        layout_entries(lambda entries: swapped(entries, 2, len(entries) - 1)),
+        True,
+        {"publish": 0, "verify": 1, "verify-pinned": 1, "show": 0, "diff": 0},
+    ),
+]
+CASES += REGION_CASES
+
 RUN_CASES = [
     RunCase("intact run", lambda r: None, 0, ("checkpoint-10", "checkpoint-20"), ()),
     RunCase(
@@ -1258,6 +1382,13 @@ RUN_CASES = [
     RunCase(
         "manifest of a checkpoint breaks a table rule",
         lambda r: TABLE_CASES[0].damage(r / "checkpoint-20"),
+        2,
+        ("checkpoint-10",),
+        ("checkpoint-20",),
+    ),
+    RunCase(
+        "manifest of a checkpoint breaks a region rule",
+        lambda r: REGION_CASES[0].damage(r / "checkpoint-20"),
         2,
         ("checkpoint-10",),
         ("checkpoint-20",),

@@ -16,12 +16,14 @@ modules, and imports go downwards only (``tests/core/test_layers.py`` checks it)
 
     (public)      ckptpub (this API), cli, console, signing, distributed, integration, errors
     _cli          the command line: parser, built-in commands, printing, progress
-    _training     the Trainer callback, the accelerate helper
+    _training     the Trainer callback, a run's base model, the accelerate helper
     _runs         a run's checkpoints at a glance (ls, log)
     _operations   publish, verify, diff and explain, sign
     _hashing      the hashing engine, its options, distributed hashing
-    _filesystem   safe opens and reads, folder scans, atomic JSON files, model files, the run index
-    _format       the manifest, its tables, safetensors headers, strict and canonical JSON, digests
+    _filesystem   safe opens and reads, folder scans, atomic JSON files, model files, the run index,
+                  models in the Hugging Face cache
+    _format       the manifest (ckptpub/3 regions, /2 tables), config meaning, safetensors headers,
+                  strict and canonical JSON, digests
     errors, _settings, _version   what every layer may import
 
 ``docs/design.md`` (for contributors) says what each layer may import, where each

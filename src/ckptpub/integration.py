@@ -9,16 +9,24 @@ the way the core does (``docs/design.md`` lists where each rule lives):
   blocked on, the size bounded before a byte is read; ``OpenError`` when the open
   failed, ``.absent`` when nothing is there), ``read_inside`` (the same for a file of
   a folder, following a symlink only as ``resolve_inside`` allows: inside the folder,
-  and not to ckptpub's own files), ``open_inside`` (the open alone, for a reader of a
-  prefix such as a shard's header);
+  and not to ckptpub's own files, or into the blobs of the cached model whose snapshot
+  the folder is), ``open_inside`` (the open alone, for a reader of a prefix such as a
+  shard's header);
 * decoding: ``loads_strict`` (JSON as every ckptpub reader decodes it), ``config_meaning``
-  (a config's bytes to its object and the digest its identity covers),
-  ``check_identity`` (``blake3:<64 lowercase hex>`` or a ``CkptpubError``),
+  (a config's bytes to its object and the digest its identity covers under a format's
+  rule), ``check_identity`` (``blake3:<64 lowercase hex>`` or a ``CkptpubError``),
   ``layout_in_memory`` (the tensors of a whole safetensors file held in memory, with the
   header checks publishing applies);
 * manifests: ``base_of`` (the base identity a manifest records, a fine-tune's or an
   adapter's parent, or None), ``is_adapter`` (whether it is a PEFT adapter's, as
-  ``ckptpub show``/``diff`` say);
+  ``ckptpub show``/``diff`` say); ``FORMATS``: the manifest formats read, oldest first
+  (``Manifest.version`` is one): a weight-cache daemon started before a folder was
+  published again in a newer format holds its model under an older format's identity
+  (``Manifest.identity_in``);
+* models in the Hugging Face cache: ``locate(name, revision)``: the folder a model's
+  name means (a path that exists, or a hub id's snapshot in the cache, resolved offline
+  by huggingface_hub), and ``cached_model(folder)``: a real folder as a cached model
+  (hub id, commit), or None;
 * files shared with readers, ``jsonfiles``: ``write_json``/``write_atomically`` (replaced
   whole), ``read_json``, ``append_line``/``read_lines`` (a log, a whole line at a time);
 * file names: ``MANIFEST_NAME``, ``SIGNATURE_NAME``, ``RUN_INDEX_NAME``,
@@ -34,8 +42,9 @@ manifest" is ``ckptpub.signing.read_trusted_manifest`` with ``TrustedKey.of`` or
 """
 
 from ._filesystem import jsonfiles
+from ._filesystem.hub_cache import cached_model, locate
 from ._filesystem.safe_open import OpenError, open_inside, read_bounded, read_inside, resolve_inside
-from ._format.manifest import check_identity, config_meaning
+from ._format.manifest import FORMATS, check_identity, config_meaning
 from ._format.names import (
     CONFIG_FILES,
     MANIFEST_NAME,
@@ -66,6 +75,7 @@ __all__ = [
     "CERTIFICATE_CHAIN_ENV",
     "CONFIG_FILES",
     "DEBUG_ENV",
+    "FORMATS",
     "MANIFEST_NAME",
     "PRELOAD_IDENTITY_ENV",
     "PRELOAD_STATE_DIR_ENV",
@@ -80,6 +90,7 @@ __all__ = [
     "VARIABLES",
     "OpenError",
     "base_of",
+    "cached_model",
     "check_identity",
     "config_meaning",
     "env_flag",
@@ -88,6 +99,7 @@ __all__ = [
     "jsonfiles",
     "layout_in_memory",
     "loads_strict",
+    "locate",
     "open_inside",
     "read_bounded",
     "read_inside",

@@ -41,10 +41,11 @@ def checkpoints(run_dir: str | os.PathLike) -> list[str]:
 
 
 def manifest_json(folder: str | os.PathLike) -> dict:
-    """The manifest's JSON header plus its tensor records as dicts (ckptpub/2 keeps those in tables)."""
-    header = json.loads((Path(folder) / "ckptpub.json").read_bytes().partition(b"\n")[0])
-    header["tensors"] = [t._asdict() for t in ckptpub.read_manifest(folder).tensors]
-    return header
+    """The manifest's fields, with its tensor records as dicts in place of its two regions of entries."""
+    document = json.loads((Path(folder) / "ckptpub.json").read_bytes())
+    del document["model"], document["layout"]
+    document["tensors"] = [t._asdict() for t in ckptpub.read_manifest(folder).tensors]
+    return document
 
 
 def run_group(cmd: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:

@@ -42,8 +42,8 @@ def test_publish_prints_identity_and_writes_manifest(tmp_path: Path) -> None:
     identity = result.stdout.strip()
     assert identity.startswith("blake3:")
     assert len(identity) == 7 + 64
-    manifest = json.loads((folder / "ckptpub.json").read_bytes().partition(b"\n")[0])
-    assert manifest["format"] == "ckptpub/2"
+    manifest = json.loads((folder / "ckptpub.json").read_bytes())
+    assert manifest["format"] == "ckptpub/3"
     assert manifest["identity"] == identity
     assert {f["path"] for f in manifest["files"]} == {
         "config.json",

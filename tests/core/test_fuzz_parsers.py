@@ -9,6 +9,7 @@ from math import prod
 from typing import Any
 
 import pytest
+from checkpoints import v3_forged, v3_parts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,8 @@ from ckptpub._format.canonical import canonical_json
 from ckptpub._format.manifest import (
     FORMAT,
     FORMAT_V1,
+    FORMAT_V2,
+    FORMATS,
     FileRecord,
     Manifest,
     TensorRecord,
@@ -89,8 +92,9 @@ _WHOLE_BYTES = sorted(d for d, bits in DTYPE_BITS.items() if bits % 8 == 0)
 
 
 @st.composite
-def manifests(draw: st.DrawFn) -> Manifest:
-    """A manifest that parses: sorted safe paths, shards whose tensors tile them, unique weight names."""
+def manifests(draw: st.DrawFn, version: str = FORMAT) -> Manifest:
+    """A ``version`` manifest that parses: sorted safe paths, shards whose tensors tile them, unique
+    weight names (with no tab or newline: ckptpub/2 cannot hold them), its identity by that format's rule."""
     paths = sorted(set(draw(st.lists(st.lists(_PART, min_size=1, max_size=2).map("/".join), max_size=5))))
     names = iter(draw(st.lists(_NAME, unique=True, min_size=12, max_size=12)))
     files, tensors, shards = [], [], []
@@ -111,8 +115,12 @@ def manifests(draw: st.DrawFn) -> Manifest:
     config = draw(st.dictionaries(st.sampled_from(CONFIG_FILES), _HEX, max_size=2))
     provenance = draw(st.dictionaries(st.text(max_size=4), json_values.filter(_finite), max_size=2))
     record_files, record_tensors = tuple(files), tuple(tensors)
-    identity = compute_identity(record_tensors, record_files, weights, config)
-    return Manifest(identity, record_tensors, record_files, weights, config, provenance)
+    identity = compute_identity(record_tensors, record_files, weights, config, version)
+    return Manifest(identity, record_tensors, record_files, weights, config, provenance, version)
+
+
+#: A format, and a manifest of it (each format's config digests follow its own rule).
+versioned_manifests = st.sampled_from(FORMATS).flatmap(lambda v: st.tuples(st.just(v), manifests(v)))
 
 
 def _finite(value: object) -> bool:
@@ -127,7 +135,7 @@ def _finite(value: object) -> bool:
 def _accepted_is_consistent(manifest: Manifest, version: str) -> None:
     """Whatever the parser accepts has the identity its own entries give, and encodes to what it reads."""
     try:
-        tensors = manifest.tensors  # ckptpub/2: the tables are checked here, on first use
+        tensors = manifest.tensors  # already checked on reading: this decodes nothing new
     except ckptpub.CkptpubError:
         return
     assert manifest.identity == compute_identity(
@@ -146,10 +154,11 @@ def _accepted_is_consistent(manifest: Manifest, version: str) -> None:
     assert again.to_json(version) == encoded
 
 
-@settings(max_examples=100, deadline=None)
-@given(manifest=manifests(), version=st.sampled_from([FORMAT, FORMAT_V1]))
-def test_a_written_manifest_parses_back_to_itself(manifest: Manifest, version: str) -> None:
-    """The accept path: every manifest the writer encodes is read back whole, in both formats."""
+@settings(max_examples=150, deadline=None)
+@given(versioned=versioned_manifests)
+def test_a_written_manifest_parses_back_to_itself(versioned: tuple[str, Manifest]) -> None:
+    """The accept path: every manifest the writer encodes is read back whole, in every format."""
+    version, manifest = versioned
     parsed = parse_manifest(manifest.to_json(version))
     assert (parsed.version, parsed.tensors, parsed.files) == (version, manifest.tensors, manifest.files)
     assert (parsed.weights, parsed.config) == (manifest.weights, manifest.config)
@@ -159,36 +168,68 @@ def test_a_written_manifest_parses_back_to_itself(manifest: Manifest, version: s
     )
 
 
-@settings(max_examples=200, deadline=None)
-@given(manifest=manifests(), version=st.sampled_from([FORMAT, FORMAT_V1]), data=st.data())
+@settings(max_examples=300, deadline=None)
+@given(versioned=versioned_manifests, data=st.data())
 def test_a_damaged_manifest_is_refused_or_consistent(
-    manifest: Manifest, version: str, data: st.DataObject
+    versioned: tuple[str, Manifest], data: st.DataObject
 ) -> None:
-    """One field of the JSON replaced or dropped, or bytes of the tables edited: CkptpubError or a consistent
-    manifest (a change the identity does not cover, such as provenance), never another exception."""
+    """One field of the JSON replaced or dropped, or bytes of the entries edited (ckptpub/3's regions,
+    /2's tables), re-identified or not: CkptpubError or a consistent manifest (a change the identity does
+    not cover, such as provenance), never another exception."""
+    version, manifest = versioned
     encoded = manifest.to_json(version)
-    header, newline, tables = encoded.partition(b"\n") if version == FORMAT else (encoded, b"", b"")
-    document = json.loads(header)
-    if version == FORMAT and data.draw(st.booleans(), label="edit the tables"):
-        at = data.draw(st.integers(0, len(tables)), label="at")
-        cut = data.draw(st.integers(0, 3), label="cut")
-        tables = (
-            tables[:at]
-            + data.draw(st.sampled_from([b"", b"\t", b"\n", b"x", b"0", b",", b"\xff"]))
-            + tables[at + cut :]
-        )
+    if version == FORMAT:
+        damaged = _damaged_v3(encoded, data)
     else:
-        target, key = _some_place(document, data)
-        if data.draw(st.booleans(), label="drop") and isinstance(target, dict):
-            target.pop(key)
+        header, newline, tables = encoded.partition(b"\n") if version == FORMAT_V2 else (encoded, b"", b"")
+        document = json.loads(header)
+        if version == FORMAT_V2 and data.draw(st.booleans(), label="edit the tables"):
+            tables = _edited(tables, data)
         else:
-            target[key] = data.draw(json_values, label="value")
-    damaged = json.dumps(document).encode() + newline + tables
+            _damage_a_field(document, data)
+        damaged = json.dumps(document).encode() + newline + tables
     try:
         accepted = parse_manifest(damaged)
     except ckptpub.CkptpubError:
         return
     _accepted_is_consistent(accepted, accepted.version)
+
+
+def _damaged_v3(encoded: bytes, data: st.DataObject) -> bytes:
+    """A ckptpub/3 manifest with a field of its first line or bytes of a region changed; its first line
+    written back in canonical form, or re-identified as a careful forger would (``v3_forged``)."""
+    header, model, layout = v3_parts(encoded)
+    if data.draw(st.booleans(), label="edit a region"):
+        if data.draw(st.booleans(), label="the model region"):
+            model = _edited(model, data)
+        else:
+            layout = _edited(layout, data)
+    else:
+        _damage_a_field(header, data)
+    if data.draw(st.booleans(), label="re-identify"):
+        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # no forger could
+            return v3_forged(header, model, layout)
+    with contextlib.suppress(ValueError):  # an infinity: not canonical JSON, so the line is plain JSON
+        line = b"{" + b",".join(b'"%s":%s' % (k.encode(), canonical_json(v)) for k, v in header.items())
+        return line + b',"model":[\n' + model + b'\n],"layout":[\n' + layout + b"\n]}\n"
+    return json.dumps(header).encode()
+
+
+def _edited(region: bytes, data: st.DataObject) -> bytes:
+    """``region`` with up to 3 bytes at one place replaced by a byte the encodings give meaning to."""
+    at = data.draw(st.integers(0, len(region)), label="at")
+    cut = data.draw(st.integers(0, 3), label="cut")
+    edit = data.draw(st.sampled_from([b"", b"\t", b"\n", b"x", b"0", b",", b"\xff", b"]", b'"', b"\\"]))
+    return region[:at] + edit + region[at + cut :]
+
+
+def _damage_a_field(document: dict, data: st.DataObject) -> None:
+    """Replace or drop one value anywhere in ``document``."""
+    target, key = _some_place(document, data)
+    if data.draw(st.booleans(), label="drop") and isinstance(target, dict):
+        target.pop(key)
+    else:
+        target[key] = data.draw(json_values, label="value")
 
 
 def _some_place(document: Any, data: st.DataObject) -> tuple[Any, Any]:

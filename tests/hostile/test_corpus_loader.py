@@ -40,6 +40,7 @@ SERVED = {
     "subfolder safetensors listed as a plain file",  # vLLM reads top-level shards only
     "UTF-8 file names added after publishing",
     "layout lines in another order",  # the model table (by name) is the true one; verify sees the lie
+    "layout region entries in another order",  # the same in ckptpub/3: the model region is the true one
 }
 #: Opened by lazy imports and the platform probes of torch/vLLM, not checkpoint reads.
 NOT_CHECKPOINT_READS = (

@@ -8,7 +8,8 @@ import shutil
 import sys
 
 import pytest
-from checkpoints import flip_byte, locate
+from checkpoints import CONFIG, flip_byte, locate, publish_in_format
+from ckptpub_vllm.key import older_format_keys
 from ckptpub_vllm.preload import daemon_process
 from ckptpub_vllm.preload.decide import Failure, Held, Target, decide, explain_change
 from ckptpub_vllm.preload.observe import (
@@ -18,6 +19,7 @@ from ckptpub_vllm.preload.observe import (
     manifests_to_compare,
     observe_folder,
     observe_run,
+    same_model_in_newer_format,
 )
 from preload_helpers import Run, make_checkpoint
 
@@ -94,6 +96,34 @@ def test_explain_change_from_manifests(tmp_path):
     assert (decision.action, decision.why) == ("replace", "weights-changed")
     assert manifests_to_compare(h, t, cache) == (ma, mc)
     assert manifests_to_compare(held(folder=str(c), identity=mc.identity), t, cache) == (None, None)
+
+
+def test_a_folder_published_again_in_the_new_format_keeps_its_daemon(tmp_path):
+    """A ckptpub/2 folder (use_cache false, which /2 counts) published again as /3: one model, no re-preload.
+
+    Kept exactly when the held identity is the target's identity in the older format,
+    which is what its engines ask the daemon by after a mismatch (``older_format_keys``).
+    """
+    folder = tmp_path / "m"
+    make_checkpoint(folder, seed=1, config=CONFIG | {"use_cache": False})
+    as_v1 = publish_in_format(shutil.copytree(folder, tmp_path / "copy"), "ckptpub/1")
+    old = publish_in_format(folder, "ckptpub/2")
+    cache = ManifestCache()
+    h = held(folder=str(folder), identity=old.identity, stamp=observe_folder(str(folder), cache).stamp)
+    new = ckptpub.publish(folder)
+    t = observe_folder(str(folder), cache)
+    assert t.identity == new.identity != old.identity
+    assert list(older_format_keys(str(folder), new)) == [old.identity, as_v1.identity]
+    assert same_model_in_newer_format(h, t, cache)
+    decision = decide(h, t, held_manifest=old, target_manifest=new, same_model=True)
+    assert (decision.action, decision.why) == ("keep", "same-model-new-format")
+    # use_cache flipped (the /2 identity the engines would ask by moves), or a real change: a re-preload
+    for change in ({"use_cache": True}, {"use_cache": False, "rms_norm_eps": 1e-05}):
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(config | change))
+        ckptpub.publish(folder)
+        assert not same_model_in_newer_format(h, observe_folder(str(folder), cache), cache), change
+    assert not same_model_in_newer_format(held(folder=str(folder), identity=new.identity), t, cache)
 
 
 def test_observe_folder_follows_symlinks_and_reports_problems(tmp_path):

@@ -651,11 +651,11 @@ def test_an_adapter_run_whose_base_cannot_be_found_stops_naming_the_identity(tmp
 
 
 def test_a_malformed_step_is_skipped_and_the_held_daemon_kept(tmp_path):
-    """A published step whose model table is unsorted, its identity recomputed to match, is skipped (its
-    manifest is refused on reading, every table rule checked: issue 26, item 13) and named with the rule
-    in the status's notes; the daemon held keeps serving, and the next usable step is preloaded (issue
-    26, item 3: it used to make the change description raise and the supervisor exit)."""
-    from checkpoints import forged_tables
+    """A published step whose model region is unsorted, its identity recomputed to match, is skipped (its
+    manifest is refused on reading, every rule of its entries checked: issue 26, item 13) and named with
+    the rule in the status's notes; the daemon held keeps serving, and the next usable step is preloaded
+    (issue 26, item 3: it used to make the change description raise and the supervisor exit)."""
+    from checkpoints import forged_tables, swap_first_entries, v3_parts
     from preload_helpers import Run
 
     run = Run(tmp_path / "run")
@@ -668,15 +668,15 @@ def test_a_malformed_step_is_skipped_and_the_held_daemon_kept(tmp_path):
         make_checkpoint(step20, seed=2)
         forged = forged_tables(
             (step20 / "ckptpub.json").read_bytes(),
-            lambda model, layout: (b"".join(model.splitlines(keepends=True)[::-1]), layout),
+            lambda model, layout: (swap_first_entries(model), layout),
         )
         (step20 / "forged.tmp").write_bytes(forged)
         os.replace(step20 / "forged.tmp", step20 / "ckptpub.json")
-        run.append(20, "checkpoint-20", json.loads(forged.partition(b"\n")[0])["identity"])
+        run.append(20, "checkpoint-20", v3_parts(forged)[0]["identity"])
 
         def noted():
             notes = (sup.status().get("target") or {}).get("notes", [])
-            why = "ckptpub.json: model table: names are not sorted"
+            why = "ckptpub.json: model region: names are not sorted"
             return [note for note in notes if note.startswith("skipped step 20: ") and why in note]
 
         wait_for(noted, 30, "step 20 skipped in the status's notes", sup)

@@ -18,6 +18,7 @@ import pytest
 import signhelpers
 from blake3 import blake3
 from checkpoints import flip_byte, locate, run_cli
+from support.manifests import replaced
 
 import ckptpub
 from ckptpub import signing
@@ -59,11 +60,11 @@ def _republish(folder: Path) -> None:
 
 
 def _edit_manifest(folder: Path) -> None:
-    path = folder / "ckptpub.json"
-    header, newline, tables = path.read_bytes().partition(b"\n")  # ckptpub/2: a JSON line, then tables
-    manifest = json.loads(header)
-    manifest["provenance"]["step"] = 21
-    path.write_bytes(json.dumps(manifest).encode() + newline + tables)
+    """A valid manifest of the same files whose provenance says another step (not the signed bytes)."""
+    manifest = ckptpub.read_manifest(folder)
+    (folder / "ckptpub.json").write_bytes(
+        replaced(manifest, provenance={**manifest.provenance, "step": 21}).to_json()
+    )
 
 
 def _add_file(folder: Path) -> None:

@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("vllm")
 ckptpub = pytest.importorskip("ckptpub")
 
-from checkpoints import forged_tables  # noqa: E402
-from vllm_engine_helpers import TAMPERED_TENSOR, TOGGLED_LOADS, run_engines, same_size_edit  # noqa: E402
+from checkpoints import forged_tables, swap_first_entries  # noqa: E402
+from vllm_engine_helpers import TAMPERED_TENSOR, TOGGLED_LOADS, hub_env, run_engines, same_size_edit  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +39,8 @@ def models(tmp_path_factory) -> dict[str, str]:
     republished (tampered, published again); nomanifest; grown (a shard grew past its
     tensors); badheader (a shard's header damaged); tokenizer (a same-size edit of
     tokenizer.json); template (a chat template added after publishing); manifestdir
-    (ckptpub.json is a folder)."""
+    (ckptpub.json is a folder); tables (its model region's first two entries swapped, sizes and
+    identity recomputed); toggled (v1, for loads under a writer that flips two tensors)."""
     from support.safetensors_files import copy_with_zeroed_tensor
     from support.tiny_model import build_tiny_qwen3
 
@@ -68,7 +69,7 @@ def models(tmp_path_factory) -> dict[str, str]:
     toggled = shutil.copytree(v1, str(root / "toggled"))
     tables = shutil.copytree(v1, str(root / "tables"))
     with open(os.path.join(tables, ckptpub.MANIFEST_NAME), "r+b") as f:
-        unsorted = forged_tables(f.read(), lambda model, layout: (_swap_first_lines(model), layout))
+        unsorted = forged_tables(f.read(), lambda model, layout: (swap_first_entries(model), layout))
         f.seek(0)
         f.truncate()
         f.write(unsorted)
@@ -87,9 +88,37 @@ def models(tmp_path_factory) -> dict[str, str]:
     }
 
 
-def _swap_first_lines(table: bytes) -> bytes:
-    first, second, rest = table.split(b"\n", 2)
-    return b"\n".join((second, first, rest))
+@pytest.fixture(scope="session")
+def hub_home(models, tmp_path_factory) -> dict[str, str]:
+    """An ``HF_HOME`` whose cache holds v1's files as three models: ``acme/tiny-qwen3`` (published by
+    hub id), ``acme/tampered`` (published, then one tensor zeroed in its blob: same header, same
+    sizes) and ``acme/unpublished``. Keys: ``home`` and each hub id's snapshot."""
+    from hf_cache import cache_model
+    from support.safetensors_files import find_tensor_file, tensor_location
+
+    home = str(tmp_path_factory.mktemp("hf"))
+    snapshots = {
+        repo: cache_model(home, repo, models["nomanifest"])
+        for repo in ("acme/tiny-qwen3", "acme/tampered", "acme/unpublished")
+    }
+    for repo in ("acme/tiny-qwen3", "acme/tampered"):
+        ckptpub.publish(snapshots[repo])
+    # Each repository has blobs of its own: zeroing acme/tampered's leaves the others as they were.
+    blob = os.path.realpath(find_tensor_file(snapshots["acme/tampered"], TAMPERED_TENSOR))
+    start, end = tensor_location(blob, TAMPERED_TENSOR)
+    with open(blob, "r+b") as f:
+        f.seek(start)
+        f.write(bytes(end - start))
+    return {"home": home, **snapshots}
+
+
+#: Engine jobs on hub ids (model, load format, extra config), run in the same runner as the rest.
+HUB_JOBS = {
+    "hub_auto": ("acme/tiny-qwen3", "auto", {}),
+    "hub_manifest": ("acme/tiny-qwen3", "manifest_cache", {}),
+    "hub_tampered": ("acme/tampered", "manifest_cache", {}),
+    "hub_unpublished": ("acme/unpublished", "manifest_cache", {}),
+}
 
 
 ENGINE_JOBS = {
@@ -114,7 +143,7 @@ ENGINE_JOBS = {
 
 
 @pytest.fixture(scope="session")
-def engine_results(models) -> tuple[dict[str, dict], str]:
+def engine_results(models, hub_home) -> tuple[dict[str, dict], str]:
     """All engine jobs above, run in one subprocess (in-process engine cores)."""
     pinned = {"expect_identity": ckptpub.read_manifest(models["v1"]).identity}
     all_jobs = dict(
@@ -123,10 +152,11 @@ def engine_results(models) -> tuple[dict[str, dict], str]:
         republished_pinned=("republished", "manifest_cache", pinned),
         nomanifest_pinned=("nomanifest", "manifest_cache", dict(pinned, require_manifest=False)),
     )
-    names = list(all_jobs)
+    names = list(all_jobs) + list(HUB_JOBS)
     jobs = [{"model": models[m], "load_format": fmt, "extra": extra} for m, fmt, extra in all_jobs.values()]
+    jobs += [{"model": m, "load_format": fmt, "extra": extra} for m, fmt, extra in HUB_JOBS.values()]
     with toggling(models["toggled"], [TAMPERED_TENSOR, "model.embed_tokens.weight"]):
-        results, log = run_engines(jobs)
+        results, log = run_engines(jobs, env=hub_env(hub_home))
     return dict(zip(names, results, strict=True)), log
 
 

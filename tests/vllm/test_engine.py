@@ -58,12 +58,13 @@ def test_a_manifest_path_that_is_not_a_file_is_refused_not_ignored(engine_result
     assert "ckptpub.json is unusable" in error, error
 
 
-def test_a_manifest_whose_table_breaks_a_rule_is_refused_in_the_words_of_every_refusal(engine_results):
-    # The header and identity agree with the tables; only the model table's sorting rule is broken.
+def test_a_manifest_whose_entries_break_a_rule_is_refused_in_the_words_of_every_refusal(engine_results):
+    # The first line and identity agree with the (ckptpub/3) regions; only the model region's sorting
+    # rule is broken.
     error = engine_results[0]["tables_manifest"].get("error", "")
     assert "ckptpub: refusing to serve " in error, error
     assert "ckptpub.json is unusable" in error, error
-    assert "model table: names are not sorted and unique" in error, error
+    assert "model region: names are not sorted and unique" in error, error
 
 
 def test_a_pin_cannot_be_bypassed_by_deleting_the_manifest(engine_results):

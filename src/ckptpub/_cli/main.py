@@ -26,9 +26,10 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, NoReturn, TypeVar
 
+from .._filesystem.hub_cache import locate
 from .._filesystem.read import read_manifest
 from .._filesystem.safe_open import read_bounded
 from .._format.manifest import MAX_MANIFEST_BYTES
@@ -36,7 +37,7 @@ from .._format.names import MANIFEST_NAME, SIGNATURE_NAME
 from .._hashing.distributed import DEFAULT_TIMEOUT_S, DistributedHasher, env_world, init_from_env
 from .._hashing.engine import FILE_HASHES
 from .._operations.diff import diff_manifests
-from .._operations.explain import base_of, is_adapter
+from .._operations.explain import base_hub_of, base_of, hub_name, is_adapter
 from .._operations.publishing import publish, publish_on_ranks
 from .._operations.verify import verify
 from .._runs.runview import RunEntry, lineage, list_run
@@ -49,6 +50,7 @@ from .printing import (
     manifest_summary,
     note,
     plural,
+    print_config_lines,
     print_diff_lines,
     print_json,
     print_run_table,
@@ -385,6 +387,7 @@ def _flush_stdout() -> None:
 @dataclass(frozen=True)
 class PublishArguments:
     folder: str
+    revision: str | None
     threads: int | None
     no_mmap: bool
     allow_no_weights: bool
@@ -402,6 +405,7 @@ class PublishArguments:
 @dataclass(frozen=True)
 class VerifyArguments:
     folder: str
+    revision: str | None
     quiet: bool
     expect_identity: str | None
     public_key: str | None
@@ -415,6 +419,7 @@ class VerifyArguments:
 @dataclass(frozen=True)
 class ShowArguments:
     folder: str
+    revision: str | None
     json: bool
 
 
@@ -466,8 +471,18 @@ def _join_ranks(timeout_s: float) -> DistributedHasher | None:
     return hasher
 
 
-def _add_folder(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("folder", metavar="FOLDER", help="the checkpoint folder")
+def _add_folder(parser: argparse.ArgumentParser, help: str = "the checkpoint folder") -> None:
+    """The checkpoint argument: a folder, or a model in the Hugging Face cache by its hub id."""
+    parser.add_argument("folder", metavar="FOLDER", help=f"{help}, or {_HUB_ID_HELP}")
+    parser.add_argument(
+        "--revision", metavar="REV", help="with a hub id: the branch, tag or commit (default: main)"
+    )
+
+
+#: What an argument that names a checkpoint may be besides a folder (``hub_cache.locate``).
+_HUB_ID_HELP = (
+    "a model's hub id in the Hugging Face cache (org/name or org/name@REVISION; a folder that exists wins)"
+)
 
 
 def _add_json(parser: argparse.ArgumentParser) -> None:
@@ -554,13 +569,13 @@ def _add_verify(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_show(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("folder", metavar="FOLDER", help="the checkpoint folder or its manifest file")
+    _add_folder(parser, "the checkpoint folder or its manifest file")
     _add_json(parser)
 
 
 def _add_diff(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", metavar="A", help="checkpoint folder or manifest file")
-    parser.add_argument("b", metavar="B", help="checkpoint folder or manifest file")
+    parser.add_argument("a", metavar="A", help=f"checkpoint folder or manifest file, or {_HUB_ID_HELP}")
+    parser.add_argument("b", metavar="B", help="the same for the other side")
     _add_json(parser)
 
 
@@ -575,6 +590,7 @@ def _add_ls(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_publish(args: PublishArguments) -> int:
+    args = replace(args, folder=locate(args.folder, args.revision))
     sign = _signing_key(args)
     # Publishing a signed folder again without a key leaves a signature of the old manifest behind.
     unsigned_over_signed = sign is None and os.path.lexists(os.path.join(args.folder, SIGNATURE_NAME))
@@ -631,6 +647,7 @@ def _manifest_bytes(folder: str) -> bytes | None:
 
 
 def _cmd_verify(args: VerifyArguments) -> int:
+    args = replace(args, folder=locate(args.folder, args.revision))
     trusted = _trusted_key(args)
     hasher = _join_ranks(args.rank_timeout)
     bar = ProgressBar("verifying")
@@ -695,22 +712,25 @@ def _trusted_key(args: VerifyArguments) -> Any:
 
 
 def _cmd_show(args: ShowArguments) -> int:
+    args = replace(args, folder=locate(args.folder, args.revision))
     manifest = read_manifest(args.folder)
     summary = manifest_summary(manifest, args.folder)
     if args.json:
         print_json(summary)
         return ExitCode.OK
     base = base_of(manifest)
+    base_hub = base_hub_of(manifest)
     kind = "adapter" if is_adapter(manifest) else "model"
+    on_base = f"{kind} on base {base}" + (f" ({base_hub})" if base_hub else "")
     rows = [
         ("identity", manifest.identity),
-        ("kind", f"{kind} on base {base}" if base else f"{kind} (no base recorded)"),
+        ("kind", on_base if base else f"{kind} (no base recorded)"),
         ("folder", os.path.abspath(args.folder)),
         ("weights", ", ".join(manifest.weights) or "(none: identity covers every file)"),
         ("tensors", f"{summary['tensors']} ({gb(summary['tensor_bytes'])})"),
         ("files", f"{summary['files']} ({gb(summary['bytes'])})"),
         *(("config", f"{name} {digest}") for name, digest in sorted(manifest.config.items())),
-        *((key, value_text(value)) for key, value in sorted(manifest.provenance.items())),
+        *((key, hub_name(value) or value_text(value)) for key, value in sorted(manifest.provenance.items())),
     ]
     width = max(len(key) for key, _ in rows) + 2
     for key, value in rows:
@@ -719,15 +739,18 @@ def _cmd_show(args: ShowArguments) -> int:
 
 
 def _cmd_diff(args: DiffArguments) -> int:
+    args = replace(args, a=locate(args.a), b=locate(args.b))
     a, b = read_manifest(args.a), read_manifest(args.b)
     folders = [path if os.path.isdir(path) else None for path in (args.a, args.b)]
     difference = diff_manifests(a, b, folder_a=folders[0], folder_b=folders[1])
     if args.json:
         print_json(diff_json(difference, a, b))
-    elif difference.identity_a == difference.identity_b:
-        print(f"same identity {difference.identity_a}")
     elif difference.same:
-        print(f"same model: {a.version} identity {a.identity}, {b.version} identity {b.identity}")
+        if difference.identity_a == difference.identity_b:
+            print(f"same identity {difference.identity_a}")
+        else:
+            print(f"same model: {a.version} identity {a.identity}, {b.version} identity {b.identity}")
+        print_config_lines(difference)  # keys that changed without changing the model (use_cache, ...)
     else:
         print_diff_lines(difference, a, b)
     if difference.same:

@@ -16,7 +16,9 @@ The one implementation of three rules every reader of an untrusted folder applie
   (``follow_symlinks``), never a file of a checkpoint.
 * **symlinks stay inside** (``resolve_inside``): a symlink counts as the file it
   points to only when that is inside the folder and not one of ckptpub's own files
-  (the manifest, the signature, a temporary file), which publishing replaces.
+  (the manifest, the signature, a temporary file), which publishing replaces, or,
+  in a snapshot of the Hugging Face cache, a blob of that cached model
+  (``hub_cache.is_cached_blob``).
   ``open_inside`` and ``read_inside`` open and read a file of a folder by that rule.
 """
 
@@ -28,6 +30,7 @@ import stat
 
 from .._format.names import MANIFEST_NAME, is_ckptpub_file
 from ..errors import CkptpubError
+from .hub_cache import is_cached_blob
 
 #: Flags for reading a file of an untrusted folder.
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -145,9 +148,13 @@ def resolve_inside(root: str, link: str, display_name: str) -> str:
     """Where the symlink ``link`` of the real folder ``root`` leads, if a symlink may lead there.
 
     Inside ``root`` (not ``root`` itself), and not the manifest, the signature or a
-    temporary file at its top, which publishing replaces. ``CkptpubError`` otherwise.
+    temporary file at its top, which publishing replaces; or, for a snapshot of a
+    model in the Hugging Face cache, a blob of that cached model
+    (``hub_cache.is_cached_blob``). ``CkptpubError`` otherwise.
     """
     target = os.path.realpath(link)
+    if is_cached_blob(root, target):
+        return target
     if os.path.commonpath([root, target]) != root or target == root:
         raise CkptpubError(f"{display_name}: symlink points outside the checkpoint folder")
     if os.path.dirname(target) == root and is_ckptpub_file(os.path.basename(target)):

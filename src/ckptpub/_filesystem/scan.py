@@ -4,10 +4,10 @@ Every regular file below the folder counts, except the manifest itself and the
 temporary files ckptpub writes next to it (regular files only: a folder with such a
 name counts with everything in it). Names are read as bytes and decoded as strict
 UTF-8, so the same folder gives the same manifest in every locale. A symlink counts as the file it points
-to only when that file is inside the folder (``safe_open.resolve_inside``); one that
-leaves the folder, loops, or points at anything but a regular file makes the folder
-unusable rather than being skipped, since skipping would let a manifest silently
-ignore part of a model.
+to only when that file is inside the folder, or is a blob of the cached model whose snapshot the
+folder is (``safe_open.resolve_inside``); one that leaves the folder, loops, or points at
+anything but a regular file makes the folder unusable rather than being skipped, since
+skipping would let a manifest silently ignore part of a model.
 """
 
 from __future__ import annotations

@@ -122,8 +122,14 @@ def _push_members(container: list[Any] | tuple[Any, ...] | dict[Any, Any], pendi
 
 
 def _quote(text: str) -> str:
-    """A JSON string with only the escapes JSON requires; other text stays as it is (RFC 8785 3.2.2.2)."""
-    return json.dumps(text, ensure_ascii=False)
+    """A JSON string with only the escapes JSON requires; other text stays as it is (RFC 8785 3.2.2.2).
+
+    ``json.encoder.encode_basestring`` is what ``json.dumps(text, ensure_ascii=False)``
+    calls, in C, without building an encoder per string (5 us each: most of the time
+    to check a manifest's first line).
+    """
+    quoted: str = json.encoder.encode_basestring(text)
+    return quoted
 
 
 def _format_int(value: int) -> str:

@@ -18,16 +18,18 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._filesystem.hub_cache import HUB_KEY, CachedModel, cached_model, locate
 from .._filesystem.jsonfiles import folder_lock, write_together
 from .._filesystem.model_files import config_digests, is_shard_path, read_layout, weight_files
 from .._filesystem.read import read_manifest
 from .._filesystem.scan import FolderEntry, as_path, resolve_folder, restat, scan_folder
 from .._format.canonical import canonical_json
 from .._format.digest import DIGEST_PREFIX
-from .._format.manifest import MAX_MANIFEST_BYTES, Manifest, check_identity, identity_of_tables
+from .._format.manifest import FORMAT, MAX_MANIFEST_BYTES, Manifest, check_identity, identity_of
 from .._format.names import MANIFEST_NAME, RUN_INDEX_NAME, SIGNATURE_NAME
+from .._format.records import FileRecord
+from .._format.regions import Entry, check_shapes, encode_regions, entries_of
 from .._format.safetensors import ShardLayout
-from .._format.tables import FileRecord, check_name, encode_tables, line
 from .._hashing.engine import ProgressCallback, Span, check_file_hash
 from .._hashing.options import HashOptions, SpanHasher
 from .._version import __version__
@@ -127,9 +129,7 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
     by_path = {e.path: e for e in entries}
     layouts = {e.path: read_layout(e.real_path, e.path, e.file_id) for e in entries if is_shard_path(e.path)}
     for path, layout in layouts.items():
-        unwritable = next((t.name for t in layout.tensors if "\t" in t.name or "\n" in t.name), None)
-        if unwritable is not None:
-            check_name(unwritable, path)
+        check_shapes(layout.tensors, path)
         if layout.header_size + (layout.tensors[-1].end if layout.tensors else 0) != by_path[path].size:
             raise CkptpubError(f"{path}: changed size while its header was read")
     weights = weight_files(by_path, layouts)
@@ -140,8 +140,8 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
             "publish the checkpoint folder itself, "
             f"or pass --allow-no-weights (allow_no_weights=True) for a layout without safetensors weights"
         )
-    config = config_digests(by_path)
-    provenance = _provenance(options.provenance)
+    config = config_digests(by_path, FORMAT)
+    provenance = _provenance(options.provenance, cached_model(root))
     spans = list(_spans(entries, layouts))
     if options.signer is not None:  # a signature lists each whole file's digest: from the same reads
         span_digests, file_digests = options.hashing.file_digests(spans, options.sign_hash)
@@ -154,17 +154,15 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
                 f"{entry.path}: changed while it was being hashed; publish again once it is complete"
             )
     files: list[FileRecord] = []
-    per_file: dict[str, list[tuple[str, str]]] = {}
+    per_file: dict[str, list[Entry]] = {}
     for entry in entries:
         shard = layouts.get(entry.path)
         files.append(FileRecord(entry.path, entry.size, next(digests), shard.header_size if shard else None))
         if shard is not None:
-            per_file[entry.path] = [
-                (t.name, line(t.name, t.dtype, t.shape, next(digests))) for t in shard.tensors
-            ]
-    tables = encode_tables(files, weights, per_file)
-    identity = identity_of_tables(tables, files, weights, config)
-    manifest = Manifest.from_tables(identity, tables, tuple(files), weights, config, provenance)
+            per_file[entry.path] = entries_of(shard.tensors, digests)
+    regions = encode_regions(files, weights, per_file)
+    identity = identity_of(regions, files, weights, config, FORMAT)
+    manifest = Manifest.lazy(identity, regions, tuple(files), weights, config, provenance)
     return manifest, entries, file_digests
 
 
@@ -217,10 +215,16 @@ def publish(
     API and ``ckptpub verify --public-key`` (``docs/security.md`` says which to choose).
 
     ``base`` and ``adapter`` record lineage for a merged or converted model: each
-    is a published checkpoint folder or an identity (``blake3:<64 hex>``), recorded
-    as ``provenance.base_identity`` / ``provenance.adapter_identity`` (they override
-    those keys of ``provenance``). A folder without a manifest is refused: publish
-    the base first, so the record names bytes someone can check.
+    is a published checkpoint folder, a published model's hub id in the Hugging Face
+    cache (``org/name``, ``org/name@REVISION``) or an identity (``blake3:<64 hex>``),
+    recorded as ``provenance.base_identity`` / ``provenance.adapter_identity`` (they
+    override those keys of ``provenance``), and a cached model also by its hub id and
+    commit (``base_hub`` / ``adapter_hub``). A folder without a manifest is refused:
+    publish the base first, so the record names bytes someone can check.
+
+    ``folder`` may be a snapshot in the Hugging Face cache: its files are symlinks
+    into the cached repository's blobs, which are read and never changed; the manifest
+    then also records the model's hub id and commit (``provenance.hub``).
 
     Refuses (``CkptpubError``) what ``build_manifest`` refuses, and then nothing is
     written. Once the manifest landed, the publish has happened: a folder whose
@@ -293,16 +297,22 @@ def _with_lineage(provenance: Any, **links: Any) -> Any:
         return provenance  # _Options.checked refuses it with its usual message
     merged = dict(provenance or {})
     for name, value in given.items():
-        merged[f"{name}_identity"] = _identity_of(value, name)
+        identity, cached = lineage_of(value, name)
+        merged[f"{name}_identity"] = identity
+        if cached is not None:  # ``base_hub``: the base by its hub id and commit
+            merged[f"{name}_hub"] = cached.record()
     return merged
 
 
-def _identity_of(value: Any, what: str) -> str:
+def lineage_of(value: Any, what: str) -> tuple[str, CachedModel | None]:
+    """The identity of ``value`` (an identity, a published folder, or a published model's hub id), and
+    the cached model it is when it is one (so a record can name it by hub id and commit)."""
     if isinstance(value, str) and value.startswith(DIGEST_PREFIX):
-        return check_identity(value, what)
+        return check_identity(value, what), None
     path = as_path(value, what)
     try:
-        return read_manifest(path).identity
+        folder = locate(path)
+        return read_manifest(folder).identity, cached_model(os.path.realpath(folder))
     except CkptpubError as error:
         raise CkptpubError(f"{what}: {error} (publish it first: ckptpub publish {path})") from None
 
@@ -332,9 +342,13 @@ def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]) -> It
             yield Span(entry.real_path, base + t.begin, base + t.end, entry.path, identity, t.name)
 
 
-def _provenance(extra: Mapping[str, Any] | None) -> dict[str, Any]:
+def _provenance(extra: Mapping[str, Any] | None, cached: CachedModel | None) -> dict[str, Any]:
+    """The caller's provenance, with ckptpub's version, the time and, for a model in the Hugging Face
+    cache, its hub id and commit (``hub``)."""
     try:
         provenance: dict[str, Any] = dict(extra or {})
+        if cached is not None:
+            provenance.setdefault(HUB_KEY, cached.record())
         producer = dict(provenance.get("producer") or {})
         producer["ckptpub"] = __version__
         provenance["producer"] = producer

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from .._filesystem import run_index
 from .._filesystem.read import read_manifest
 from .._format.names import MANIFEST_NAME, RUN_INDEX_NAME
-from .._operations.explain import base_of, is_adapter
+from .._operations.explain import base_hub_of, base_of, is_adapter
 from ..errors import CkptpubError
 
 #: How deep the scan looks for checkpoint folders (``run/trial/checkpoint-N`` is 2).
@@ -42,6 +42,7 @@ class RunEntry(NamedTuple):
     status: str
     detail: str | None = None
     same_as_previous: bool = False
+    base_hub: str | None = None  # the base by hub id and commit, when the manifest records it
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self._asdict())
@@ -110,7 +111,11 @@ def lineage(entries: list[RunEntry]) -> list[dict[str, Any]]:
         if parent is None:
             parent = outside.get(entry.base_identity)
             if parent is None:
-                parent = outside[entry.base_identity] = {"base_identity": entry.base_identity, "children": []}
+                parent = outside[entry.base_identity] = {
+                    "base_identity": entry.base_identity,
+                    "base_hub": entry.base_hub,
+                    "children": [],
+                }
                 roots.append(parent)
         parent["children"].append(node)
         nodes.setdefault(entry.identity, node)
@@ -142,7 +147,15 @@ def _entry(run_dir: str, path: str, step: int | None, source: str, indexed: str 
         step = recorded if type(recorded) is int else _step_from_name(path)
     size = sum(f.size for f in manifest.files)
     entry = RunEntry(
-        path, step, manifest.identity, size, base_of(manifest), is_adapter(manifest), source, "ok"
+        path,
+        step,
+        manifest.identity,
+        size,
+        base_of(manifest),
+        is_adapter(manifest),
+        source,
+        "ok",
+        base_hub=base_hub_of(manifest),
     )
     if indexed is not None and indexed != manifest.identity:
         return entry._replace(

@@ -84,10 +84,10 @@ def _upgrade_load_format(vllm_config: Any, folder: str) -> None:
         load_config.load_format = LOAD_FORMAT
 
 
-def _daemon_folder(
+def _daemon_model(
     original: Callable[..., None], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, str] | None:
-    """(``VllmConfig``, model folder) of the daemon ``_run_daemon(*args, **kwargs)`` starts, or None.
+) -> tuple[Any, Any] | None:
+    """(``VllmConfig``, ``ModelConfig``) of the model ``_run_daemon(*args, **kwargs)`` loads, or None.
 
     Arguments are bound to vLLM's own signature, so a draft daemon (``is_draft``) names
     its draft model, whatever the position of the argument in this vLLM version.
@@ -102,7 +102,25 @@ def _daemon_folder(
     model_config = config.model_config
     if bound.get("is_draft") and config.speculative_config is not None:
         model_config = config.speculative_config.draft_model_config
-    return config, str(model_config.model)
+    return config, model_config
+
+
+def manifest_folder(vllm_config: Any, model: str, revision: str | None) -> str:
+    """Where the daemon of ``model`` reads its manifest (that folder, or a hub id's snapshot), resolved once.
+
+    Found as the key finds it (``key.folder_of``); a folder with a manifest switches a
+    plain load format to ``manifest_cache`` (``_upgrade_load_format``), which, as the
+    engine's loader does, refuses a hub id with no snapshot in the cache
+    (``key.model_folder``). The key and the load take this folder (``key.checked``).
+    """
+    from . import LOAD_FORMAT
+    from .key import folder_of, model_folder
+
+    folder = folder_of(model, revision)
+    _upgrade_load_format(vllm_config, folder)
+    if vllm_config.load_config.load_format == LOAD_FORMAT and folder == model:
+        return model_folder(model, revision)
+    return folder
 
 
 def keyed_manifest(vllm_config: Any, folder: str) -> ckptpub.Manifest | None:
@@ -142,17 +160,18 @@ def run_daemon(*args: Any, **kwargs: Any) -> None:
     daemon_serving.install()
     daemon_reports.enable()
     original = _vllm_run_daemon()
-    found = _daemon_folder(original, args, kwargs)
+    found = _daemon_model(original, args, kwargs)
     if found is None:  # pragma: no cover - another vLLM's signature: run it unchanged
         return original(*args, **kwargs)
-    vllm_config, folder = found
-    _upgrade_load_format(vllm_config, folder)
-    with refusals_logged(folder):
+    vllm_config, model_config = found
+    model = str(model_config.model)
+    with refusals_logged(model):
+        folder = manifest_folder(vllm_config, model, model_config.revision)
         manifest = keyed_manifest(vllm_config, folder)
     daemon_reports.report(
         daemon_reports.KEYED, folder=folder, identity=manifest.identity if manifest is not None else None
     )
-    with checked(folder, manifest):
+    with checked(model, manifest, folder):
         try:
             return original(*args, **kwargs)
         except daemon_serving.HandOver as handed:

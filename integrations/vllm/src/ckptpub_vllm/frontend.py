@@ -61,6 +61,7 @@ def check_at_config_time(vllm_config: Any) -> None:
     """For ``manifest_cache``: options, start checks, the pin for the workers, the relay, the record."""
     from . import LOAD_FORMAT, served
     from .errors import refusals_logged
+    from .key import model_folder
     from .loader import ManifestCacheLoader
     from .startup import check_before_start
 
@@ -68,9 +69,10 @@ def check_at_config_time(vllm_config: Any) -> None:
     if load_config.load_format != LOAD_FORMAT:
         return
     loader = ManifestCacheLoader(load_config)  # ValueError for a bad option, ours or vLLM's
-    folder = vllm_config.model_config.model
-    with refusals_logged(folder):
-        manifest = check_before_start(folder, loader.options)
+    model_config = vllm_config.model_config
+    with refusals_logged(model_config.model):
+        # a hub id's snapshot as the workers' loader finds it (``ManifestCacheLoader._prepare``)
+        manifest = check_before_start(model_folder(model_config.model, model_config.revision), loader.options)
     if manifest is None:
         return
     extra = load_config.model_loader_extra_config

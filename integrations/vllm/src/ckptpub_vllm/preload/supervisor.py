@@ -43,7 +43,14 @@ from . import adapter_runs
 from . import status as st
 from .daemon_process import DEFAULT_COMMAND, READY_PATTERN, Daemon, build_argv
 from .decide import Decision, Failure, Held, Target, decide
-from .observe import ManifestCache, manifests_to_compare, observe_folder, observe_run, unusable
+from .observe import (
+    ManifestCache,
+    manifests_to_compare,
+    observe_folder,
+    observe_run,
+    same_model_in_newer_format,
+    unusable,
+)
 
 #: A daemon that ran at least this long after READY is "healthy": its death restarts at once.
 HEALTHY_S = 60.0
@@ -208,6 +215,7 @@ class Supervisor:
                     now=now,
                     held_manifest=held_manifest,
                     target_manifest=target_manifest,
+                    same_model=same_model_in_newer_format(held, target, self.cache),
                 )
             except Exception as error:  # noqa: BLE001 - one candidate, however broken, never stops the supervisor
                 if target.folder is None or target.stamp is None:
@@ -245,7 +253,7 @@ class Supervisor:
             self.held is not None
             and not self.held_dead
             and self.target
-            and self.held.identity == self.target.identity
+            and (self.held.identity == self.target.identity or decision.why == "same-model-new-format")
         ):
             self._move_to(State.READY)
 

@@ -88,3 +88,44 @@ def test_a_process_loads_the_identity_it_was_keyed_by_or_refuses(tmp_path, steps
     assert ("refused" if refusal else "served") == expected
     assert not refusal or "tensor 'model.norm.weight' differs" in refusal
     assert checkpoint_key(folder) == ckptpub.read_manifest(folder).identity  # outside: read as usual
+
+
+@pytest.mark.parametrize("entry", ["daemon", "engine"])
+def test_a_hub_id_whose_ref_moves_loads_the_snapshot_it_was_keyed_by(tmp_path, steps, entry, monkeypatch):
+    """A hub id is resolved once: its ref moved to another published commit between the key and the load,
+    the load still takes the snapshot (and manifest) the key was computed from, and verifies there."""
+    from ckptpub_vllm.daemon import manifest_folder
+    from ckptpub_vllm.key import model_folder
+    from hf_cache import cache_dir, cache_model
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", cache_dir(tmp_path))  # as HF_HOME would at import
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    def cached_commit(step: str) -> str:
+        unpublished = shutil.ignore_patterns(MANIFEST)
+        files = shutil.copytree(steps[step], tmp_path / f"files-{step}", ignore=unpublished)
+        snapshot = cache_model(tmp_path, "acme/moving", files)
+        assert ckptpub.publish(snapshot).identity == steps[f"i{step}"]
+        return snapshot
+
+    first = cached_commit("a")
+    if entry == "daemon":
+        config = SimpleNamespace(
+            load_config=SimpleNamespace(load_format="manifest_cache", model_loader_extra_config={})
+        )
+        folder = manifest_folder(config, "acme/moving", None)
+        manifest = keyed_manifest(config, folder)
+    else:  # ManifestCacheLoader._prepare
+        folder = model_folder("acme/moving")
+        manifest = check_before_start(folder, Options())
+    assert folder == first
+    with checked("acme/moving", manifest, folder):
+        key = checkpoint_key("acme/moving")
+        assert cached_commit("b") != first  # refs/main now names the other step's commit
+        loaded = checked_for("acme/moving")
+        assert loaded is not None
+        verify_as_vllm_streams(loaded.folder, loaded.manifest)  # load_weights / the disk path
+    assert key == loaded.manifest.identity == steps["ia"]
+    assert loaded.folder == first
+    assert checkpoint_key("acme/moving") == steps["ib"]  # outside: resolved and read as usual

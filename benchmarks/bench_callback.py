@@ -23,7 +23,6 @@ Modes:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -32,23 +31,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def import_example(name: str) -> ModuleType:
-    """``examples/<name>.py`` as a module, by the standard library's recipe for importing a source file.
-
-    The script runs as ``python benchmarks/bench_callback.py``: only benchmarks/ is on its path.
-    """
-    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(REPO / "tests"))  # the tiny model's one builder (tests/support)
 
 
 def build_folder(folder: Path, mb: int) -> None:
@@ -116,7 +101,8 @@ def bench_trainer(root: Path) -> dict:
     at the same point of the same loop on the same machine, which is the fair
     reference for when a background manifest lands.
     """
-    train_tiny = import_example("train_tiny")
+    from support import tiny_model
+
     from ckptpub import PublishCallback
 
     class Timed(PublishCallback):
@@ -133,7 +119,7 @@ def bench_trainer(root: Path) -> dict:
 
     runs = {}
     for background in (True, False):
-        model = train_tiny.build_model(
+        model = tiny_model.build_model(
             vocab_size=32000,
             hidden_size=1024,
             intermediate_size=2816,
@@ -143,7 +129,7 @@ def bench_trainer(root: Path) -> dict:
         )
         cb = Timed(background)
         out = root / ("background" if background else "sync")
-        trainer = train_tiny.make_trainer(
+        trainer = tiny_model.make_trainer(
             str(out),
             model=model,
             callbacks=[cb],

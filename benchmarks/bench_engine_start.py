@@ -31,6 +31,9 @@ import shutil
 import statistics
 import sys
 import time
+
+# the tiny model's one builder lives with the tests (tests/support)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from dataclasses import dataclass
 
 os.environ.setdefault(
@@ -64,7 +67,7 @@ class Row:
 
 
 def build_base(folder: str) -> None:
-    from ckptpub_vllm.testing import build_tiny_qwen3
+    from support.tiny_model import build_tiny_qwen3
 
     if not os.path.exists(os.path.join(folder, "config.json")):
         build_tiny_qwen3(folder, layers=LAYERS)

@@ -6,7 +6,9 @@ with one tensor changed (for ``diff``), and a run folder holding both (for ``ls`
 then times each command in a fresh process, ``--repeat`` times, and prints a Markdown
 table. The engine's key row is the time of ``ckptpub_vllm.key.checkpoint_key`` (the
 manifest read, its identity recomputed and checked) inside an already started process,
-as an engine pays it; its memory is that whole process's. The engine load check row is
+as an engine pays it; its memory is that whole process's. CPU time (user + system,
+``wait4``; ``process_time`` for the two in-process rows) is printed beside wall time:
+on a machine shared with other jobs it varies far less. The engine load check row is
 the plugin's ``StreamVerifier`` over every tensor (read beforehand, untimed): what
 verification adds to a vLLM load that streams the same tensors. Peak RSS is ``wait4``'s
 ``ru_maxrss``, which counts the mapped shards' pages too (file-backed: the page cache,
@@ -39,9 +41,9 @@ CKPTPUB = [sys.executable, "-m", "ckptpub"]
 KEY_SNIPPET = """
 import sys, time
 from ckptpub_vllm.key import checkpoint_key
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 key = checkpoint_key(sys.argv[1])
-print(time.perf_counter() - start)
+print(time.perf_counter() - start, time.process_time() - cpu)
 assert key and key.startswith("blake3:"), key
 """
 
@@ -56,24 +58,25 @@ for shard in sorted(glob.glob(sys.argv[1] + "/*.safetensors")):
     with safe_open(shard, framework="pt") as handle:
         tensors.extend((name, handle.get_tensor(name)) for name in handle.keys())
 manifest = ckptpub.read_manifest(sys.argv[1])
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 verifier = StreamVerifier(sys.argv[1], manifest)
 for _ in verifier.wrap(tensors):
     pass
 verifier.finish()
-print(time.perf_counter() - start)
+print(time.perf_counter() - start, time.process_time() - cpu)
 assert verifier.verified_tensors == len(tensors)
 """
 
 
 class Run(NamedTuple):
     wall: float
+    cpu: float  # user + system, from wait4: on a shared machine it says more about the work than wall time
     peak_mib: float
     stdout: str
 
 
 def timed(command: list[str], ok: tuple[int, ...] = (0,)) -> Run:
-    """Run ``command`` in a fresh process; wall time and ``ru_maxrss`` from ``wait4``."""
+    """Run ``command`` in a fresh process; wall time, CPU time and ``ru_maxrss`` from ``wait4``."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         process = subprocess.Popen(command, stdout=out, stderr=err)
@@ -84,7 +87,7 @@ def timed(command: list[str], ok: tuple[int, ...] = (0,)) -> Run:
         err.seek(0)
         if code not in ok:
             sys.exit(f"bench: {' '.join(command)} exited {code}: {err.read().decode().strip()}")
-        return Run(elapsed, usage.ru_maxrss / 1024, out.read().decode())
+        return Run(elapsed, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out.read().decode())
 
 
 def peak_anonymous_mib(command: list[str], ok: tuple[int, ...]) -> float:
@@ -103,6 +106,17 @@ def peak_anonymous_mib(command: list[str], ok: tuple[int, ...]) -> float:
     if process.wait() not in ok:
         sys.exit(f"bench: {' '.join(command)} failed")
     return peak / 1024
+
+
+def cpu_flags() -> str:
+    """The SIMD flags that decide BLAKE3's speed (and SHA-256's), from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    except OSError:
+        return "flags unknown"
+    wanted = ("avx2", "avx512f", "avx512vl", "sha_ni")
+    return " ".join(flag if flag in flags else f"no {flag}" for flag in wanted)
 
 
 def change_one_tensor(folder: Path) -> None:
@@ -166,20 +180,23 @@ def main() -> None:
     print(
         f"{len(tensors)} tensors, {len(shards)} shards, manifest {manifest_mb:.1f} MB; "
         f"median of {args.repeat}; "
-        f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}; {os.cpu_count()} CPUs"
+        f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}; {os.cpu_count()} CPUs "
+        f"({cpu_flags()})"
     )
     reference = statistics.median(r.wall for r in runs["b3sum (shards)"])
-    print("| command | median wall (s) | x b3sum | peak RSS (MiB) | peak anonymous (MiB) |")
-    print("|---|---|---|---|---|")
+    print("| command | median wall (s) | x b3sum | median CPU (s) | peak RSS (MiB) | peak anonymous (MiB) |")
+    print("|---|---|---|---|---|---|")
     for name, results in runs.items():
-        if name.startswith("engine"):
+        if name.startswith("engine"):  # timed inside the process: its own two figures
             wall = statistics.median(float(r.stdout.split()[0]) for r in results)
+            cpu = statistics.median(float(r.stdout.split()[1]) for r in results)
             ratio = "-"
         else:
             wall = statistics.median(r.wall for r in results)
+            cpu = statistics.median(r.cpu for r in results)
             ratio = f"{wall / reference:.1f}"
         peak = max(r.peak_mib for r in results)
-        print(f"| {name} | {wall:.3f} | {ratio} | {peak:.0f} | {anonymous[name]:.0f} |")
+        print(f"| {name} | {wall:.3f} | {ratio} | {cpu:.3f} | {peak:.0f} | {anonymous[name]:.0f} |")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ckptpub_vllm.testing import tensor_location
+# The tensor helpers live with the tests (tests/support): the demo runs from a checkout.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from support.safetensors_files import tensor_location  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "demo-run"

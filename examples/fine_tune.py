@@ -20,16 +20,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 
-import train_tiny
+# The tiny model's one builder lives with the tests (tests/support): run from a checkout.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from support import tiny_model  # noqa: E402
 
 
 def init_base(folder: str) -> None:
     """The tiny model and its tokenizer, saved as a downloaded base would be (bfloat16 weights)."""
     import torch
 
-    train_tiny.build_model().to(torch.bfloat16).save_pretrained(folder)
-    train_tiny.build_tokenizer().save_pretrained(folder)
+    tiny_model.build_model().to(torch.bfloat16).save_pretrained(folder)
+    tiny_model.build_tokenizer().save_pretrained(folder)
     print(f"base model written to {folder}")
 
 
@@ -44,7 +47,7 @@ def fine_tune(base: str, output_dir: str, steps: int, save_steps: int) -> None:
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     # Passed to the Trainer (not add_callback) so it runs before the console printer, whose
     # log lines then carry ckptpub/identity (docs/callback.md).
-    trainer = train_tiny.make_trainer(
+    trainer = tiny_model.make_trainer(
         output_dir,
         model=model,
         tokenizer=AutoTokenizer.from_pretrained(base),

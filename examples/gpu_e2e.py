@@ -34,6 +34,9 @@ import subprocess
 import sys
 import time
 
+# The tiny model's one builder and the tensor helpers live with the tests: run from a checkout.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
 ENGINE = dict(
     dtype="bfloat16", max_model_len=128, enforce_eager=True, max_num_seqs=2, gpu_memory_utilization=0.15
 )
@@ -42,7 +45,11 @@ NO_PLUGIN = {"VLLM_PLUGINS": "none"}  # an allow-list that matches no plugin
 
 
 def engine_main(job: dict) -> None:
-    """Child mode: start one engine, print its greedy tokens as JSON."""
+    """Child mode: start one engine, print its greedy tokens as JSON.
+
+    With ``"hold": true`` the engine stays up and generates again, printing its
+    tokens again, for each line read from stdin, until stdin ends.
+    """
     from vllm import LLM, SamplingParams
 
     llm = LLM(
@@ -51,8 +58,11 @@ def engine_main(job: dict) -> None:
         model_loader_extra_config=job.get("extra") or {},
         **ENGINE,
     )
-    outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
-    print("E2E_RESULT " + json.dumps([list(o.outputs[0].token_ids) for o in outs]), flush=True)
+    while True:
+        outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+        print("E2E_RESULT " + json.dumps([list(o.outputs[0].token_ids) for o in outs]), flush=True)
+        if not job.get("hold") or not sys.stdin.readline():
+            return
 
 
 def run_engine(model: str, load_format: str, extra: dict | None = None, env: dict | None = None):
@@ -134,7 +144,7 @@ def cuda_available(program: str) -> bool:
 def negate_tensor(folder: str, name: str = "model.norm.weight") -> None:
     """Same header, same size, different values: the case header-only keys cannot tell apart."""
     import torch
-    from ckptpub_vllm.testing import find_tensor_file, tensor_location
+    from support.safetensors_files import find_tensor_file, tensor_location
 
     path = find_tensor_file(folder, name)
     start, end = tensor_location(path, name)
@@ -152,7 +162,7 @@ def main() -> int:
     if not cuda_available("gpu_e2e"):
         return 2
 
-    from ckptpub_vllm.testing import build_tiny_qwen3
+    from support.tiny_model import build_tiny_qwen3
 
     import ckptpub
 

@@ -6,17 +6,23 @@ are real JSON files, so the tests exercise ckptpub on the bytes users' tools wri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
-from ckptpub_vllm.testing import tensor_location
 from safetensors.numpy import save_file
+from support.safetensors_files import tensor_location
+
+import ckptpub
+from ckptpub._format.manifest import Manifest, config_digest, parse_manifest
 
 CONFIG = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -77,6 +83,50 @@ def write_checkpoint(
     return folder
 
 
+def publish_in_format(folder: Path, version: str) -> Manifest:
+    """Write ``folder``'s manifest in ``version`` as that format's writer did (its config rule); read it back.
+
+    What a folder published by an older ckptpub looks like: a ``ckptpub/2`` manifest's
+    config digest counts ``use_cache``, a ``/3`` one's does not.
+    """
+    built = ckptpub.build_manifest(folder)
+    config = {name: config_digest(json.loads((folder / name).read_bytes()), version) for name in built.config}
+    old = Manifest(
+        built.identity, built.tensors, built.files, built.weights, config, built.provenance, version
+    )
+    data = old.to_json(version)
+    (folder / "ckptpub.json").write_bytes(data)
+    return parse_manifest(data)
+
+
+def raw_shard(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
+    """A safetensors file of ``name -> (dtype, shape, raw bytes)``, in that order, written by hand."""
+    header, data = {}, b""
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    encoded = json.dumps(header).encode()
+    return struct.pack("<Q", len(encoded)) + encoded + data
+
+
+#: The folder of the whole-manifest vectors (tests/vectors/manifest-v2.json, manifest-v3.json).
+VECTOR_FILES = {
+    "config.json": b'{"model_type": "tiny", "hidden_size": 4}',
+    "model.safetensors": raw_shard(
+        {"w": ("F32", [2], bytes(range(8))), "b": ("BF16", [], b"\x80?"), "emb": ("U8", [1, 3], b"abc")}
+    ),
+    "extra/opt.safetensors": raw_shard({"m": ("F16", [2], b"\x00<\x00<")}),
+    "notes.txt": b"trained on tiny data\n",
+}
+
+
+def write_files(folder: Path, files: dict[str, bytes]) -> Path:
+    for path, data in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_bytes(data)
+    return folder
+
+
 def sparse_shard(path: Path, tensors: int, tensor_bytes: int) -> None:
     """A valid safetensors file of ``tensors`` U8 tensors whose data is a hole (reads as zeros):
     large to hash, free to write."""
@@ -127,17 +177,97 @@ def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     return state
 
 
+#: A ckptpub/3 manifest's first line holds these fields in this order (docs/format.md).
+V3_HEADER_ORDER = ("format", "identity", "sizes", "config", "weights", "files", "provenance")
+
+
+def v3_parts(data: bytes) -> tuple[dict, bytes, bytes]:
+    """A ckptpub/3 manifest's header fields, and its two regions' bytes, found by the sizes the first
+    line gives."""
+    line, _, rest = data.partition(b"\n")
+    header = json.loads(line.removesuffix(b',"model":[') + b"}")
+    model = rest[: header["sizes"]["model"]]
+    layout = rest[len(model) + len(b'\n],"layout":[\n') :][: header["sizes"]["layout"]]
+    return header, model, layout
+
+
+def v3_forged(header: dict, model: bytes, layout: bytes) -> bytes:
+    """A ckptpub/3 manifest with these regions, sizes and identity recomputed, written by
+    docs/format.md's layout (not by ckptpub's encoder), as a careful forger would."""
+    from ckptpub._format.canonical import canonical_json
+    from ckptpub._format.manifest import FORMAT, FileRecord, identity_of
+    from ckptpub._format.regions import Regions
+
+    files = [FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in header["files"]]
+    counts = tuple(f["tensors"] for f in header["files"] if "header_size" in f)
+    identity = identity_of(Regions(model, layout, counts), files, header["weights"], header["config"], FORMAT)
+    header = header | {"sizes": {"model": len(model), "layout": len(layout)}, "identity": identity}
+    line = b"{" + b",".join(b'"%s":%s' % (k.encode(), canonical_json(header[k])) for k in V3_HEADER_ORDER)
+    return line + b',"model":[\n' + model + b'\n],"layout":[\n' + layout + b"\n]}\n"
+
+
+def forged_tables(data: bytes, edit: Callable[[bytes, bytes], tuple[bytes, bytes]]) -> bytes:
+    """The manifest ``data`` with its two tables (ckptpub/2) or regions (ckptpub/3) edited
+    (``edit(model, layout)``) and the header's sizes and identity recomputed, as a careful forger
+    would: only the rules of the entries themselves can catch it."""
+    from ckptpub._format.manifest import FORMAT_V2, FileRecord, identity_of
+    from ckptpub._format.tables import Tables
+
+    if data.startswith(b'{"format":"ckptpub/3",'):
+        header, model, layout = v3_parts(data)
+        return v3_forged(header, *edit(model, layout))
+    head, _, tables = data.partition(b"\n")
+    header = json.loads(head)
+    model, layout = edit(tables[: header["tables"]["model"]], tables[header["tables"]["model"] :])
+    header["tables"] = {"model": len(model), "layout": len(layout)}
+    files = [FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in header["files"]]
+    counts = tuple(f["tensors"] for f in header["files"] if "header_size" in f)
+    header["identity"] = identity_of(
+        Tables(model, layout, counts), files, header["weights"], header["config"], FORMAT_V2
+    )
+    return json.dumps(header).encode() + b"\n" + model + layout
+
+
+def swap_first_entries(entries: bytes) -> bytes:
+    """The first two entries of a ckptpub/3 region (one a line) or /2 table in each other's place."""
+    first, second, rest = entries.split(b"\n", 2)
+    return b"\n".join((second, first, rest))
+
+
 def copy_checkpoint(source: Path, target: Path) -> Path:
     shutil.copytree(source, target)
     return target
 
 
-def run_cli(*args: object, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m ckptpub`` as a real subprocess and capture its output."""
+def run_cli(
+    *args: object, timeout: float = 120, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``python -m ckptpub`` as a real subprocess and capture its output (``env`` added to ours)."""
     return subprocess.run(
         [sys.executable, "-m", "ckptpub", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
     )
+
+
+@contextlib.contextmanager
+def deadline(seconds: int, what: str) -> Iterator[None]:
+    """Fail (``TimeoutError``) instead of hanging when the block runs longer than ``seconds``.
+
+    For calls made in the test's own process (the Python API, the loader's functions),
+    as a subprocess's ``timeout`` does for the CLI. Main thread only (SIGALRM).
+    """
+
+    def hang(signum: int, frame: object) -> None:
+        raise TimeoutError(f"{what} ran past {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -1,12 +1,12 @@
 """Set-up shared by every test folder.
 
-The tests import their helper modules by name (``checkpoints``, ``cbhelpers``, ``corpus``,
-``preload_helpers``, ``vllm_engine_helpers``, ``train_tiny``, ``slowfs``, ...) from the folders listed in
+The tests import their helper modules by name (``support``, ``checkpoints``, ``cbhelpers``, ``corpus``,
+``preload_helpers``, ``vllm_engine_helpers``, ``slowfs``, ...) from the folders listed in
 pytest's ``pythonpath`` setting (pyproject.toml). The scripts they start as subprocesses (the torchrun and
 accelerate workers, the crash-test trainer, the Trainer run the preload supervisor follows) import the
 same helpers, so this exports the same folders in ``PYTHONPATH`` for every child of the test session,
 ahead of whatever ``PYTHONPATH`` was already set. Run such a script by hand with, for example,
-``PYTHONPATH=examples python tests/callback/crash_train.py OUT``.
+``PYTHONPATH=tests python tests/callback/crash_train.py OUT``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""``python -m ckptpub``: the same CLI as the ``ckptpub`` command."""
+"""``python -m ckptpub``: the same CLI as the ``ckptpub`` command, with the same entry point."""
 
-from .cli import run
+from .console import main
 
-run()
+main()

@@ -5,9 +5,10 @@ console entry point (``ckptpub``, ``python -m ckptpub``). A distribution adds a
 command through the ``ckptpub.commands`` entry-point group: each entry point is a
 ``Command``, whose ``run`` returns an ``ExitCode`` and raises ``UsageError`` for a
 command line argparse cannot refuse (``ckptpub preload`` from ckptpub-vllm is one).
-The implementation is ``ckptpub._cli``.
+``seconds_argument`` is the argparse ``type`` of every duration option (NaN,
+infinities, zero and negative values refused). The implementation is ``ckptpub._cli``.
 """
 
-from ._cli.main import COMMANDS_GROUP, Command, ExitCode, UsageError, main, run
+from ._cli.main import COMMANDS_GROUP, Command, ExitCode, UsageError, main, run, seconds_argument
 
-__all__ = ["COMMANDS_GROUP", "Command", "ExitCode", "UsageError", "main", "run"]
+__all__ = ["COMMANDS_GROUP", "Command", "ExitCode", "UsageError", "main", "run", "seconds_argument"]

@@ -2,7 +2,7 @@
 publish_accelerate_state(). Run directly or under torchrun; each process writes
 what the helper returned to OUT/rank-{rank}.json.
 
-``train_tiny`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
+``support.tiny_model`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
 scripts the tests start (by hand: ``PYTHONPATH=examples``)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-import train_tiny
+from support import tiny_model
 
 import ckptpub
 
@@ -25,9 +25,9 @@ def main(out: str) -> None:
         cpu=True,
         project_config=ProjectConfiguration(project_dir=out, automatic_checkpoint_naming=True, total_limit=2),
     )
-    model = train_tiny.build_model()
+    model = tiny_model.build_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = torch.utils.data.DataLoader(train_tiny.build_dataset(train_tiny.build_tokenizer()), batch_size=4)
+    data = torch.utils.data.DataLoader(tiny_model.build_dataset(tiny_model.build_tokenizer()), batch_size=4)
     model, opt, data = acc.prepare(model, opt, data)
     results = []
     for step, batch in enumerate(data, start=1):

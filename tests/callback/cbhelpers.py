@@ -1,4 +1,4 @@
-"""Helpers for the callback tests: the tiny offline model, the CLI, folder listings.
+"""Helpers for the callback tests: the CLI, folder listings (the tiny model is ``support.tiny_model``).
 
 Lives in its own module (not conftest.py) so test files can import it by a name no
 other test folder uses (this folder is on pytest's ``pythonpath``, see pyproject.toml).
@@ -11,8 +11,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-import train_tiny  # noqa: F401  (conftest and tests use cbhelpers.train_tiny)
 
 import ckptpub
 
@@ -43,10 +41,11 @@ def checkpoints(run_dir: str | os.PathLike) -> list[str]:
 
 
 def manifest_json(folder: str | os.PathLike) -> dict:
-    """The manifest's JSON header plus its tensor records as dicts (ckptpub/2 keeps those in tables)."""
-    header = json.loads((Path(folder) / "ckptpub.json").read_bytes().partition(b"\n")[0])
-    header["tensors"] = [t._asdict() for t in ckptpub.read_manifest(folder).tensors]
-    return header
+    """The manifest's fields, with its tensor records as dicts in place of its two regions of entries."""
+    document = json.loads((Path(folder) / "ckptpub.json").read_bytes())
+    del document["model"], document["layout"]
+    document["tensors"] = [t._asdict() for t in ckptpub.read_manifest(folder).tensors]
+    return document
 
 
 def run_group(cmd: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:

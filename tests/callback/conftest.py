@@ -1,19 +1,19 @@
-"""Fixtures for the Trainer-callback tests (helpers live in cbhelpers.py)."""
+"""Fixtures for the Trainer-callback tests (helpers live in cbhelpers.py and tests/support)."""
 
 from __future__ import annotations
 
-import cbhelpers
 import pytest
+from support import tiny_model
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    return cbhelpers.train_tiny.build_tokenizer()
+    return tiny_model.build_tokenizer()
 
 
 @pytest.fixture
 def tiny():
-    return cbhelpers.train_tiny
+    return tiny_model
 
 
 @pytest.fixture(autouse=True)

@@ -1,22 +1,22 @@
 """Train until killed: a ~50 MB checkpoint (weights + optimizer) every 3 steps with
 PublishCallback in background mode. The crash-safety test SIGKILLs it mid-publish.
 
-``train_tiny`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
+``support.tiny_model`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
 scripts the tests start (by hand: ``PYTHONPATH=examples``)."""
 
 from __future__ import annotations
 
 import sys
 
-import train_tiny
+from support import tiny_model
 
 from ckptpub import PublishCallback
 
 if __name__ == "__main__":
-    model = train_tiny.build_model(
+    model = tiny_model.build_model(
         hidden_size=384, intermediate_size=1024, num_attention_heads=6, num_key_value_heads=6
     )
-    trainer = train_tiny.make_trainer(
+    trainer = tiny_model.make_trainer(
         sys.argv[1],
         model=model,
         callbacks=[PublishCallback()],

@@ -13,8 +13,8 @@ import os
 import sys
 import time
 
-import train_tiny
 from cbhelpers import write_rank_report
+from support import tiny_model
 
 from ckptpub import PublishCallback, distributed
 
@@ -34,7 +34,7 @@ def main(out: str, stall: float, timeout: float) -> None:
     if rank == 1:
         stall_rank_1(stall)
     cb = PublishCallback(rank_timeout_s=timeout)
-    trainer = train_tiny.make_trainer(
+    trainer = tiny_model.make_trainer(
         out, callbacks=[cb], max_steps=12, save_steps=4, ddp_backend="gloo", logging_steps=100
     )
     started = time.monotonic()

@@ -14,7 +14,7 @@ saves through accelerate's ``save_fsdp_model``/``save_fsdp_optimizer``. FSDP1
 (``fsdp_config["version"] = 1``) cannot run on CPU at all: its plugin raises "There are
 currently no available devices found" (accelerate/utils/dataclasses.py, ``__post_init__``).
 
-``train_tiny`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
+``support.tiny_model`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
 scripts the tests start (by hand: ``PYTHONPATH=examples``)."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import train_tiny
 from cbhelpers import write_rank_report
+from support import tiny_model
 
 from ckptpub import PublishCallback
 
@@ -47,7 +47,7 @@ def main(out: str, state_dict_type: str) -> None:
 
     torch.set_num_threads(1)
     cb = PublishCallback()
-    trainer = train_tiny.make_trainer(
+    trainer = tiny_model.make_trainer(
         out,
         callbacks=[cb],
         max_steps=6,
@@ -66,7 +66,19 @@ def main(out: str, state_dict_type: str) -> None:
         cb,
         model_class=type(trainer.model_wrapped).__name__,
         distributed_type=trainer.accelerator.distributed_type.value,
+        process_groups=len(torch.distributed.distributed_c10d._world.pg_map),  # the callback's is closed
     )
+    end_of_job(trainer)
+
+
+def end_of_job(trainer: Any) -> None:
+    """End as a distributed script should (``Trainer.end``, transformers' documented last call): every
+    rank past a barrier, then the Trainer's process group destroyed, so no group is left to the
+    interpreter's exit, whose teardown on a rank whose peer has already exited can abort it."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    trainer.end()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -28,10 +29,8 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 def entries(folder: Path) -> dict:
     """The manifest without its creation time: what must be equal however it was hashed."""
-    header, _, tables = (folder / ckptpub.MANIFEST_NAME).read_bytes().partition(b"\n")  # ckptpub/2
-    manifest = json.loads(header)
+    manifest = json.loads((folder / ckptpub.MANIFEST_NAME).read_bytes())
     del manifest["provenance"]["created"]
-    manifest["table_bytes"] = tables.decode()
     return manifest
 
 
@@ -107,6 +106,22 @@ def test_a_signed_publish_under_torchrun_verifies_with_the_public_key(checkpoint
     assert entries(checkpoint) == entries(alone)
 
 
+def test_a_blake3_signed_publish_under_torchrun(checkpoint, tmp_path):
+    """``--sign-hash blake3`` on 2 ranks: each rank computes the whole-file BLAKE3 of the files it
+    hashes, and rank 0's signature is what model_signing's Python API accepts."""
+    sys.path.insert(0, str(HERE.parent / "signing"))
+    import signhelpers
+
+    key = signhelpers.make_key(tmp_path / "keys", "trainer")
+    signing = ["--sign", str(key.private), "--sign-hash", "blake3"]
+    command = torchrun(2, "-m", "--", "ckptpub", "publish", str(checkpoint), *signing)
+    r = run_group(command, timeout=120, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert signhelpers.model_signing_api_verify(checkpoint, key.public) is None
+    verified = run_cli("verify", checkpoint, "--public-key", key.public)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
 def test_each_rank_hashes_its_own_share(checkpoint, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -120,16 +135,31 @@ def test_each_rank_hashes_its_own_share(checkpoint, tmp_path):
     assert sum(rep["hashed_bytes"] for rep in reports) == total
 
 
+def linked_view(source: Path, view: Path) -> Path:
+    """The same files under another path (hard links: the very inodes), as a node mounting the one
+    shared file system elsewhere sees them."""
+    for path in sorted(source.rglob("*")):
+        target = view / path.relative_to(source)
+        if path.is_dir():
+            target.mkdir(parents=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(path, target)
+    return view
+
+
 def test_ranks_may_see_the_folder_at_different_paths_but_not_different_folders(checkpoint, tmp_path):
     """Each node mounts the storage where it likes; a rank that sees other files refuses with the rest."""
-    for rank in (0, 1):
-        copy_checkpoint(checkpoint, tmp_path / f"view-{rank}")
+    linked_view(checkpoint, tmp_path / "view-0")
+    linked_view(checkpoint, tmp_path / "view-1")
     out = tmp_path / "out"
     out.mkdir()
     script = torchrun(2, str(HERE / "dist_publish.py"), str(tmp_path / "view-{rank}"), str(out))
     r = run_group(script, timeout=120, env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
     assert entries(tmp_path / "view-0")["identity"] == ckptpub.build_manifest(checkpoint).identity
+    total = sum(f.size for f in ckptpub.read_manifest(tmp_path / "view-0").files)
+    assert sum(report["hashed_bytes"] for report in rank_reports(out, 2)) == total  # the one storage: shared
     assert our_files(tmp_path / "view-1") == []  # only rank 0 writes
 
     (tmp_path / "view-0" / ckptpub.MANIFEST_NAME).unlink()
@@ -139,6 +169,63 @@ def test_ranks_may_see_the_folder_at_different_paths_but_not_different_folders(c
     for report in rank_reports(out, 2):
         assert "the ranks see different checkpoints" in report["error"], report
     assert our_files(tmp_path / "view-0") == []
+
+
+def refused_on_every_rank(stderr: str) -> bool:
+    """Exit 2 on both ranks, but for one that torchrun stopped (SIGTERM) as it was exiting anyway,
+    once the other had exited 2: the two raise the same error at the same exchange, then meet so
+    that rank 0 has said why before either exits."""
+    exits = rank_exits(stderr)
+    return sorted(exits) == [0, 1] and set(exits.values()) <= {2, -15} and 2 in exits.values()
+
+
+def per_rank_folder(command: str, *args: str) -> list[str]:
+    """``torchrun`` running ``ckptpub COMMAND ARGS... FOLDER-<rank>``: each rank its own folder, as
+    node-local copies are (``--no-python``: the command runs through ``sh``, which appends the rank)."""
+    program = f'exec "{sys.executable}" -m ckptpub {command} "$@" "$0-$RANK"'
+    return torchrun(2, "--no-python", "sh", "-c", program, *args)
+
+
+def test_ranks_whose_copies_hold_other_bytes_refuse_to_publish_or_verify(checkpoint, tmp_path):
+    """Copies with the same names, headers and sizes but one byte changed in a file that rank 1 would
+    hash (a stale replica): the ranks read other files, so each hashes every file itself and they
+    compare; publish writes nothing and verify gives no verdict, on both ranks, said once."""
+    manifest = ckptpub.publish(checkpoint)
+    files = [Span(f.path, 0, f.size, f.path) for f in manifest.files]
+    owners = dict(zip((f.path for f in manifest.files), assign_files(files, 2), strict=True))
+    tensor = next(t for t in manifest.tensors if owners[t.file] == 1)
+    for rank in (0, 1):
+        copy_checkpoint(checkpoint, tmp_path / f"copy-{rank}")
+    start, _ = tensor_range(tmp_path / "copy-0" / tensor.file, tensor.name)
+    flip_byte(tmp_path / "copy-0" / tensor.file, start)  # rank 0's copy: a byte rank 0 would never read
+    verified = run_group(per_rank_folder("verify", str(tmp_path / "copy")), timeout=120, env=ENV)
+    assert refused_on_every_rank(verified.stderr), verified.stderr[-3000:]
+    errors = [line for line in verified.stderr.splitlines() if line.startswith("ckptpub: error:")]
+    assert errors == [
+        f"ckptpub: error: rank 1 read other bytes than rank 0 in {tensor.file}: tensor {tensor.name!r}: "
+        "the ranks' copies of the folder differ; publish or verify where every rank reads the same files"
+    ], verified.stderr[-3000:]
+    assert run_cli("verify", tmp_path / "copy-0").returncode == 1  # what a single process says
+    for rank in (0, 1):
+        (tmp_path / f"copy-{rank}" / ckptpub.MANIFEST_NAME).unlink()
+    published = run_group(per_rank_folder("publish", str(tmp_path / "copy")), timeout=120, env=ENV)
+    assert refused_on_every_rank(published.stderr), published.stderr[-3000:]
+    assert "rank 1 read other bytes than rank 0" in published.stderr
+    assert our_files(tmp_path / "copy-0") == []
+
+
+def test_ranks_whose_copies_hold_the_same_bytes_publish_the_single_process_manifest(checkpoint, tmp_path):
+    """Node-local copies that agree: every rank hashes every file itself (said in one warning), and
+    the manifest is the one a single process writes; verify agrees."""
+    for rank in (0, 1):
+        copy_checkpoint(checkpoint, tmp_path / f"copy-{rank}")
+    published = run_group(per_rank_folder("publish", str(tmp_path / "copy")), timeout=120, env=ENV)
+    assert published.returncode == 0, published.stderr[-3000:]
+    assert published.stderr.count("every rank hashes every file itself") == 1, published.stderr
+    assert entries(tmp_path / "copy-0")["identity"] == ckptpub.build_manifest(checkpoint).identity
+    shutil.copy(tmp_path / "copy-0" / ckptpub.MANIFEST_NAME, tmp_path / "copy-1")
+    verified = run_group(per_rank_folder("verify", str(tmp_path / "copy")), timeout=120, env=ENV)
+    assert verified.returncode == 0, verified.stderr[-3000:]
 
 
 def test_verify_under_torchrun_finds_a_byte_flipped_in_a_file_rank_1_hashes(checkpoint):

@@ -1,6 +1,6 @@
 """What a user asks of a fine-tune run, answered by ``ckptpub diff``/``show``/``ls``/``log`` in a few lines.
 
-Real Trainer runs of the tiny offline Qwen3 (examples/train_tiny.py) from a base
+Real Trainer runs of the tiny offline Qwen3 (tests/support/tiny_model.py) from a base
 saved and published in the test; every ckptpub command is a real subprocess.
 """
 
@@ -20,12 +20,11 @@ from ckptpub import PublishCallback
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A bf16 base (published), a full fine-tune of it in f32, a LoRA run on it, and the LoRA merged back."""
-    import cbhelpers
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
+    from support import tiny_model as tiny
     from transformers import AutoModelForCausalLM
 
-    tiny = cbhelpers.train_tiny
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as conftest's one_torch_thread does for each test, restored below
     root = tmp_path_factory.mktemp("explain")
@@ -68,14 +67,15 @@ def cli(*args, expect: int) -> list[str]:
 def test_full_fine_tune_diff_says_the_dtype_changed(runs):
     """310 changed tensors in a real Qwen3 run came from a BF16 -> F32 cast.
 
-    The diff says so, and which config keys changed.
+    The diff says so, and which config keys changed (use_cache, which the Trainer sets, without
+    changing the identity).
     """
     lines = cli("diff", runs / "base", runs / "full" / "checkpoint-10", expect=1)
     assert lines == [
         "lineage  b records a as its base",
         "changed  all 25 tensors: dtype BF16 -> F32",
         'config   config.json: dtype "bfloat16" -> "float32"',
-        "config   config.json: use_cache true -> false",
+        "config   config.json: use_cache true -> false (does not change the identity)",
     ]
     as_json = json.loads(
         "\n".join(cli("diff", "--json", runs / "base", runs / "full" / "checkpoint-10", expect=1))
@@ -83,9 +83,9 @@ def test_full_fine_tune_diff_says_the_dtype_changed(runs):
     assert as_json["relation"] == "from_a"
     assert len(as_json["tensor_changes"]) == 25
     assert {c["what"] for c in as_json["tensor_changes"]} == {"dtype BF16 -> F32"}
-    assert {(c["key"], c["old"], c["new"]) for c in as_json["config_keys"]} == {
-        ("dtype", "bfloat16", "float32"),
-        ("use_cache", True, False),
+    assert {(c["key"], c["old"], c["new"], c["changes_identity"]) for c in as_json["config_keys"]} == {
+        ("dtype", "bfloat16", "float32", True),
+        ("use_cache", True, False, False),
     }
 
 
@@ -185,7 +185,8 @@ def test_unpublished_base_warns_once_and_ls_marks_a_resave(tiny, tokenizer, tmp_
     warnings = [r.getMessage() for r in caplog.records if r.name == "ckptpub"]
     assert warnings == [
         f"ckptpub: the base model {base} has no ckptpub.json, so this run's checkpoints will record "
-        f"no base_identity; publish it before training: ckptpub publish {base}"
+        f"no base_identity; publish it before training: ckptpub publish {base}, or pass "
+        "PublishCallback(publish_base=True) to publish it in the background"
     ]
     lines = cli("ls", tmp_path / "run", expect=0)
     assert [line.split()[-2:] for line in lines[1:]] == [["-", "checkpoint-5"], ["=prev", "checkpoint-10"]]

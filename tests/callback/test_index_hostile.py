@@ -19,25 +19,26 @@ from cbhelpers import assert_verifies, checkpoints
 import ckptpub
 from ckptpub import PublishCallback
 from ckptpub._filesystem import run_index
+from ckptpub.integration import RUN_INDEX_NAME
 
 IDENTITY = "blake3:" + "0" * 64
 
 
 def symlink_out(run: Path, outside: Path) -> None:
-    os.symlink(outside, run / run_index.INDEX_NAME)
+    os.symlink(outside, run / RUN_INDEX_NAME)
 
 
 KINDS = {
     "symlink out of the folder": symlink_out,
     "dangling symlink": lambda run, outside: os.symlink(
-        outside.with_name("missing.jsonl"), run / run_index.INDEX_NAME
+        outside.with_name("missing.jsonl"), run / RUN_INDEX_NAME
     ),
     "symlink to a file inside": lambda run, outside: (
         (run / "notes.txt").write_text("mine\n"),
-        os.symlink("notes.txt", run / run_index.INDEX_NAME),
+        os.symlink("notes.txt", run / RUN_INDEX_NAME),
     ),
-    "FIFO": lambda run, outside: os.mknod(run / run_index.INDEX_NAME, 0o644 | stat.S_IFIFO),
-    "folder": lambda run, outside: (run / run_index.INDEX_NAME).mkdir(),
+    "FIFO": lambda run, outside: os.mknod(run / RUN_INDEX_NAME, 0o644 | stat.S_IFIFO),
+    "folder": lambda run, outside: (run / RUN_INDEX_NAME).mkdir(),
 }
 
 
@@ -47,7 +48,7 @@ def test_append_refuses_what_is_not_a_plain_index(tmp_path: Path, kind: str) -> 
     run.mkdir()
     outside.write_text("theirs\n")
     KINDS[kind](run, outside)
-    with pytest.raises(ckptpub.CkptpubError, match=run_index.INDEX_NAME):
+    with pytest.raises(ckptpub.CkptpubError, match=RUN_INDEX_NAME):
         run_index.append(run, step=1, path="checkpoint-1", identity=IDENTITY, time=1.0)
     assert outside.read_text() == "theirs\n"
     assert not outside.with_name("missing.jsonl").exists()

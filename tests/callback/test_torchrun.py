@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 
 from cbhelpers import assert_verifies, checkpoints, run_group, torchrun
+from support import tiny_model
+from support.manifests import replaced
 
 import ckptpub
 from ckptpub._filesystem import run_index
@@ -46,10 +48,34 @@ def test_two_process_run_publishes_once_per_checkpoint(tmp_path):
         assert_verifies(folder)
         written = ckptpub.read_manifest(folder)
         alone = ckptpub.build_manifest(folder, allow_no_weights=True, allow_nested=True)
-        assert written._replace(provenance={}) == alone._replace(provenance={})  # every entry and the tables
+        assert replaced(written, provenance={}) == replaced(
+            alone, provenance={}
+        )  # every entry and the tables
         assert written.identity == alone.identity
     # one index line per checkpoint: the non-saving rank appended nothing
     assert [rec["path"] for rec in run_index.read(tmp_path)] == names
+
+
+def test_ranks_publish_an_unpublished_base_together_before_the_steps_that_record_it(tmp_path):
+    """``publish_base=True`` on a base in the Hugging Face cache, loaded by hub id on both ranks."""
+    from hf_cache import cache_model
+
+    source = tmp_path / "download"
+    tiny_model.build_model().save_pretrained(source)
+    snapshot = cache_model(tmp_path / "hf", "acme/base", source)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HOME=str(tmp_path / "hf"))
+    run = tmp_path / "run"
+    r = run_group(torchrun(2, str(HERE / "ddp_train.py"), str(run), "acme/base"), timeout=240, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    writer, helper = (json.loads((run / f"rank-{i}.json").read_text()) for i in (0, 1))
+    assert (writer["failures"], helper["failures"]) == ([], [])
+    assert writer["ranks"] == [2, 2, 2]  # the base's hashing left the ranks in step for every save
+    base = ckptpub.read_manifest(snapshot)
+    assert base.identity == ckptpub.build_manifest(snapshot).identity
+    for name in checkpoints(run):
+        provenance = ckptpub.read_manifest(run / name).provenance
+        assert provenance["base_identity"] == base.identity
+        assert provenance["base_hub"] == {"repo_id": "acme/base", "revision": os.path.basename(snapshot)}
 
 
 def test_a_stalled_rank_costs_one_checkpoint_its_manifest_and_never_hangs_training(tmp_path):

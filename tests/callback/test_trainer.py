@@ -1,6 +1,6 @@
 """PublishCallback with a real Trainer on a tiny offline model (single process).
 
-Each test trains a few dozen steps of the tiny Qwen3 from examples/train_tiny.py
+Each test trains a few dozen steps of the tiny Qwen3 from tests/support/tiny_model.py
 and checks the folders on disk with the real ``ckptpub verify`` CLI.
 """
 
@@ -21,6 +21,7 @@ from transformers import TrainerCallback
 import ckptpub
 from ckptpub import PublishCallback
 from ckptpub._filesystem import run_index
+from ckptpub.integration import RUN_INDEX_NAME
 
 
 class Pace(TrainerCallback):
@@ -333,9 +334,15 @@ def test_folder_deleted_while_hashing_leaves_no_manifest(tmp_path):
 
 
 def test_run_index_skips_a_torn_line(tmp_path):
-    (tmp_path / run_index.INDEX_NAME).write_bytes(b'{"step": 1, "path": "checkpoint-1", "ident')
+    (tmp_path / RUN_INDEX_NAME).write_bytes(b'{"step": 1, "path": "checkpoint-1", "ident')
     run_index.append(tmp_path, step=2, path="checkpoint-2", identity="blake3:" + "0" * 64, time=1.0)
     assert [r["step"] for r in run_index.read(tmp_path)] == [2]
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0, -1.0, "soon"])
+def test_a_rank_timeout_that_would_spin_or_overflow_is_refused_at_once(timeout):
+    with pytest.raises(ckptpub.CkptpubError, match="^rank_timeout_s: .* is not a positive number of seconds"):
+        PublishCallback(rank_timeout_s=timeout)
 
 
 def test_import_ckptpub_needs_no_transformers():

@@ -49,8 +49,9 @@ def test_bench_scale_times_every_command(tmp_path: Path) -> None:
         "ls (2 checkpoints)",
         "log (2 checkpoints)",
     )
-    for command in timed:
-        assert float(rows[command][0]) > 0, rows
+    for command in (*timed, "engine key (in process)"):
+        assert float(rows[command][0]) > 0, rows  # wall
+        assert float(rows[command][2]) > 0, rows  # CPU
 
 
 def test_bench_hash_compares_with_b3sum(tmp_path: Path) -> None:

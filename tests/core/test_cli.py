@@ -42,8 +42,8 @@ def test_publish_prints_identity_and_writes_manifest(tmp_path: Path) -> None:
     identity = result.stdout.strip()
     assert identity.startswith("blake3:")
     assert len(identity) == 7 + 64
-    manifest = json.loads((folder / "ckptpub.json").read_bytes().partition(b"\n")[0])
-    assert manifest["format"] == "ckptpub/2"
+    manifest = json.loads((folder / "ckptpub.json").read_bytes())
+    assert manifest["format"] == "ckptpub/3"
     assert manifest["identity"] == identity
     assert {f["path"] for f in manifest["files"]} == {
         "config.json",
@@ -250,6 +250,37 @@ def test_debug_variable_shows_the_traceback(tmp_path: Path, monkeypatch: pytest.
         main(["show", str(tmp_path / "nope")])
 
 
+def test_debug_is_a_flag_that_refuses_what_it_cannot_read(tmp_path: Path) -> None:
+    """``CKPTPUB_DEBUG=false`` is off (it turned tracebacks on); a value neither on nor off is refused."""
+    command = [sys.executable, "-m", "ckptpub", "show", str(tmp_path / "nope")]
+    for value, traceback in (("false", False), (" Off ", False), ("no", False), ("on", True), ("TRUE", True)):
+        result = subprocess.run(
+            command, capture_output=True, text=True, env=dict(os.environ, CKPTPUB_DEBUG=value), timeout=60
+        )
+        assert result.returncode == 2, (value, result.stderr)
+        shown = result.stderr.startswith("Traceback (most recent call last):")
+        assert shown is traceback, (value, result.stderr)
+        if not traceback:
+            assert result.stderr == f"ckptpub: error: {tmp_path / 'nope'}: No such file or directory\n"
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=dict(os.environ, CKPTPUB_DEBUG="maybe"), timeout=60
+    )
+    assert (result.returncode, result.stderr) == (
+        2,
+        "ckptpub: error: CKPTPUB_DEBUG: 'maybe' is neither on (1/true/yes/on) nor off (0/false/no/off)\n",
+    )
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-5", "1e400", "soon"])
+def test_a_duration_that_is_not_a_positive_finite_number_is_refused_in_one_line(value: str) -> None:
+    result = run_cli("verify", f"--rank-timeout={value}", "folder")
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"ckptpub: error: argument --rank-timeout: {value!r} is not a positive number of seconds "
+        "(at most 10000000) (see 'ckptpub verify --help')\n"
+    ), result.stderr
+
+
 def test_the_vllm_plugin_command_joins_the_parser() -> None:
     """``ckptpub preload`` (ckptpub-vllm, from ``make setup``) is listed, parsed and failed like the rest."""
     pytest.importorskip("ckptpub_vllm")
@@ -414,6 +445,20 @@ def test_ls_reads_the_run_index_and_checks_it_against_each_folder(tmp_path: Path
         (40, "gone", "index"),
         (50, "unusable", "index"),
     ]
+
+
+def test_a_missing_file_is_a_problem_not_a_checked_file(published: Path) -> None:
+    listed = len(ckptpub.read_manifest(published).files)
+    (published / "logs" / "train.txt").unlink()
+    report = ckptpub.verify(published)
+    assert "logs/train.txt" not in report.checked
+    assert len(report.checked) == listed - 1
+    result = run_cli("verify", published)
+    assert f"FAILED, 1 problem (0 tensors changed) in {listed - 1} files" in result.stderr, result.stderr
+    assert (
+        "logs/train.txt: FAILED (missing: in the manifest but not in the folder)"
+        in result.stdout.splitlines()
+    )
 
 
 def test_verify_counts_problems_in_english(published: Path, tmp_path: Path) -> None:

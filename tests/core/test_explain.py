@@ -72,6 +72,15 @@ def test_config_keys_come_only_from_files_that_still_match_the_manifest(tmp_path
     assert "symlink" in diff.config_notes[0], diff.config_notes
 
 
+def test_a_config_symlinked_inside_its_folder_is_read_as_publish_read_it(tmp_path: Path) -> None:
+    """Publishing follows a symlink to a file inside the folder; so does diff (the one symlink rule)."""
+    a, b = _published_pair(tmp_path)
+    os.rename(b / "config.json", b / "config.real.json")
+    os.symlink("config.real.json", b / "config.json")
+    diff = ckptpub.diff_manifests(ckptpub.read_manifest(a), ckptpub.read_manifest(b), folder_a=a, folder_b=b)
+    assert [(c.key, c.old, c.new) for c in diff.config_keys] == [("dtype", "bfloat16", "float32")]
+
+
 def test_a_pattern_stays_one_line_however_many_names_it_covers() -> None:
     (flat,) = group_tensors("added", [(f"t{i}_w", "F32") for i in range(20000)])
     assert flat.pattern == "t{0-19999}_w"

@@ -1,52 +1,33 @@
-"""ckptpub/2: the whole-manifest vector, and every table rule refused with one error naming the manifest.
+"""ckptpub/2 (read, no longer written): the whole-manifest vector, and every table rule refused.
 
 The vector (tests/vectors/manifest-v2.json) gives a folder's files byte for byte
-and the exact header (less provenance), tables and identity a publisher must
-write for it: another implementation can check its writer and reader against it.
+and the exact header (less provenance), tables and identity the ckptpub/2 writer
+wrote for it: readers must keep reading such manifests with the identity they record.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from checkpoints import run_cli, write_checkpoint
+from checkpoints import (
+    VECTOR_FILES,
+    forged_tables,
+    publish_in_format,
+    raw_shard,
+    run_cli,
+    write_checkpoint,
+    write_files,
+)
 
 import ckptpub
-from ckptpub._format.manifest import FORMAT, FORMAT_V1, parse_manifest
+from ckptpub._format.manifest import FORMAT, FORMAT_V1, FORMAT_V2, parse_manifest
 
 VECTORS = Path(__file__).parent.parent / "vectors"
 UPDATE = os.environ.get("CKPTPUB_UPDATE_VECTORS") == "1"
-
-
-def shard(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
-    header, data = {}, b""
-    for name, (dtype, shape, raw) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    encoded = json.dumps(header).encode()
-    return struct.pack("<Q", len(encoded)) + encoded + data
-
-
-VECTOR_FILES = {
-    "config.json": b'{"model_type": "tiny", "hidden_size": 4}',
-    "model.safetensors": shard(
-        {"w": ("F32", [2], bytes(range(8))), "b": ("BF16", [], b"\x80?"), "emb": ("U8", [1, 3], b"abc")}
-    ),
-    "extra/opt.safetensors": shard({"m": ("F16", [2], b"\x00<\x00<")}),
-    "notes.txt": b"trained on tiny data\n",
-}
-
-
-def write_files(folder: Path, files: dict[str, bytes]) -> Path:
-    for path, data in files.items():
-        (folder / path).parent.mkdir(parents=True, exist_ok=True)
-        (folder / path).write_bytes(data)
-    return folder
 
 
 def split(data: bytes) -> tuple[dict, bytes]:
@@ -54,9 +35,14 @@ def split(data: bytes) -> tuple[dict, bytes]:
     return json.loads(header), tables
 
 
+def v2_manifest(folder: Path) -> bytes:
+    publish_in_format(folder, FORMAT_V2)
+    return (folder / "ckptpub.json").read_bytes()
+
+
 def test_manifest_vector(tmp_path: Path) -> None:
     folder = write_files(tmp_path, VECTOR_FILES)
-    header, tables = split(ckptpub.build_manifest(folder).to_json())
+    header, tables = split(v2_manifest(folder))
     header.pop("provenance")
     model_size = header["tables"]["model"]
     produced = {
@@ -89,29 +75,14 @@ def test_manifest_vector(tmp_path: Path) -> None:
 
 @pytest.fixture
 def v2_bytes(tmp_path: Path) -> bytes:
-    folder = write_files(tmp_path / "v", VECTOR_FILES)
-    return ckptpub.build_manifest(folder).to_json()
-
-
-def reidentified(header: dict, model: bytes, layout: bytes) -> bytes:
-    """A manifest with edited tables whose sizes and identity are recomputed, as a careful forger would."""
-    from ckptpub._format.manifest import FileRecord, Tables, identity_of_tables
-
-    header = header | {"tables": {"model": len(model), "layout": len(layout)}}
-    files = [FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in header["files"]]
-    counts = tuple(f["tensors"] for f in header["files"] if "header_size" in f)
-    header["identity"] = identity_of_tables(
-        Tables(model, layout, counts), files, header["weights"], header["config"]
-    )
-    return json.dumps(header).encode() + b"\n" + model + layout
+    return v2_manifest(write_files(tmp_path / "v", VECTOR_FILES))
 
 
 def edit_model(change: Callable[[list[bytes]], list[bytes]]) -> Callable[[bytes], bytes]:
     def edit(data: bytes) -> bytes:
-        header, tables = split(data)
-        model, layout = tables[: header["tables"]["model"]], tables[header["tables"]["model"] :]
-        lines = model.splitlines(keepends=True)
-        return reidentified(header, b"".join(change(lines)), layout)
+        return forged_tables(
+            data, lambda model, layout: (b"".join(change(model.splitlines(keepends=True))), layout)
+        )
 
     return edit
 
@@ -146,8 +117,12 @@ TABLE_CASES = [
 @pytest.mark.parametrize(
     ("damage", "expected"), [c[1:] for c in TABLE_CASES], ids=[c[0] for c in TABLE_CASES]
 )
-def test_broken_tables_are_refused_when_tensors_are_used(v2_bytes: bytes, damage, expected: str) -> None:
-    manifest = parse_manifest(damage(v2_bytes), "m.json")  # the identity matches the (forged) tables
+def test_broken_tables_are_refused(v2_bytes: bytes, damage, expected: str) -> None:
+    """On reading (the identity matches the forged tables); a reader of the identity alone
+    (``check_tables=False``) is refused when it first uses the tensors."""
+    with pytest.raises(ckptpub.CkptpubError, match=f"^m.json: .*({expected})"):
+        parse_manifest(damage(v2_bytes), "m.json")
+    manifest = parse_manifest(damage(v2_bytes), "m.json", check_tables=False)
     with pytest.raises(ckptpub.CkptpubError, match=f"^m.json: .*({expected})"):
         manifest.tensors  # noqa: B018 - decoding is the check
 
@@ -179,23 +154,52 @@ def test_header_rules(v2_bytes: bytes, edit: Callable[[bytes], bytes], expected:
         parse_manifest(edit(v2_bytes))
 
 
-def test_tab_or_newline_in_a_name_is_refused_by_publish(tmp_path: Path) -> None:
-    folder = write_files(tmp_path, {"model.safetensors": shard({"a\tb": ("U8", [1], b"x")})})
+def test_a_tab_or_newline_in_a_name_cannot_be_written_as_v2_but_is_published_as_v3(tmp_path: Path) -> None:
+    folder = write_files(
+        tmp_path, {"model.safetensors": raw_shard({"a\tb": ("U8", [1], b"x"), "c\nd": ("U8", [1], b"y")})}
+    )
+    with pytest.raises(ckptpub.CkptpubError, match="holds a tab or newline"):
+        publish_in_format(folder, FORMAT_V2)
     result = run_cli("publish", folder)
-    assert result.returncode == 2
-    assert "holds a tab or newline" in result.stderr
-    assert not (folder / "ckptpub.json").exists()
+    assert result.returncode == 0, result.stderr
+    assert [t.name for t in ckptpub.read_manifest(folder).tensors] == ["a\tb", "c\nd"]
+    assert json.loads((folder / "ckptpub.json").read_bytes())["model"][0][0] == "a\tb"
 
 
-def test_v1_manifest_still_verifies_and_keeps_its_identity(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [FORMAT_V1, FORMAT_V2])
+def test_an_old_format_manifest_still_verifies_and_keeps_its_identity(tmp_path: Path, version: str) -> None:
     folder = write_checkpoint(tmp_path / "ckpt")
-    manifest = ckptpub.publish(folder)
-    v1 = manifest.to_json(FORMAT_V1)
-    (folder / "ckptpub.json").write_bytes(v1)
+    current = ckptpub.build_manifest(folder)
+    old = publish_in_format(folder, version)
     reread = ckptpub.read_manifest(folder)
-    assert reread.identity == json.loads(v1)["identity"] != manifest.identity
-    assert reread.tensors == manifest.tensors
+    assert reread.version == version
+    assert reread.identity == split((folder / "ckptpub.json").read_bytes())[0]["identity"]
+    assert reread.identity != current.identity
+    assert reread.tensors == current.tensors == old.tensors
     result = run_cli("verify", folder)
     assert result.returncode == 0, result.stderr
-    assert json.loads(v1)["format"] == FORMAT_V1
-    assert split(manifest.to_json())[0]["format"] == FORMAT
+    assert f"identity {reread.identity}" in result.stderr
+    assert json.loads(ckptpub.publish(folder).to_json())["format"] == FORMAT
+
+
+def test_a_manifest_that_cannot_be_encoded_is_a_ckptpub_error(tmp_path: Path) -> None:
+    """``to_json`` follows the error model: an unknown format, a config rule the format does not
+    follow, or provenance that is not JSON data."""
+    folder = write_checkpoint(tmp_path / "ckpt")
+    manifest = ckptpub.build_manifest(folder)
+    with pytest.raises(ckptpub.CkptpubError, match="no encoding for manifest format 'ckptpub/9'"):
+        manifest.to_json("ckptpub/9")
+    with pytest.raises(ckptpub.CkptpubError, match="cannot be written as ckptpub/3"):
+        publish_in_format(folder, FORMAT_V2).to_json(FORMAT)
+    for version in (FORMAT, FORMAT_V2, FORMAT_V1):
+        by_hand = ckptpub.Manifest(
+            manifest.identity,
+            manifest.tensors,
+            manifest.files,
+            manifest.weights,
+            manifest.config,
+            {"x": float("inf")},
+            version,
+        )
+        with pytest.raises(ckptpub.CkptpubError, match=f"cannot be encoded as {version}: .*Infinity"):
+            by_hand.to_json(version)

@@ -17,7 +17,7 @@ SOURCE = Path(__file__).resolve().parents[2] / "src" / "ckptpub"
 
 #: Lowest first. A module may import its own layer (no cycle) and the layers listed before it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("ckptpub.errors", "ckptpub._version"),
+    ("ckptpub.errors", "ckptpub._version", "ckptpub._settings"),
     ("ckptpub._format",),
     ("ckptpub._filesystem",),
     ("ckptpub._hashing",),
@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "ckptpub",
         "ckptpub.__main__",
         "ckptpub.cli",
+        "ckptpub.console",
         "ckptpub.distributed",
         "ckptpub.integration",
         "ckptpub.signing",
@@ -111,7 +112,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_is_read_from_the_source() -> None:
     """The reading itself: known imports are found, deferred and type-only ones included."""
     graph = import_graph()
-    assert "ckptpub._format.manifest" in graph["ckptpub._filesystem.scan"]
+    assert "ckptpub._format.names" in graph["ckptpub._filesystem.scan"]
     assert "ckptpub._operations.signing" in graph["ckptpub._operations.publishing"]  # deferred
     assert "ckptpub._hashing.distributed" in graph["ckptpub._operations.publishing"]  # TYPE_CHECKING
     assert "ckptpub._training.callback" in graph["ckptpub"]  # PEP 562 __getattr__ and TYPE_CHECKING
@@ -150,3 +151,37 @@ def test_import_ckptpub_needs_only_the_standard_library_and_blake3() -> None:
     )
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "['blake3', 'ckptpub']"
+
+
+def test_integrations_use_only_public_modules_and_the_core_imports_none() -> None:
+    """The vLLM plugin imports ckptpub's public modules only (``ckptpub.integration`` and the like), and
+    nothing in ``src/ckptpub`` imports the plugin: so the layers can change beneath it."""
+    plugin = SOURCE.parents[1] / "integrations" / "vllm" / "src"
+    private = []
+    for path in sorted(plugin.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            private += [
+                f"{path.relative_to(plugin)}: {name}"
+                for name in names
+                if name.split(".")[0] == "ckptpub" and any(part.startswith("_") for part in name.split("."))
+            ]
+    assert not private, private
+    core_imports = {target for path in SOURCE.rglob("*.py") for target in _absolute_imports(path)}
+    assert not {name for name in core_imports if name.split(".")[0] == "ckptpub_vllm"}
+
+
+def _absolute_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+    return found

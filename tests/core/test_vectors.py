@@ -1,4 +1,4 @@
-"""Language-neutral test vectors (tests/vectors/*.json) that ckptpub/2 writers and readers must reproduce.
+"""Language-neutral test vectors (tests/vectors/*.json) that ckptpub writers and readers must reproduce.
 
 Set CKPTPUB_UPDATE_VECTORS=1 to rewrite the expected values after a deliberate
 format change (and bump the format version: old manifests must keep verifying).
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from checkpoints import publish_in_format
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
@@ -22,10 +23,10 @@ from ckptpub._format.canonical import canonical_json
 from ckptpub._format.manifest import (
     FORMAT,
     FORMAT_V1,
+    FORMAT_V2,
     TensorRecord,
     compute_identity,
     config_digest,
-    parse_manifest,
 )
 
 VECTORS = Path(__file__).parent.parent / "vectors"
@@ -82,16 +83,19 @@ def expected_for(case: dict) -> dict:
         )
         for t in case["tensors"]
     )
-    config = (
-        {"config.json": config_digest(json.loads(case["config_json"]))}
-        if case["config_json"] is not None
-        else {}
-    )
+    document = None if case["config_json"] is None else json.loads(case["config_json"])
+
+    def identity(version: str) -> str:
+        config = {} if document is None else {"config.json": config_digest(document, version)}
+        return compute_identity(tensors, (), ("model.safetensors",), config, version)
+
     return {
         "tensor_digests": {t.name: t.digest for t in tensors},
-        "config_digest": config.get("config.json"),
-        "identity": compute_identity(tensors, (), ("model.safetensors",), config, FORMAT_V1),
-        "identity_v2": compute_identity(tensors, (), ("model.safetensors",), config, FORMAT),
+        "config_digest": None if document is None else config_digest(document, FORMAT_V2),
+        "config_digest_v3": None if document is None else config_digest(document, FORMAT),
+        "identity": identity(FORMAT_V1),
+        "identity_v2": identity(FORMAT_V2),
+        "identity_v3": identity(FORMAT),
     }
 
 
@@ -103,6 +107,13 @@ def test_identity_vectors_from_entries() -> None:
         save("identity.json", document)
     for case in document["cases"]:
         assert expected_for(case) == case["expected"], case["description"]
+
+
+def test_keys_ckptpub_3_leaves_out_change_only_the_older_identities() -> None:
+    with_inert, without = load("identity.json")["cases"][-2:]
+    assert with_inert["expected"]["identity_v3"] == without["expected"]["identity_v3"]
+    assert with_inert["expected"]["identity_v2"] != without["expected"]["identity_v2"]
+    assert with_inert["expected"]["identity"] != without["expected"]["identity"]
 
 
 @pytest.mark.parametrize("shards", [1, 2])
@@ -122,6 +133,7 @@ def test_identity_vectors_from_real_files(tmp_path: Path, shards: int) -> None:
         if case["config_json"] is not None:
             (folder / "config.json").write_text(case["config_json"])
         manifest = ckptpub.build_manifest(folder)
-        assert manifest.identity == case["expected"]["identity_v2"], case["description"]
-        as_v1 = parse_manifest(manifest.to_json(FORMAT_V1))
-        assert as_v1.identity == case["expected"]["identity"], case["description"]
+        assert manifest.identity == case["expected"]["identity_v3"], case["description"]
+        for version, key in ((FORMAT_V1, "identity"), (FORMAT_V2, "identity_v2")):
+            assert publish_in_format(folder, version).identity == case["expected"][key], case["description"]
+            (folder / "ckptpub.json").unlink()

@@ -40,6 +40,12 @@ mismatch handling, ``fallback``, ``_build_model`` applying the daemon's tensors,
   repacking (``layers.utils.dispatch_cpu_unquantized_gemm``) skipped; the engine
   repacks the weights it receives, as it does after a disk load.
 
+**A hook for tests** (nothing is simulated by it): with ``CKPTPUB_SIM_PAUSE_DIR=DIR``, a
+daemon that finds ``DIR/armed`` renames it to ``DIR/paused`` and waits, after vLLM's
+``WeightCacheDaemon.__init__`` computed its key and before ``load_model`` reads any
+weight, until the test removes ``DIR/paused``: a deterministic window between the
+key and the load (at most one daemon takes it per ``armed``).
+
 Still not covered: CUDA memory sharing, ``get_memory`` figures, copy-mode release,
 a real device-UUID check, quantized post-processing in the daemon.
 
@@ -139,6 +145,34 @@ def _patch_daemon(daemon: types.ModuleType) -> None:
             layer_utils.dispatch_cpu_unquantized_gemm = packing
 
     daemon.process_weights_after_loading = process_weights_after_loading
+    _pause_between_key_and_load(daemon.WeightCacheDaemon)
+
+
+PAUSE_ENV = "CKPTPUB_SIM_PAUSE_DIR"
+PAUSE_LIMIT_S = 600
+
+
+def _pause_between_key_and_load(cls) -> None:
+    """The test hook of the module docstring: wait between the daemon's key and its load, when armed."""
+    directory = os.environ.get(PAUSE_ENV)
+    if not directory:
+        return
+    load_model = cls.load_model
+
+    def load_model_after_pause(self):
+        import time
+
+        paused = os.path.join(directory, "paused")
+        try:
+            os.rename(os.path.join(directory, "armed"), paused)  # atomic: one daemon takes the pause
+        except FileNotFoundError:
+            return load_model(self)
+        deadline = time.monotonic() + PAUSE_LIMIT_S
+        while os.path.exists(paused) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return load_model(self)
+
+    cls.load_model = load_model_after_pause
 
 
 _PATCHES = {

@@ -20,11 +20,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from checkpoints import flip_byte, locate
+from checkpoints import flip_byte, forged_tables, locate
+from support.manifests import replaced
 
 import ckptpub
 from ckptpub._filesystem.model_files import read_layout
-from ckptpub._format.manifest import FORMAT_V1, FileRecord, TensorRecord, compute_identity, parse_manifest
+from ckptpub._format.manifest import (
+    FORMAT,
+    FORMAT_V1,
+    FORMAT_V2,
+    FileRecord,
+    Manifest,
+    TensorRecord,
+    compute_identity,
+    parse_manifest,
+)
 
 
 class Case(NamedTuple):
@@ -69,9 +79,19 @@ def as_v1(folder: Path) -> str:
     The cases that edit a manifest's JSON are ckptpub/1 cases: the /1 reader is
     kept, fully validated, and these keep exercising it.
     """
-    text = ckptpub.read_manifest(folder).to_json(FORMAT_V1).decode()
+    text = in_format(ckptpub.read_manifest(folder), FORMAT_V1).decode()
     (folder / "ckptpub.json").write_text(text)
     return text
+
+
+def in_format(manifest: Manifest, version: str) -> bytes:
+    """``manifest`` written as ``version`` with its config digests kept as they are, as a forger would.
+
+    What that format's writer writes whenever the config holds no key the two formats'
+    rules treat differently (``config_meaning.INERT``), and the corpus's configs hold none.
+    """
+    fields = (manifest.identity, manifest.tensors, manifest.files, manifest.weights, manifest.config)
+    return Manifest(*fields, manifest.provenance, version).to_json(version)
 
 
 def rewrite_manifest(change: Callable[[dict], object]) -> Callable[[Path], None]:
@@ -84,14 +104,14 @@ def rewrite_manifest(change: Callable[[dict], object]) -> Callable[[Path], None]
 
 
 def write_forged(folder: Path, document: dict) -> None:
-    """Write an edited ckptpub/1 document; one that still parses is written as ckptpub/2, as a forger would.
+    """Write an edited ckptpub/1 document; one that still parses is written as ckptpub/3, as a forger would.
 
     So the byte and claim checks run on today's format (and pinned identities and
     diffs compare like with like), while a document the /1 reader refuses stays /1.
     """
     text = json.dumps(document).encode()
     with contextlib.suppress(ckptpub.CkptpubError):
-        text = parse_manifest(text).to_json()
+        text = in_format(parse_manifest(text), FORMAT)
     (folder / "ckptpub.json").write_bytes(text)
 
 
@@ -300,17 +320,88 @@ def deep_provenance(depth: int) -> Callable[[Path], None]:
     """Provenance (not covered by the identity) nested ``depth`` levels: the manifest stays valid."""
 
     def damage(folder: Path) -> None:
-        text = (folder / "ckptpub.json").read_text()
-        at = text.rindex('"provenance":{') + len('"provenance":{')
-        (folder / "ckptpub.json").write_text(
-            text[:at] + '"deep": ' + nested(depth).decode() + ", " + text[at:]
-        )
+        manifest = ckptpub.read_manifest(folder)
+        value: list = []
+        for _ in range(depth - 1):  # built, not parsed: the test process's own stack is deeper than the CLI's
+            value = [value]
+        deep = {**manifest.provenance, "deep": value}
+        (folder / "ckptpub.json").write_bytes(replaced(manifest, provenance=deep).to_json())
 
     return damage
 
 
 def nested(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
+
+
+def forge_tables(
+    edit: Callable[[bytes, bytes], tuple[bytes, bytes]], version: str = FORMAT_V2
+) -> Callable[[Path], None]:
+    """Write the manifest as ``version`` (ckptpub/2: two text tables; ckptpub/3: two JSON regions, as
+    published), then edit its model and layout entries; sizes and identity recomputed to match."""
+
+    def damage(folder: Path) -> None:
+        data = in_format(ckptpub.read_manifest(folder), version)
+        (folder / "ckptpub.json").write_bytes(forged_tables(data, edit))
+
+    return damage
+
+
+def model_line(change: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    """Change the first line of the model table (``name TAB dtype TAB shape TAB digest``)."""
+
+    def edit(model: bytes, layout: bytes) -> tuple[bytes, bytes]:
+        first, rest = model.split(b"\n", 1)
+        return change(first) + b"\n" + rest, layout
+
+    return forge_tables(edit)
+
+
+def field(index: int, change: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
+    """A change of one tab-separated field of a table line."""
+
+    def edit(line: bytes) -> bytes:
+        fields = line.split(b"\t")
+        fields[index] = change(fields[index])
+        return b"\t".join(fields)
+
+    return edit
+
+
+def layout_lines(change: Callable[[list[bytes]], list[bytes]]) -> Callable[[Path], None]:
+    return forge_tables(lambda model, layout: (model, b"".join(change(layout.splitlines(keepends=True)))))
+
+
+def swapped(lines: list[bytes], a: int, b: int) -> list[bytes]:
+    lines = list(lines)
+    lines[a], lines[b] = lines[b], lines[a]
+    return lines
+
+
+def model_entry(change: Callable[[bytes], bytes]) -> Callable[[Path], None]:
+    """Change the first entry of the ckptpub/3 model region (``["name","dtype",[shape],"hex"]``)."""
+
+    def edit(model: bytes, layout: bytes) -> tuple[bytes, bytes]:
+        first, rest = model.split(b",\n", 1)
+        return change(first) + b",\n" + rest, layout
+
+    return forge_tables(edit, FORMAT)
+
+
+def entry_field(index: int, value: object) -> Callable[[bytes], bytes]:
+    """A region entry with field ``index`` set to ``value``, still written as canonical JSON."""
+
+    def edit(entry: bytes) -> bytes:
+        fields = json.loads(entry)
+        fields[index] = value(fields[index]) if callable(value) else value
+        return json.dumps(fields, separators=(",", ":")).encode()
+
+    return edit
+
+
+def layout_entries(change: Callable[[list[bytes]], list[bytes]]) -> Callable[[Path], None]:
+    """Change the ckptpub/3 layout region's entries (each without the ``,\\n`` between them)."""
+    return forge_tables(lambda model, layout: (model, b",\n".join(change(layout.split(b",\n")))), FORMAT)
 
 
 _PROBE = """
@@ -697,10 +788,10 @@ CASES = [
     ),
     Case(
         "unknown format version",
-        rewrite_manifest(lambda d: d.update(format="ckptpub/3")),
+        rewrite_manifest(lambda d: d.update(format="ckptpub/9")),
         True,
         BAD_MANIFEST,
-        "unsupported manifest format 'ckptpub/3'",
+        "unsupported manifest format 'ckptpub/9'",
     ),
     Case(
         "manifest path with ..",
@@ -1049,6 +1140,198 @@ CASES = [
     ),
 ]
 
+#: ckptpub/2 manifests (the format before today's) whose tables break a rule while the header and
+#: identity agree with them (a careful forger's): every reader must refuse them alike (show and ls as
+#: verify and diff do).
+TABLE_CASES = [
+    Case(
+        "model table unsorted",
+        forge_tables(
+            lambda model, layout: (b"".join(swapped(model.splitlines(keepends=True), 0, 1)), layout)
+        ),
+        True,
+        BAD_MANIFEST,
+        "model table: names are not sorted and unique",
+    ),
+    Case(
+        "model table line of three fields",
+        model_line(lambda line: line.rsplit(b"\t", 1)[0]),
+        True,
+        BAD_MANIFEST,
+        "name, dtype, shape and digest separated by tabs",
+    ),
+    Case(
+        "model table unknown dtype",
+        model_line(field(1, lambda dtype: b"F33")),
+        True,
+        BAD_MANIFEST,
+        "unknown dtype",
+    ),
+    Case(
+        "model table dtype of another width",
+        model_line(field(1, lambda dtype: b"F16")),
+        True,
+        BAD_MANIFEST,
+        "do not add up to the file size",
+    ),
+    Case(
+        "model table digest in capitals",
+        model_line(field(3, bytes.upper)),
+        True,
+        BAD_MANIFEST,
+        "64 lowercase hex digits",
+    ),
+    Case(
+        "model table shape not integers",
+        model_line(field(2, lambda shape: shape + b"x")),
+        True,
+        BAD_MANIFEST,
+        "is not comma-separated non-negative integers",
+    ),
+    Case(
+        "model table name not UTF-8",
+        model_line(field(0, lambda name: b"\xff" + name)),
+        True,
+        BAD_MANIFEST,
+        "model table is not valid UTF-8",
+    ),
+    Case(
+        "model table empty name",
+        model_line(field(0, lambda name: b"")),
+        True,
+        BAD_MANIFEST,
+        "a tensor name is empty",
+    ),
+    Case(
+        "model table without its last newline",
+        forge_tables(lambda model, layout: (model[:-1], layout)),
+        True,
+        BAD_MANIFEST,
+        "line counts do not match",
+    ),
+    Case(
+        "layout names a tensor the model table lacks",
+        layout_lines(lambda lines: [x.replace(b"model.norm.weight", b"model.norm.weigh") for x in lines]),
+        True,
+        BAD_MANIFEST,
+        "is not the name of a model tensor",
+    ),
+    Case(
+        "layout places a tensor twice",
+        layout_lines(lambda lines: [lines[0] if x == b"model.norm.weight\n" else x for x in lines]),
+        True,
+        BAD_MANIFEST,
+        "a tensor name occurs twice",
+    ),
+    # Every rule holds, but the layout lies about where tensors lie: a mismatch for verify; the
+    # model table (what the identity and an engine use, by name) is the true one.
+    Case(
+        "layout lines in another order",
+        layout_lines(lambda lines: swapped(lines, 2, len(lines) - 1)),
+        True,
+        {"publish": 0, "verify": 1, "verify-pinned": 1, "show": 0, "diff": 0},
+    ),
+]
+CASES += TABLE_CASES
+
+#: The same for ckptpub/3 (what publish writes): regions whose entries break a rule while the first
+#: line and identity agree with them.
+REGION_CASES = [
+    Case(
+        "model region unsorted",
+        forge_tables(lambda model, layout: (b",\n".join(swapped(model.split(b",\n"), 0, 1)), layout), FORMAT),
+        True,
+        BAD_MANIFEST,
+        "model region: names are not sorted and unique",
+    ),
+    Case(
+        "model region entry not in canonical form",
+        model_entry(lambda entry: entry.replace(b",", b", ", 1)),
+        True,
+        BAD_MANIFEST,
+        "model region: not in canonical form",
+    ),
+    Case(
+        "model region entry of three fields",
+        model_entry(lambda entry: entry.rsplit(b",", 1)[0] + b"]"),
+        True,
+        BAD_MANIFEST,
+        "an entry is not [name, dtype, shape, digest]",
+    ),
+    Case(
+        "model region unknown dtype",
+        model_entry(entry_field(1, "F33")),
+        True,
+        BAD_MANIFEST,
+        "unknown dtype",
+    ),
+    Case(
+        "model region dtype of another width",
+        model_entry(entry_field(1, "F16")),
+        True,
+        BAD_MANIFEST,
+        "do not add up to the file size",
+    ),
+    Case(
+        "model region digest in capitals",
+        model_entry(entry_field(3, str.upper)),
+        True,
+        BAD_MANIFEST,
+        "64 lowercase hex digits",
+    ),
+    Case(
+        "model region shape not integers",
+        model_entry(entry_field(2, lambda shape: [str(shape[0]), *shape[1:]])),
+        True,
+        BAD_MANIFEST,
+        "a shape is not an array of non-negative integers",
+    ),
+    Case(
+        "model region dimension of 2**53",
+        model_entry(entry_field(2, lambda shape: [0, 2**53])),
+        True,
+        BAD_MANIFEST,
+        "a shape dimension is 2**53 or more",
+    ),
+    Case(
+        "model region name not UTF-8",
+        model_entry(lambda entry: entry.replace(b'["', b'["\xff', 1)),
+        True,
+        BAD_MANIFEST,
+        "model region is not valid UTF-8",
+    ),
+    Case(
+        "model region empty name",
+        model_entry(entry_field(0, "")),
+        True,
+        BAD_MANIFEST,
+        "a tensor name is empty",
+    ),
+    Case(
+        "layout names a tensor the model region lacks",
+        layout_entries(
+            lambda entries: [x.replace(b'"model.norm.weight"', b'"model.norm.w"') for x in entries]
+        ),
+        True,
+        BAD_MANIFEST,
+        "is not the name of a model tensor",
+    ),
+    Case(
+        "layout region places a tensor twice",
+        layout_entries(lambda entries: [entries[0] if x == b'["model.norm.weight"]' else x for x in entries]),
+        True,
+        BAD_MANIFEST,
+        "a tensor name occurs twice",
+    ),
+    Case(
+        "layout region entries in another order",
+        layout_entries(lambda entries: swapped(entries, 2, len(entries) - 1)),
+        True,
+        {"publish": 0, "verify": 1, "verify-pinned": 1, "show": 0, "diff": 0},
+    ),
+]
+CASES += REGION_CASES
+
 RUN_CASES = [
     RunCase("intact run", lambda r: None, 0, ("checkpoint-10", "checkpoint-20"), ()),
     RunCase(
@@ -1088,5 +1371,33 @@ RUN_CASES = [
         2,
         ("checkpoint-10",),
         ("checkpoint-20",),
+    ),
+    RunCase(
+        "manifest of a checkpoint is truncated",
+        lambda r: os.truncate(r / "checkpoint-20" / "ckptpub.json", 100),
+        2,
+        ("checkpoint-10",),
+        ("checkpoint-20",),
+    ),
+    RunCase(
+        "manifest of a checkpoint breaks a table rule",
+        lambda r: TABLE_CASES[0].damage(r / "checkpoint-20"),
+        2,
+        ("checkpoint-10",),
+        ("checkpoint-20",),
+    ),
+    RunCase(
+        "manifest of a checkpoint breaks a region rule",
+        lambda r: REGION_CASES[0].damage(r / "checkpoint-20"),
+        2,
+        ("checkpoint-10",),
+        ("checkpoint-20",),
+    ),
+    RunCase(
+        "run index is a FIFO",
+        lambda r: os.mkfifo(r / "ckptpub-index.jsonl"),
+        2,
+        ("checkpoint-10", "checkpoint-20"),
+        ("ckptpub-index.jsonl",),
     ),
 ]

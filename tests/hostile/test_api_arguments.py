@@ -8,13 +8,27 @@ with a one-line message naming the argument.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 import pytest
-from checkpoints import write_checkpoint
+from checkpoints import deadline, write_checkpoint
 
 import ckptpub
+
+
+def self_holding_list() -> list:
+    value: list = []
+    value.append(value)
+    return value
+
+
+def self_holding_dict() -> dict:
+    value: dict = {"a": {}}
+    value["a"]["b"] = value
+    return value
+
 
 BAD_PATHS = {
     "None": None,
@@ -32,7 +46,14 @@ BAD_OPTIONS = {
     "provenance a string": {"provenance": "step 10"},
     "provenance with a lone surrogate": {"provenance": {"x": "\udc80"}},
     "provenance nested 100000 deep": {
-        "provenance": {"x": __import__("functools").reduce(lambda v, _: [v], range(100_000), 0)}
+        "provenance": {"x": functools.reduce(lambda v, _: [v], range(100_000), 0)}
+    },
+    "provenance holding itself (a list)": {"provenance": {"x": self_holding_list()}},
+    "provenance holding itself (a dict)": {"provenance": self_holding_dict()},
+    "provenance holding itself deep inside": {"provenance": {"x": [{"y": [1, self_holding_list()]}]}},
+    # No cycle, but [x, x] nested 60 deep names 2**60 items: refused once it passes the size bound.
+    "provenance sharing its parts 2**60 times": {
+        "provenance": {"x": functools.reduce(lambda v, _: [v, v], range(60), 0)}
     },
     "threads 0": {"threads": 0},
     "threads a string": {"threads": "4"},
@@ -66,7 +87,7 @@ def test_bad_path_argument(function: str, bad: str) -> None:
 @pytest.mark.parametrize("bad", BAD_OPTIONS)
 def test_bad_publish_option(folder: Path, function: str, bad: str) -> None:
     before = (folder / "ckptpub.json").read_bytes()
-    with pytest.raises(ckptpub.CkptpubError) as raised:
+    with pytest.raises(ckptpub.CkptpubError) as raised, deadline(30, f"{function} with {bad}"):
         getattr(ckptpub, function)(folder, **BAD_OPTIONS[bad])
     assert "\n" not in str(raised.value)
     assert (folder / "ckptpub.json").read_bytes() == before
@@ -122,3 +143,12 @@ def test_errors_name_paths_exactly(tmp_path: Path, name: str) -> None:
     message = str(raised.value)
     assert message.startswith(missing.encode("unicode_escape").decode("ascii") + ": "), message
     assert message.isprintable(), message
+
+
+def test_every_public_name_is_there() -> None:
+    """``ckptpub``'s names are loaded on first use (PEP 562): each one in ``__all__`` resolves."""
+    for name in ckptpub.__all__:
+        assert getattr(ckptpub, name) is not None, name
+    assert set(ckptpub.__all__) <= set(dir(ckptpub))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        ckptpub.nope  # noqa: B018

@@ -44,10 +44,11 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_corpus_size() -> None:
-    runs = len(PARAMS) + len(RUN_CASES)
+    runs = len(PARAMS) + len(RUN_PARAMS)
     print(
         f"hostile corpus: {len(CASES)} folder cases x verbs x {len(ENTRIES)} entry points "
-        f"= {len(PARAMS)} runs; {len(RUN_CASES)} run-folder cases for ls; {runs} runs in all"
+        f"= {len(PARAMS)} runs; {len(RUN_CASES)} run-folder cases x {len(RUN_VIEWS)} views = "
+        f"{len(RUN_PARAMS)} runs; {runs} runs in all"
     )
     assert len(CASES) >= 100
     assert len({c.name for c in CASES}) == len(CASES)
@@ -126,24 +127,29 @@ def test_case(tmp_path: Path, pristine: dict[str, Path], case: Case, verb: str, 
         )
 
 
-@pytest.mark.parametrize("case", RUN_CASES, ids=[c.name for c in RUN_CASES])
-def test_run_folder_case(tmp_path: Path, pristine: dict[str, Path], case: RunCase) -> None:
-    """``ckptpub ls`` over a damaged run folder: each checkpoint listed or named unusable, never left out."""
+RUN_VIEWS = (("ls",), ("ls", "--tree"), ("log",))
+RUN_PARAMS = [(case, view) for case in RUN_CASES for view in RUN_VIEWS]
+
+
+@pytest.mark.parametrize(("case", "view"), RUN_PARAMS, ids=[f"{c.name}-{' '.join(v)}" for c, v in RUN_PARAMS])
+def test_run_folder_case(tmp_path: Path, pristine: dict[str, Path], case: RunCase, view: tuple) -> None:
+    """Every view of a damaged run folder (the table, the lineage): each checkpoint listed or named
+    unusable, never left out, and the same summary line and exit code."""
     run = tmp_path / "box" / "run"
     for step in (10, 20):
         shutil.copytree(pristine["published"], run / f"checkpoint-{step}", symlinks=True)
     case.damage(run)
     log = tmp_path / "touched.json"
-    result = audited(log, "cli", ["ls", str(run)], without_privileges())  # so a mode-000 folder is unreadable
+    unprivileged = without_privileges()  # so a mode-000 folder is unreadable
+    result = audited(log, "cli", [*view, str(run)], unprivileged)
     assert result.returncode == case.exit_code, (
         f"{case.name}: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
     )
     assert "Traceback" not in result.stderr
+    rows = [line.split("  (")[0] for line in result.stdout.splitlines()]  # the tree's "(=prev)" left out
     for name in case.listed:
-        assert any(line.endswith(f"  {name}") for line in result.stdout.splitlines()), (name, result.stdout)
+        assert any(row.endswith(f"  {name}") for row in rows), (name, result.stdout)
     for name in case.unusable:
-        assert any(
-            "UNUSABLE" in line and line.endswith(f"  {name}") for line in result.stdout.splitlines()
-        ), (name, result.stdout)
+        assert any("UNUSABLE" in row and row.endswith(f"  {name}") for row in rows), (name, result.stdout)
     assert result.stderr.count("\n") == 1, result.stderr
     assert_stayed_inside(log, [os.path.realpath(run)], case.name)

@@ -80,10 +80,8 @@ def named(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def without_provenance(folder: Path) -> dict:
-    header, _, tables = (folder / "ckptpub.json").read_bytes().partition(b"\n")
-    document = json.loads(header)
+    document = json.loads((folder / "ckptpub.json").read_bytes())
     document.pop("provenance")
-    document["table_bytes"] = tables.decode()
     return document
 
 
@@ -145,7 +143,8 @@ STREAMS = {
 @pytest.mark.parametrize("stream", STREAMS)
 @pytest.mark.parametrize("verb", ["publish", "verify", "verify-mismatch", "show", "ls", "bad-folder"])
 def test_closed_or_full_streams(tmp_path: Path, named: Path, stream: str, verb: str) -> None:
-    """Exit codes keep their meaning whatever happens to the output; lost stdout is told on stderr (2)."""
+    """Exit codes keep their meaning whatever happens to the output; lost stdout is told on stderr (2),
+    but for publish, whose manifest landed: a warning, exit 0."""
     folder = tmp_path / "ckpt"
     shutil.copytree(named, folder)
     if verb != "publish":
@@ -169,6 +168,8 @@ def test_closed_or_full_streams(tmp_path: Path, named: Path, stream: str, verb: 
         result = run("C.UTF-8", *args, **options)
     stdout_lost = "stdout full" in stream or stream == "both full"
     expected = {"verify-mismatch": 1, "bad-folder": 2}.get(verb, 2 if stdout_lost else 0)
+    if verb == "publish":
+        expected = 0  # the manifest landed: published, with a warning when the identity could not be printed
     if verb == "verify-mismatch" and stdout_lost:
         expected = 2  # the FAILED lines could not be written: no verdict was delivered
     assert result.returncode == expected, (stream, verb, result.returncode, result.stderr)

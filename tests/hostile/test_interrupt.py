@@ -83,3 +83,61 @@ def test_sigint_during_publish(tmp_path: Path) -> None:
             assert run_cli("verify", folder).returncode == 0, trial
     print(f"SIGINT trials: {TRIALS}, interrupted {outcomes[130]}, finished first {outcomes[0]}")
     assert outcomes[130] >= 1  # the signals did land during publishing
+
+
+#: Runs the CLI as ``python -m ckptpub`` does, sending itself SIGINT when the N-th module is
+#: imported (``sys.argv[1]``; the ``import`` audit event fires as each module is loaded).
+_INTERRUPT_AT_IMPORT = """
+import os, signal, sys
+from ckptpub.console import main  # what the console script and ``python -m ckptpub`` import first
+target, loaded = int(sys.argv[1]), 0
+def interrupt_at_the_target(event, args):
+    global loaded
+    if event == "import":
+        loaded += 1
+        if loaded == target:
+            os.kill(os.getpid(), signal.SIGINT)
+sys.addaudithook(interrupt_at_the_target)
+sys.argv = ["ckptpub", *sys.argv[2:]]
+main()
+"""
+
+
+def test_sigint_while_the_cli_is_still_importing(tmp_path: Path) -> None:
+    """A real SIGINT while the CLI imports its modules (at evenly spread points of the ~110 imports
+    of ``ckptpub verify``, and of the ~630 of ``verify --public-key``, model_signing among them):
+    exit 130 and one line, never a ``KeyboardInterrupt`` traceback from an import."""
+    folder = write_checkpoint(tmp_path / "ckpt")
+    assert run_cli("publish", folder).returncode == 0
+    key = tmp_path / "key.pub"
+    key.write_text("not a key")  # refused, but only after model_signing is imported
+    trials = [(n, ["verify", str(folder)]) for n in range(1, 90, 8)]
+    trials += [(n, ["verify", "--public-key", str(key), str(folder)]) for n in range(100, 560, 100)]
+    for target, args in trials:
+        result = subprocess.run(
+            [sys.executable, "-c", _INTERRUPT_AT_IMPORT, str(target), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=sigint_as_at_a_terminal,
+        )
+        assert (result.returncode, result.stderr) == (130, "ckptpub: error: interrupted\n"), (
+            target,
+            args[:2],
+            result.returncode,
+            result.stderr[-2000:],
+        )
+    print(f"SIGINT at {len(trials)} import points: exit 130 and one line each")
+
+
+def test_import_ckptpub_imports_nothing_until_a_name_is_used() -> None:
+    """What lies outside the CLI's Ctrl-C handling is only ``import ckptpub`` and ``ckptpub.console``."""
+    program = (
+        "import sys, ckptpub.console; before = sorted(m for m in sys.modules if m.startswith('ckptpub'));"
+        "ckptpub.publish; print(before, 'ckptpub._operations.publishing' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    loaded_first, publish_loaded = result.stdout.split("] ")
+    assert loaded_first == "['ckptpub', 'ckptpub._version', 'ckptpub.console'", result.stderr
+    assert publish_loaded == "True\n"

@@ -9,25 +9,27 @@ write (the decision log, ``status.json``, the stand-in's record).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 from checkpoints import CONFIG, model_tensors, write_checkpoint
+from safetensors.numpy import save_file
 
 import ckptpub
 from ckptpub._filesystem import jsonfiles, run_index
 
 HERE = Path(__file__).parent
 STANDIN = HERE / "standin_daemon.py"
-STANDIN_CMD = (
-    f"{shlex.quote(sys.executable)} {shlex.quote(str(STANDIN))} --model {{folder}} "
-    f"--weight-cache-socket-dir {{socket_dir}}"
-)
+STANDIN_CMD = f"{shlex.quote(sys.executable)} {shlex.quote(str(STANDIN))} --model {{folder}}"
 
 
 def make_checkpoint(
@@ -35,6 +37,30 @@ def make_checkpoint(
 ) -> str:
     """A tiny checkpoint (real safetensors, numpy), published with ``ckptpub.publish``; its identity."""
     write_checkpoint(folder, model_tensors(seed=seed, layers=1), config=config or CONFIG, extra_files=False)
+    return ckptpub.publish(folder, provenance=provenance).identity
+
+
+def make_adapter(folder: Path, base: Path | None, base_identity: str | None, seed: int = 0) -> str:
+    """A PEFT LoRA adapter folder as ``save_pretrained`` writes it (config naming its base folder, the
+    adapter's tensors), published with its base identity recorded as the Trainer callback records it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "base_model_name_or_path": str(base) if base is not None else "org/hub-model",
+        "peft_type": "LORA",
+        "r": 4,
+        "lora_alpha": 8,
+        "target_modules": ["q_proj"],
+        "task_type": "CAUSAL_LM",
+    }
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    rng = np.random.default_rng(seed)
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    tensors = {
+        f"{prefix}.lora_A.weight": rng.standard_normal((4, 16), dtype=np.float32),
+        f"{prefix}.lora_B.weight": rng.standard_normal((16, 4), dtype=np.float32),
+    }
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    provenance = {"base_identity": base_identity} if base_identity else None
     return ckptpub.publish(folder, provenance=provenance).identity
 
 
@@ -64,12 +90,19 @@ class SupervisorProc:
         passthrough: list[str] | None = None,
         daemon_cmd: str | None = STANDIN_CMD,
     ) -> None:
-        """``daemon_cmd=None``: ckptpub preload's default daemon command (vLLM's real ``vllm preload``)."""
+        """``daemon_cmd=None``: ckptpub preload's default daemon command (vLLM's real ``vllm preload``).
+
+        ``TMPDIR`` is a fresh short folder of its own unless ``env`` names one: vLLM's
+        default socket folder is under it, so supervisors of parallel tests (and of
+        other people's runs on this machine) never meet on one socket path.
+        """
         self.state_dir = state_dir or tmp / "state"
         self.record = record or tmp / "standin-record.jsonl"
         self.stderr_path = tmp / f"supervisor-{time.monotonic_ns()}.err"
         standin = {"STANDIN_RECORD": str(self.record), "STANDIN_LOAD_S": "0.2"} if daemon_cmd else {}
-        self.env = {**os.environ, **standin, **(env or {})}
+        self.tmpdir = None if env and "TMPDIR" in env else tempfile.mkdtemp(prefix="ckpl", dir="/tmp")
+        private = {"TMPDIR": self.tmpdir} if self.tmpdir else {}
+        self.env = {**os.environ, **standin, **private, **(env or {})}
         self.argv = [
             sys.executable,
             "-m",
@@ -122,6 +155,7 @@ class SupervisorProc:
         from ckptpub_vllm.preload.status import read_json
 
         recorded = [read_json(str(self.state_dir / name)) for name in ("daemon.json", "loading.json")]
+        recorded += read_json(str(self.state_dir / "retired.json")) or []
         pids = [rec["pid"] for rec in records(self.record) if rec["event"] == "start"]
         pids += [
             rec["pid"]
@@ -132,6 +166,8 @@ class SupervisorProc:
             if pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(os.getpgid(pid), signal.SIGKILL)  # the daemon's whole group
+        if self.tmpdir:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     # -- reading what it wrote -------------------------------------------
 

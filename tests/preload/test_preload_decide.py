@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 
-from checkpoints import flip_byte, locate
+import pytest
+from checkpoints import CONFIG, flip_byte, locate, publish_in_format
+from ckptpub_vllm.key import older_format_keys
 from ckptpub_vllm.preload import daemon_process
 from ckptpub_vllm.preload.decide import Failure, Held, Target, decide, explain_change
 from ckptpub_vllm.preload.observe import (
@@ -16,6 +19,7 @@ from ckptpub_vllm.preload.observe import (
     manifests_to_compare,
     observe_folder,
     observe_run,
+    same_model_in_newer_format,
 )
 from preload_helpers import Run, make_checkpoint
 
@@ -92,6 +96,34 @@ def test_explain_change_from_manifests(tmp_path):
     assert (decision.action, decision.why) == ("replace", "weights-changed")
     assert manifests_to_compare(h, t, cache) == (ma, mc)
     assert manifests_to_compare(held(folder=str(c), identity=mc.identity), t, cache) == (None, None)
+
+
+def test_a_folder_published_again_in_the_new_format_keeps_its_daemon(tmp_path):
+    """A ckptpub/2 folder (use_cache false, which /2 counts) published again as /3: one model, no re-preload.
+
+    Kept exactly when the held identity is the target's identity in the older format,
+    which is what its engines ask the daemon by after a mismatch (``older_format_keys``).
+    """
+    folder = tmp_path / "m"
+    make_checkpoint(folder, seed=1, config=CONFIG | {"use_cache": False})
+    as_v1 = publish_in_format(shutil.copytree(folder, tmp_path / "copy"), "ckptpub/1")
+    old = publish_in_format(folder, "ckptpub/2")
+    cache = ManifestCache()
+    h = held(folder=str(folder), identity=old.identity, stamp=observe_folder(str(folder), cache).stamp)
+    new = ckptpub.publish(folder)
+    t = observe_folder(str(folder), cache)
+    assert t.identity == new.identity != old.identity
+    assert list(older_format_keys(str(folder), new)) == [old.identity, as_v1.identity]
+    assert same_model_in_newer_format(h, t, cache)
+    decision = decide(h, t, held_manifest=old, target_manifest=new, same_model=True)
+    assert (decision.action, decision.why) == ("keep", "same-model-new-format")
+    # use_cache flipped (the /2 identity the engines would ask by moves), or a real change: a re-preload
+    for change in ({"use_cache": True}, {"use_cache": False, "rms_norm_eps": 1e-05}):
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(config | change))
+        ckptpub.publish(folder)
+        assert not same_model_in_newer_format(h, observe_folder(str(folder), cache), cache), change
+    assert not same_model_in_newer_format(held(folder=str(folder), identity=new.identity), t, cache)
 
 
 def test_observe_folder_follows_symlinks_and_reports_problems(tmp_path):
@@ -178,35 +210,81 @@ def test_build_argv_placeholders_and_passthrough():
         "--tensor-parallel-size",
         "2",
     ]
-    import sys
-
-    assert daemon_process.build_argv(
-        daemon_process.DEFAULT_COMMAND, ["--dtype", "bfloat16"], folder="/m", socket_dir="/s", identity=I1
-    ) == [
-        sys.executable,
-        "-m",
-        "ckptpub_vllm.preload.vllm_launcher",
-        "preload",
-        "--model",
-        "/m",
-        "--weight-cache-socket-dir",
-        "/s",
-        "--dtype",
-        "bfloat16",
-    ]
+    default = [sys.executable, "-m", "ckptpub_vllm.preload.vllm_launcher", "preload", "--model", "/m"]
+    for socket_dir, placed in ((None, []), ("/s", ["--weight-cache-socket-dir", "/s"])):
+        assert daemon_process.build_argv(
+            daemon_process.DEFAULT_COMMAND,
+            ["--dtype", "bfloat16"],
+            folder="/m",
+            socket_dir=socket_dir,
+            identity=I1,
+        ) == [*default, *placed, "--dtype", "bfloat16"]
+    with pytest.raises(ValueError, match="give the directory with --socket-dir"):
+        daemon_process.build_argv("w {socket_dir} {folder}", [], folder="/m", socket_dir=None, identity=I1)
 
 
-def test_identity_pattern_matches_the_plugin_daemon_log_line():
-    """The default pattern matches what ckptpub_vllm.daemon.run_daemon logs (the format from its source)."""
-    import inspect
+def test_daemon_reports_written_in_a_process_are_what_the_supervisor_reads(tmp_path):
+    """One format for the daemon's reports: written by ``daemon_reports.report`` in another process (as the
+    plugin writes them in a daemon), read by the supervisor's ``LogWatch``; anything else is not a report."""
     import re
+    import subprocess
 
-    from ckptpub_vllm import daemon
+    from ckptpub_vllm import daemon_reports
 
-    source = inspect.getsource(daemon.run_daemon)
-    assert "ckptpub: weight-cache daemon for %s is keyed by checkpoint %s" in source
-    line = (
-        "INFO 11-29 12:00:00 [daemon.py:91] ckptpub: weight-cache daemon for /m/x is keyed by checkpoint "
-        + I1
-    )
-    assert re.search(daemon_process.IDENTITY_PATTERN, line).group("identity") == I1
+    log = tmp_path / "daemon.log"
+    script = (
+        "from ckptpub_vllm import daemon_reports as r\n"
+        "r.report(r.KEYED, folder='/m/x', identity='I')  # not enabled: an engine writes nothing\n"
+        "r.enable()\n"
+        "r.report(r.KEYED, folder='/m/\\nx', identity='I')\n"
+        "r.report(r.VERIFIED, folder='/m/x', identity='I', tensors=3)\n"
+        "r.report(r.WAITING, identity='I', socket='/s/a.sock')\n"
+        "r.report(r.SERVING, identity='I', socket='/s/a.sock')\n"
+        "r.report(r.CLIENT, client_pid=1, client_start=None)\n"
+        'print(\'INFO ckptpub-daemon-report {"event": "keyed", "pid": 1, "identity": "X"}\')\n'
+    ).replace("'I'", repr(I1))
+    with open(log, "wb") as out:
+        subprocess.run([sys.executable, "-c", script], stdout=out, stderr=out, check=True)
+    watch = daemon_process.LogWatch(str(log), re.compile(daemon_process.READY_PATTERN))
+    watch.poll()
+    (pid,) = watch.keyed
+    assert watch.keyed == {pid: I1}
+    assert watch.verified == {pid: I1}
+    assert watch.serving == {pid: "/s/a.sock"}
+    assert not watch.waiting
+    assert watch.identities() == [I1, I1, I1]  # the line not at a line start is no report
+    assert watch.live_clients() == [1]
+    for line in ("", "ckptpub-daemon-report", "ckptpub-daemon-report {", 'ckptpub-daemon-report {"pid": 1}'):
+        assert daemon_reports.parse(line) is None
+
+
+@pytest.mark.parametrize(
+    ("line", "code", "permanent"),
+    [
+        ("ModuleNotFoundError: No module named 'vllm'", 1, "the daemon cannot import what it needs"),
+        (
+            "(vllm-weight-cache-target-0 pid=12) ImportError: libcuda.so.1: cannot open shared object",
+            1,
+            "the daemon cannot import what it needs",
+        ),
+        (
+            "vllm.model_executor.model_loader.weight_cache.protocol.UnsupportedPlatformForIPCError: "
+            "platform 'cpu' does not support CUDA IPC weight sharing",
+            1,
+            "this platform cannot share weights with engines",
+        ),
+        (
+            "vllm preload: error: unrecognized arguments: --no-such-flag",
+            2,
+            "vllm preload refused its arguments",
+        ),
+        ("torch.OutOfMemoryError: CUDA out of memory", 1, None),
+        ("ckptpub_vllm.errors.RefusedError: ckptpub: refusing to serve /m: tensor 'x' differs", 1, None),
+        ("vllm preload: error: something", 1, None),  # not a usage exit code
+    ],
+)
+def test_failures_that_cannot_heal_are_told_from_those_that_can(line, code, permanent):
+    from ckptpub_vllm.preload import failures
+
+    reason = failures.permanent_reason(failures.exception_line(line), code)
+    assert (reason is None) if permanent is None else reason.startswith(permanent), reason

@@ -311,8 +311,9 @@ def test_failed_preload_keeps_old_daemon_and_says_so(tmp_path):
     assert len([r for r in sup.standin() if r["event"] == "start"]) == 2
 
 
-def test_one_at_a_time_with_a_fixed_socket_dir(tmp_path):
-    """With one socket directory, the old daemon must be gone before the new one binds (vLLM's GPU lock)."""
+def test_the_new_daemon_takes_the_socket_path_over_while_the_old_one_serves(tmp_path):
+    """Overlap on one socket path (here a fixed --socket-dir): the new daemon loads while the old one serves,
+    waits for the path's lock, and takes it once the old one handed it over; the old one is then stopped."""
     a, b = tmp_path / "a", tmp_path / "b"
     ia, ib = make_checkpoint(a, seed=1), make_checkpoint(b, seed=2)
     os.symlink("a", tmp_path / "serve")
@@ -323,9 +324,38 @@ def test_one_at_a_time_with_a_fixed_socket_dir(tmp_path):
     try:
         wait_for(ready_with(sup, ia), 30, "first", sup)
         _flip_link(tmp_path / "serve", "b")
+        status = wait_for(ready_with(sup, ib), 30, "second", sup)
+        assert status["mode"] == "overlap"
+        assert status["socket_dir"] == str(sockets)
+        assert status["held"]["sockets"] == [str(sockets / "vllm_weight_cache_standin.sock")]
+        wait_for(lambda: _outcomes(sup, "stopped-old"), 30, "old daemon stopped", sup)
+        assert sup.terminate() == 0
+    finally:
+        sup.cleanup()
+    events = [(r["event"], r.get("identity")) for r in sup.standin()]
+    # b started while a served; a handed over before b took the path; a stopped after b was ready
+    assert events.index(("start", ib)) < events.index(("handed-over", ia)) < events.index(("ready", ib))
+    assert events.index(("ready", ib)) < events.index(("stop", ia))
+    assert not [r for r in sup.standin() if r["event"] == "fail"]
+    whys = [e["why"] for e in sup.decisions()]
+    assert (
+        whys.index("hand-over")
+        < whys.index("ready", whys.index("weights-changed"))
+        < whys.index("stopped-old")
+    )
+
+
+def test_one_at_a_time(tmp_path):
+    """--one-at-a-time: the old daemon is gone before the new one starts loading."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    ia, ib = make_checkpoint(a, seed=1), make_checkpoint(b, seed=2)
+    os.symlink("a", tmp_path / "serve")
+    sup = SupervisorProc(tmp_path, [str(tmp_path / "serve")], extra_opts=["--one-at-a-time"]).start()
+    try:
+        wait_for(ready_with(sup, ia), 30, "first", sup)
+        _flip_link(tmp_path / "serve", "b")
         wait_for(ready_with(sup, ib), 30, "second", sup)
         assert sup.status()["mode"] == "one-at-a-time"
-        assert sup.status()["socket_dir"] == str(sockets)
         assert sup.terminate() == 0
     finally:
         sup.cleanup()
@@ -334,6 +364,65 @@ def test_one_at_a_time_with_a_fixed_socket_dir(tmp_path):
     assert not [r for r in sup.standin() if r["event"] == "fail"]
     whys = [e["why"] for e in sup.decisions()]
     assert whys.index("stopped-old") < whys.index("launched", whys.index("weights-changed"))
+
+
+ENGINE_STANDIN = """
+import pickle, socket, struct, sys, time
+conn = socket.socket(socket.AF_UNIX)
+conn.connect(sys.argv[1])
+payload = pickle.dumps({"cmd": "get_state"})
+conn.sendall(struct.pack("!Q", len(payload)) + payload)
+conn.recv(1 << 16)
+conn.close()
+print("mapped", flush=True)
+sys.stdin.read()  # holds the weights it mapped until the test closes its stdin
+"""
+
+
+def test_a_replaced_daemon_is_kept_while_an_engine_it_served_runs(tmp_path):
+    """``zero_copy`` engines map the daemon's memory: a replaced daemon hands its path over at once but is
+    stopped only after every engine process it handed weights to has exited (pids from SO_PEERCRED)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    ia, ib = make_checkpoint(a, seed=1), make_checkpoint(b, seed=2)
+    os.symlink("a", tmp_path / "serve")
+    sup = SupervisorProc(tmp_path, [str(tmp_path / "serve")]).start()
+    engine = None
+    try:
+        status = wait_for(ready_with(sup, ia), 30, "first", sup)
+        old_pid = status["held"]["pid"]
+        (path,) = status["held"]["sockets"]
+        engine = subprocess.Popen(
+            [sys.executable, "-c", ENGINE_STANDIN, path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert engine.stdout.readline().strip() == "mapped"
+        wait_for(lambda: sup.status()["held"]["engines"] == [engine.pid], 30, "engine recorded", sup)
+        _flip_link(tmp_path / "serve", "b")
+        status = wait_for(ready_with(sup, ib), 30, "second", sup)
+        status = wait_for(lambda: (s := sup.status())["retired"] and s, 30, "old retired", sup)
+        assert [(d["pid"], d["identity"], d["engines"]) for d in status["retired"]] == [
+            (old_pid, ia, [engine.pid])
+        ]
+        human = _status_cli(sup.state_dir).stdout
+        assert f"retired:    {ia} (pid {old_pid}), kept for engine pid(s) {engine.pid}" in human
+        time.sleep(1)  # several polls: still kept
+        assert pid_alive(old_pid)
+        assert not _outcomes(sup, "stopped-old")
+        kept = _outcomes(sup, "kept-for-engines")
+        assert len(kept) == 1
+        assert f"engine pid(s) {engine.pid} still map its weights" in kept[0]["reason"]
+        engine.stdin.close()
+        engine.wait(timeout=10)
+        wait_for(lambda: sup.status()["retired"] == [], 30, "old stopped after the engine exited", sup)
+        assert _outcomes(sup, "stopped-old")
+        assert not pid_alive(old_pid)
+        assert sup.terminate() == 0
+    finally:
+        if engine is not None and engine.poll() is None:
+            engine.kill()
+        sup.cleanup()
 
 
 def test_sigterm_while_loading_and_cli_errors(tmp_path):
@@ -368,10 +457,12 @@ def test_sigterm_while_loading_and_cli_errors(tmp_path):
         [tmp_path / "missing"],
         [tmp_path / "bare"],
         ["--status", "--state-dir", tmp_path / "nothing"],
+        ["--history", "--state-dir", tmp_path / "nothing"],
+        ["--history", "--status"],
         [m, "--interval", "0"],
         [m, "--daemon-cmd", "echo hi"],
         [m, "--", "--weight-cache-socket-dir", "/x"],
-        [m, "--identity-pattern", "keyed"],
+        [m, "--daemon-cmd", "wrap {socket_dir} {folder}"],
         [m, "--ready-pattern", "("],
     ):
         result = cli(*args)
@@ -404,6 +495,35 @@ def test_second_supervisor_on_the_same_state_dir_is_refused(tmp_path):
             "no daemon held",
         ):
             assert text in human.stdout, (text, human.stdout)
+        history = subprocess.run(
+            [sys.executable, "-m", "ckptpub", "preload", "--history", "--state-dir", str(sup.state_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert history.returncode == 0, history
+        lines = history.stdout.splitlines()
+        assert len(lines) == len(sup.decisions())  # one line per entry, oldest first
+        assert "outcome  info [supervisor-start]" in lines[0]
+        assert any(
+            f"decision start [first-preload] no daemon held; preloading {identity[:19]}" in x for x in lines
+        )
+        as_json = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ckptpub",
+                "preload",
+                "--history",
+                "--json",
+                "--state-dir",
+                str(sup.state_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert [json.loads(x) for x in as_json.stdout.splitlines()] == sup.decisions()
         data = json.loads(_status_cli(sup.state_dir, "--json").stdout)
         assert data["supervisor_alive"]
         assert data["held"]["identity"] == identity
@@ -461,5 +581,112 @@ def test_hostile_run_index_lines_are_skipped_and_a_fatal_error_stops_the_daemon(
         assert "supervisor stopping on an error" in " ".join(
             e["reason"] for e in _outcomes(sup, "supervisor-stop")
         )
+    finally:
+        sup.cleanup()
+
+
+def test_follow_on_an_adapter_run_preloads_the_base_its_adapters_record(tmp_path):
+    """A LoRA run's steps are adapters: the daemon is launched on the base their manifests record (found
+    through adapter_config.json, checked against the base's own manifest), never on an adapter folder."""
+    from preload_helpers import Run, make_adapter
+
+    base = tmp_path / "base"
+    base_identity = make_checkpoint(base, seed=7)
+    run = Run(tmp_path / "lora-run")
+    for step in (10, 20):
+        identity = make_adapter(run.root / f"checkpoint-{step}", base, base_identity, seed=step)
+        run.append(step, f"checkpoint-{step}", identity)
+    sup = SupervisorProc(tmp_path, ["--follow", str(run.root)]).start()
+    try:
+        status = wait_for(ready_with(sup, base_identity), 30, "the base held", sup)
+        assert status["held"]["folder"] == str(base.resolve())
+        assert status["target"]["step"] == 20
+        assert any(f"step 20 is an adapter on base {base_identity}" in n for n in status["target"]["notes"])
+        identity = make_adapter(run.root / "checkpoint-30", base, base_identity, seed=30)
+        run.append(30, "checkpoint-30", identity)
+        wait_for(lambda: sup.status()["target"].get("step") == 30, 30, "step 30 observed", sup)
+        assert sup.status()["held"]["pid"] == status["held"]["pid"]  # a new adapter: the same base, kept
+        assert sup.terminate() == 0
+    finally:
+        sup.cleanup()
+    assert [r["folder"] for r in sup.standin() if r["event"] == "start"] == [str(base.resolve())]
+
+
+def test_an_adapter_run_whose_base_is_in_the_run_index(tmp_path):
+    from preload_helpers import Run, make_adapter
+
+    run = Run(tmp_path / "lora-run")
+    base_identity = make_checkpoint(run.root / "base", seed=7)
+    run.append(0, "base", base_identity)  # a base published into the run (adapter_config names a hub id)
+    run.append(10, "checkpoint-10", make_adapter(run.root / "checkpoint-10", None, base_identity))
+    sup = SupervisorProc(tmp_path, ["--follow", str(run.root)]).start()
+    try:
+        status = wait_for(ready_with(sup, base_identity), 30, "the base held", sup)
+        assert status["held"]["folder"] == str((run.root / "base").resolve())
+        assert sup.terminate() == 0
+    finally:
+        sup.cleanup()
+
+
+def test_an_adapter_run_whose_base_cannot_be_found_stops_naming_the_identity(tmp_path):
+    from preload_helpers import Run, make_adapter
+
+    run = Run(tmp_path / "lora-run")
+    missing = tmp_path / "moved-away-base"
+    base_identity = "blake3:" + "7" * 64
+    run.append(10, "checkpoint-10", make_adapter(run.root / "checkpoint-10", missing, base_identity))
+    sup = SupervisorProc(tmp_path, ["--follow", str(run.root)])
+    done = subprocess.run(sup.argv, capture_output=True, text=True, env=sup.env, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, lines
+    assert lines[-1].startswith("ckptpub preload: error: "), lines
+    assert (
+        f"its adapters apply on base {base_identity}, and no folder with that identity was found" in lines[-1]
+    )
+    assert "preload that base with `ckptpub preload BASE_DIR`" in lines[-1]
+    assert "Traceback" not in done.stderr
+    assert not [
+        r for r in sup.standin() if r["event"] == "start"
+    ]  # no daemon, on an adapter or anything else
+
+
+def test_a_malformed_step_is_skipped_and_the_held_daemon_kept(tmp_path):
+    """A published step whose model region is unsorted, its identity recomputed to match, is skipped (its
+    manifest is refused on reading, every rule of its entries checked: issue 26, item 13) and named with
+    the rule in the status's notes; the daemon held keeps serving, and the next usable step is preloaded
+    (issue 26, item 3: it used to make the change description raise and the supervisor exit)."""
+    from checkpoints import forged_tables, swap_first_entries, v3_parts
+    from preload_helpers import Run
+
+    run = Run(tmp_path / "run")
+    i10 = make_checkpoint(run.root / "checkpoint-10", seed=1)
+    run.append(10, "checkpoint-10", i10)
+    sup = SupervisorProc(tmp_path, ["--follow", str(run.root)]).start()
+    try:
+        pid = wait_for(ready_with(sup, i10), 30, "step 10 held", sup)["held"]["pid"]
+        step20 = run.root / "checkpoint-20"
+        make_checkpoint(step20, seed=2)
+        forged = forged_tables(
+            (step20 / "ckptpub.json").read_bytes(),
+            lambda model, layout: (swap_first_entries(model), layout),
+        )
+        (step20 / "forged.tmp").write_bytes(forged)
+        os.replace(step20 / "forged.tmp", step20 / "ckptpub.json")
+        run.append(20, "checkpoint-20", v3_parts(forged)[0]["identity"])
+
+        def noted():
+            notes = (sup.status().get("target") or {}).get("notes", [])
+            why = "ckptpub.json: model region: names are not sorted"
+            return [note for note in notes if note.startswith("skipped step 20: ") and why in note]
+
+        wait_for(noted, 30, "step 20 skipped in the status's notes", sup)
+        time.sleep(1)  # many polls: the same daemon, still supervising
+        status = sup.status()
+        assert (status["state"], status["held"]["pid"], status["held"]["identity"]) == ("ready", pid, i10)
+        assert sup.proc.poll() is None
+        i30 = make_checkpoint(run.root / "checkpoint-30", seed=3)
+        run.append(30, "checkpoint-30", i30)
+        wait_for(ready_with(sup, i30), 30, "step 30 preloaded", sup)
+        assert sup.terminate() == 0
     finally:
         sup.cleanup()

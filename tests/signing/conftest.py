@@ -35,7 +35,26 @@ def signed_original(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, si
     return folder
 
 
+@pytest.fixture(scope="session")
+def signed_blake3_original(
+    tmp_path_factory: pytest.TempPathFactory, keys: dict[str, signhelpers.KeyPair]
+) -> Path:
+    """The same checkpoint signed with BLAKE3 file digests (``sign_hash="blake3"``)."""
+    folder = tmp_path_factory.mktemp("original-blake3") / "checkpoint-20"
+    signhelpers.write_signable_checkpoint(folder)
+    signhelpers.publish_signed(folder, keys["trainer"].private, sign_hash="blake3")
+    return folder
+
+
 @pytest.fixture
 def signed(tmp_path: Path, signed_original: Path) -> Path:
     """A fresh copy of the signed checkpoint, for a test to change."""
     return Path(shutil.copytree(signed_original, tmp_path / signed_original.name, symlinks=True))
+
+
+@pytest.fixture
+def signed_blake3(tmp_path: Path, signed_blake3_original: Path) -> Path:
+    """A fresh copy of the BLAKE3-signed checkpoint, for a test to change."""
+    return Path(
+        shutil.copytree(signed_blake3_original, tmp_path / signed_blake3_original.name, symlinks=True)
+    )

@@ -142,6 +142,20 @@ def model_signing_verify(folder: Path, public_key: Path) -> subprocess.Completed
     )
 
 
+def model_signing_api_verify(folder: Path, public_key: Path) -> str | None:
+    """model_signing's Python API as shipped, no hashing config set (it reads the algorithm from the
+    signature): None when it accepts the folder, otherwise its error."""
+    from model_signing import verifying
+
+    try:
+        verifying.Config().use_elliptic_key_verifier(public_key=public_key).verify(
+            folder, folder / "model.sig"
+        )
+    except ValueError as error:  # what it raises for a mismatch and for a signature that does not verify
+        return str(error)
+    return None
+
+
 def write_signable_checkpoint(folder: Path) -> Path:
     """Two shards with an index, a tokenizer, training state, a subfolder and a git path."""
     write_checkpoint(folder, shards=2)
@@ -149,6 +163,6 @@ def write_signable_checkpoint(folder: Path) -> Path:
     return folder
 
 
-def publish_signed(folder: Path, private_key: Path) -> ckptpub.Manifest:
+def publish_signed(folder: Path, private_key: Path, sign_hash: str = "sha256") -> ckptpub.Manifest:
     """Publish ``folder`` and sign it with ``private_key`` (the Python API)."""
-    return ckptpub.publish(folder, sign=private_key)
+    return ckptpub.publish(folder, sign=private_key, sign_hash=sign_hash)

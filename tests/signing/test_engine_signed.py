@@ -26,7 +26,7 @@ TENSOR = "model.norm.weight"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, keys: dict) -> tuple[dict[str, dict], str]:
-    from ckptpub_vllm.testing import build_tiny_qwen3
+    from support.tiny_model import build_tiny_qwen3
 
     root = tmp_path_factory.mktemp("signed-engine")
     signed = Path(build_tiny_qwen3(str(root / "signed"), max_shard_size="150KB"))
@@ -35,7 +35,9 @@ def served(tmp_path_factory: pytest.TempPathFactory, keys: dict) -> tuple[dict[s
     def variant(name: str) -> Path:
         return Path(shutil.copytree(signed, root / name))
 
-    tensor = variant("tensor")
+    blake3_signed = variant("blake3")  # the same weights, the signature listing BLAKE3 file digests
+    ckptpub.publish(blake3_signed, sign=keys["trainer"].private, sign_hash="blake3")
+    tensor = Path(shutil.copytree(blake3_signed, root / "tensor"))  # a changed tensor: refused either way
     shard, begin, _ = locate(tensor, TENSOR)
     flip_byte(shard, begin + 1)
     tokenizer = variant("tokenizer")
@@ -51,6 +53,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, keys: dict) -> tuple[dict[s
     jobs = {
         "auto": (signed, "auto", {}),
         "signed": (signed, "manifest_cache", public),
+        "blake3": (blake3_signed, "manifest_cache", public),
         "tensor": (tensor, "manifest_cache", public),
         "tokenizer": (tokenizer, "manifest_cache", public),
         "republished": (republished, "manifest_cache", public),
@@ -63,10 +66,14 @@ def served(tmp_path_factory: pytest.TempPathFactory, keys: dict) -> tuple[dict[s
     return dict(zip(jobs, results, strict=True)), log
 
 
-def test_the_signed_checkpoint_is_served_as_auto_serves_it(served: tuple[dict[str, dict], str]) -> None:
+@pytest.mark.parametrize("case", ["signed", "blake3"])
+def test_the_signed_checkpoint_is_served_as_auto_serves_it(
+    served: tuple[dict[str, dict], str], case: str
+) -> None:
+    """Signed with SHA-256 (the default) or BLAKE3 file digests: the key accepts both."""
     results, log = served
-    assert "tokens" in results["signed"], results["signed"]
-    assert results["signed"]["tokens"] == results["auto"]["tokens"]
+    assert "tokens" in results[case], results[case]
+    assert results[case]["tokens"] == results["auto"]["tokens"]
     assert "ckptpub: loaded and verified" in log
 
 

@@ -23,12 +23,13 @@ from preload_helpers import STANDIN, Run, SupervisorProc, ready_with, wait_for  
 import ckptpub  # noqa: E402
 
 
-def _checkpoint(folder: Path, seed: int, sign: Path | None) -> str:
+def _checkpoint(folder: Path, seed: int, sign: Path | None, sign_hash: str = "sha256") -> str:
     write_checkpoint(folder, model_tensors(seed=seed, layers=1), config=CONFIG, extra_files=False)
-    return ckptpub.publish(folder, sign=sign).identity
+    return ckptpub.publish(folder, sign=sign, sign_hash=sign_hash).identity
 
 
 def test_follow_preloads_only_signed_steps(tmp_path: Path, keys: dict) -> None:
+    """Step 5 signed with SHA-256 file digests, step 20 with BLAKE3: both are the key's."""
     run = Run(tmp_path / "run")
     signed_5 = _checkpoint(run.root / "checkpoint-5", 5, keys["trainer"].private)
     run.append(5, "checkpoint-5", signed_5)
@@ -41,7 +42,7 @@ def test_follow_preloads_only_signed_steps(tmp_path: Path, keys: dict) -> None:
     ).start()
     try:
         wait_for(ready_with(sup, signed_5), 60, "the signed step 5 held", sup)
-        signed_20 = _checkpoint(run.root / "checkpoint-20", 20, keys["trainer"].private)
+        signed_20 = _checkpoint(run.root / "checkpoint-20", 20, keys["trainer"].private, "blake3")
         run.append(20, "checkpoint-20", signed_20)
         wait_for(ready_with(sup, signed_20), 60, "the signed step 20 held", sup)
         started = [r["identity"] for r in sup.standin() if r["event"] == "start"]

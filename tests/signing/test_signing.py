@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 import signhelpers
+from blake3 import blake3
 from checkpoints import flip_byte, locate, run_cli
+from support.manifests import replaced
 
 import ckptpub
 from ckptpub import signing
@@ -58,11 +60,11 @@ def _republish(folder: Path) -> None:
 
 
 def _edit_manifest(folder: Path) -> None:
-    path = folder / "ckptpub.json"
-    header, newline, tables = path.read_bytes().partition(b"\n")  # ckptpub/2: a JSON line, then tables
-    manifest = json.loads(header)
-    manifest["provenance"]["step"] = 21
-    path.write_bytes(json.dumps(manifest).encode() + newline + tables)
+    """A valid manifest of the same files whose provenance says another step (not the signed bytes)."""
+    manifest = ckptpub.read_manifest(folder)
+    (folder / "ckptpub.json").write_bytes(
+        replaced(manifest, provenance={**manifest.provenance, "step": 21}).to_json()
+    )
 
 
 def _add_file(folder: Path) -> None:
@@ -225,11 +227,8 @@ def test_the_bundle_holds_what_model_signing_sign_writes(signed: Path, keys: dic
 
 def test_certificate_chain(signed: Path, certificates: dict) -> None:
     company, other = certificates["company"], certificates["other"]
-    (signed / "model.sig").unlink()
-    manifest = ckptpub.read_manifest(signed)
-    sha256 = {r.path: hashlib.sha256((signed / r.path).read_bytes()).hexdigest() for r in manifest.files}
     key = signing.SigningKey(str(company.private), str(company.certificate), (str(company.root),))
-    signing.sign_checkpoint(str(signed), manifest, sha256, signing.Signer(key))
+    ckptpub.publish(signed, sign=key)
     for root, accepted in ((company.root, True), (other.root, False)):
         result = signhelpers.model_signing_cli(
             "verify", "certificate", signed, "--signature", signed / "model.sig", "--certificate_chain", root
@@ -279,8 +278,20 @@ def test_without_the_extra_signing_says_how_to_install_it(signed: Path, keys: di
     assert result.stderr.strip().splitlines()[-1].endswith("pip install 'ckptpub[sign]'")
 
 
-def test_whole_file_sha256_comes_from_the_blake3_pass(signed: Path) -> None:
-    """The hook's SHA-256 equals hashlib's of each file, and the BLAKE3 digests are the ones without it."""
+def _bytes_read() -> int:
+    """What this process has read through read-like system calls so far (Linux's ``rchar``)."""
+    with open("/proc/self/io") as io:
+        return int(next(line for line in io if line.startswith("rchar:")).split()[1])
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "blake3"])
+def test_whole_file_digests_come_from_the_tensor_pass(signed: Path, algorithm: str) -> None:
+    """The whole-file digests equal hashlib's SHA-256 / b3sum's BLAKE3 of each file, and the span
+    digests are the ones computed without them."""
+    whole = {
+        "sha256": lambda data: hashlib.sha256(data).hexdigest(),
+        "blake3": lambda data: blake3(data).hexdigest(),
+    }
     manifest = ckptpub.read_manifest(signed)
     spans: list[Span] = []
     for record in manifest.files:
@@ -295,12 +306,81 @@ def test_whole_file_sha256_comes_from_the_blake3_pass(signed: Path) -> None:
             if t.file == record.path
         )
     for threads in (1, 3):
-        digests, sha256 = hash_files(spans, threads=threads)
+        digests, files = hash_files(spans, algorithm, threads=threads)
         assert digests == hash_spans(spans, threads=threads)
-        assert sha256 == [hashlib.sha256((signed / r.path).read_bytes()).hexdigest() for r in manifest.files]
+        assert files == [whole[algorithm]((signed / r.path).read_bytes()) for r in manifest.files]
+    before = _bytes_read()
+    probe = _bytes_read() - before  # reading /proc/self/io counts too
+    before = _bytes_read()  # through pread every byte read is counted: each exactly once
+    assert hash_files(spans, algorithm, use_mmap=False).spans == digests
+    read = _bytes_read() - before - probe
+    assert abs(read - sum(r.size for r in manifest.files)) <= 2  # the probe's length may differ by a digit
     last = max(i for i, span in enumerate(spans) if span.path.endswith("model-00001-of-00002.safetensors"))
     with pytest.raises(ckptpub.CkptpubError, match="spans do not cover the whole file"):
-        hash_files(spans[:last] + spans[last + 1 :])
+        hash_files(spans[:last] + spans[last + 1 :], algorithm)
+
+
+def test_a_blake3_signature_lists_each_file_s_blake3(tmp_path: Path, keys: dict) -> None:
+    """``publish --sign KEY --sign-hash blake3``: model_signing's Python API accepts it (it reads the
+    algorithm from the signature), and so does ``ckptpub verify --public-key``; the model_signing
+    command does not (it re-hashes with SHA-256 whatever the signature says), which is why SHA-256
+    stays the default."""
+    folder = signhelpers.write_signable_checkpoint(tmp_path / "checkpoint")
+    published = run_cli("publish", folder, "--sign", keys["trainer"].private, "--sign-hash", "blake3")
+    assert published.returncode == 0, published.stderr
+    statement, _ = _statement_and_rest((folder / "model.sig").read_bytes())
+    assert statement["predicate"]["serialization"]["hash_type"] == "blake3"
+    resources = {r["name"]: (r["algorithm"], r["digest"]) for r in statement["predicate"]["resources"]}
+    signed_paths = [r.path for r in ckptpub.read_manifest(folder).files if r.path != ".gitattributes"]
+    assert resources == {
+        path: ("blake3", blake3((folder / path).read_bytes()).hexdigest())
+        for path in [*signed_paths, "ckptpub.json"]
+    }
+    assert signhelpers.model_signing_api_verify(folder, keys["trainer"].public) is None
+    ok = run_cli("verify", folder, "--public-key", keys["trainer"].public)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert signhelpers.model_signing_api_verify(folder, keys["stranger"].public) is not None
+    assert run_cli("verify", folder, "--public-key", keys["stranger"].public).returncode == 1
+    command = signhelpers.model_signing_verify(folder, keys["trainer"].public)
+    assert command.returncode != 0
+    assert "algorithm='sha256'" in command.stderr
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_any_change_fails_both_with_blake3(signed_blake3: Path, keys: dict, change: str) -> None:
+    CHANGES[change](signed_blake3)
+    assert signhelpers.model_signing_api_verify(signed_blake3, keys["trainer"].public) is not None, change
+    cli = run_cli("verify", signed_blake3, "--public-key", keys["trainer"].public, "--quiet")
+    assert cli.returncode == 1, cli.stdout + cli.stderr
+    assert "FAILED" in cli.stdout
+    assert "Traceback" not in cli.stderr
+
+
+def test_a_blake3_signature_of_a_one_byte_change_is_refused_by_both(signed_blake3: Path, keys: dict) -> None:
+    """The issue's case, by name: one byte of one tensor."""
+    assert signhelpers.model_signing_api_verify(signed_blake3, keys["trainer"].public) is None
+    _edit_tensor(signed_blake3)
+    refused = signhelpers.model_signing_api_verify(signed_blake3, keys["trainer"].public)
+    assert refused is not None
+    assert "Hash mismatch for 'model-" in refused
+    cli = run_cli("verify", signed_blake3, "--public-key", keys["trainer"].public)
+    assert cli.returncode == 1
+    assert "model.layers.1.mlp.up_proj.weight" in cli.stdout
+
+
+@pytest.mark.parametrize("sign_hash", ["md5", "SHA256", None, 3])
+def test_an_unknown_sign_hash_is_one_line_before_anything_is_written(
+    tmp_path: Path, keys: dict, sign_hash: object
+) -> None:
+    folder = signhelpers.write_signable_checkpoint(tmp_path / "checkpoint")
+    with pytest.raises(ckptpub.CkptpubError) as raised:
+        ckptpub.publish(folder, sign=keys["trainer"].private, sign_hash=sign_hash)  # type: ignore[arg-type]
+    assert str(raised.value) == f"sign_hash: expected one of 'sha256', 'blake3', got {sign_hash!r}"
+    assert not (folder / "ckptpub.json").exists()
+    cli = run_cli("publish", folder, "--sign-hash", "blake3")
+    assert cli.returncode == 2
+    assert "--sign-hash, --signing-certificate and --certificate-chain need --sign KEY" in cli.stderr
+    assert not (folder / "ckptpub.json").exists()
 
 
 @pytest.mark.parametrize("kind", ["missing", "public key", "not PEM", "secp256k1"])
@@ -370,3 +450,25 @@ def test_trusted_key_takes_exactly_one_of_key_or_chain() -> None:
     with pytest.raises(ckptpub.CkptpubError, match="either a public key or a certificate chain"):
         signing.TrustedKey("key.pub", ("root.pem",))
     assert signing.TrustedKey(certificate_chain=[Path("root.pem")]).certificate_chain == ("root.pem",)
+
+
+def test_signed_or_plain_is_decided_by_one_function(signed: Path, keys: dict) -> None:
+    """``read_trusted_manifest``: with a key only what it signed, without one the folder's own manifest."""
+    trusted = signing.TrustedKey.of(str(keys["trainer"].public))
+    assert trusted == signing.TrustedKey(public_key=str(keys["trainer"].public))
+    assert signing.TrustedKey.of(None, ()) is None
+    assert signing.read_trusted_manifest(signed, trusted) == ckptpub.read_manifest(signed)
+    assert signing.read_trusted_manifest(signed, None) == ckptpub.read_manifest(signed)
+    stranger = signing.TrustedKey.of(str(keys["stranger"].public))
+    with pytest.raises(ckptpub.CkptpubError, match=r": not what the trusted key signed: model.sig: "):
+        signing.read_trusted_manifest(signed, stranger)
+    environment = {"CKPTPUB_PUBLIC_KEY": f" {keys['trainer'].public} "}
+    assert signing.TrustedKey.from_environment(environment) == trusted
+    chain = {"CKPTPUB_CERTIFICATE_CHAIN": os.pathsep.join(["a.pem", " ", "b.pem"])}
+    from_chain = signing.TrustedKey.from_environment(chain)
+    assert from_chain == signing.TrustedKey(certificate_chain=("a.pem", "b.pem"))
+    assert signing.TrustedKey.from_environment({}) is None
+    _republish(signed)  # a valid manifest, but not the signed one
+    with pytest.raises(ckptpub.CkptpubError, match=r"ckptpub.json: differs from the one signed"):
+        signing.read_trusted_manifest(signed, trusted)
+    assert signing.read_trusted_manifest(signed, None).identity == ckptpub.read_manifest(signed).identity

@@ -17,15 +17,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "callback"))
 import cbhelpers  # noqa: E402
 import signhelpers  # noqa: E402
 from checkpoints import run_cli  # noqa: E402
+from support import tiny_model  # noqa: E402
 
 from ckptpub import PublishCallback  # noqa: E402
 
 
 def test_every_saved_checkpoint_is_signed(tmp_path: Path, keys: dict) -> None:
     callback = PublishCallback(sign=keys["trainer"].private)
-    trainer = cbhelpers.train_tiny.make_trainer(
-        str(tmp_path), callbacks=[callback], max_steps=10, save_steps=5
-    )
+    trainer = tiny_model.make_trainer(str(tmp_path), callbacks=[callback], max_steps=10, save_steps=5)
     trainer.train()
     assert callback.failures == []
     names = cbhelpers.checkpoints(tmp_path)
@@ -38,3 +37,20 @@ def test_every_saved_checkpoint_is_signed(tmp_path: Path, keys: dict) -> None:
         assert ours.returncode == 0, ours.stdout + ours.stderr
         assert signhelpers.model_signing_verify(folder, keys["stranger"].public).returncode != 0
         assert run_cli("verify", folder, "--public-key", keys["stranger"].public).returncode == 1
+
+
+def test_the_callback_signs_with_blake3_file_digests(tmp_path: Path, keys: dict) -> None:
+    """``PublishCallback(sign=..., sign_hash="blake3")``: model_signing's Python API and ``ckptpub
+    verify --public-key`` accept the saved checkpoint; an unknown hash fails before training."""
+    import ckptpub
+
+    with pytest.raises(ckptpub.CkptpubError, match="sign_hash: expected one of 'sha256', 'blake3'"):
+        PublishCallback(sign=keys["trainer"].private, sign_hash="sha1")
+    callback = PublishCallback(sign=keys["trainer"].private, sign_hash="blake3")
+    trainer = tiny_model.make_trainer(str(tmp_path), callbacks=[callback], max_steps=5, save_steps=5)
+    trainer.train()
+    assert callback.failures == []
+    folder = tmp_path / "checkpoint-5"
+    assert signhelpers.model_signing_api_verify(folder, keys["trainer"].public) is None
+    ours = run_cli("verify", folder, "--public-key", keys["trainer"].public)
+    assert ours.returncode == 0, ours.stdout + ours.stderr

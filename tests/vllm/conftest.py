@@ -7,15 +7,19 @@ result from a single ``run_engine.py`` subprocess started once per session.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 pytest.importorskip("vllm")
 ckptpub = pytest.importorskip("ckptpub")
 
-from vllm_engine_helpers import TAMPERED_TENSOR, run_engines, same_size_edit  # noqa: E402
+from checkpoints import forged_tables, swap_first_entries  # noqa: E402
+from vllm_engine_helpers import TAMPERED_TENSOR, TOGGLED_LOADS, hub_env, run_engines, same_size_edit  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -35,8 +39,10 @@ def models(tmp_path_factory) -> dict[str, str]:
     republished (tampered, published again); nomanifest; grown (a shard grew past its
     tensors); badheader (a shard's header damaged); tokenizer (a same-size edit of
     tokenizer.json); template (a chat template added after publishing); manifestdir
-    (ckptpub.json is a folder)."""
-    from ckptpub_vllm.testing import build_tiny_qwen3, copy_with_zeroed_tensor
+    (ckptpub.json is a folder); tables (its model region's first two entries swapped, sizes and
+    identity recomputed); toggled (v1, for loads under a writer that flips two tensors)."""
+    from support.safetensors_files import copy_with_zeroed_tensor
+    from support.tiny_model import build_tiny_qwen3
 
     root = tmp_path_factory.mktemp("ckpts")
     v1 = build_tiny_qwen3(str(root / "v1"), max_shard_size="150KB")
@@ -60,6 +66,13 @@ def models(tmp_path_factory) -> dict[str, str]:
         f.write("{{ messages[0]['content'] }}")
     manifestdir = shutil.copytree(nomanifest, str(root / "manifestdir"))
     os.mkdir(os.path.join(manifestdir, ckptpub.MANIFEST_NAME))
+    toggled = shutil.copytree(v1, str(root / "toggled"))
+    tables = shutil.copytree(v1, str(root / "tables"))
+    with open(os.path.join(tables, ckptpub.MANIFEST_NAME), "r+b") as f:
+        unsorted = forged_tables(f.read(), lambda model, layout: (swap_first_entries(model), layout))
+        f.seek(0)
+        f.truncate()
+        f.write(unsorted)
     return {
         "v1": v1,
         "tampered": tampered,
@@ -70,7 +83,42 @@ def models(tmp_path_factory) -> dict[str, str]:
         "tokenizer": tokenizer,
         "template": template,
         "manifestdir": manifestdir,
+        "tables": tables,
+        "toggled": toggled,
     }
+
+
+@pytest.fixture(scope="session")
+def hub_home(models, tmp_path_factory) -> dict[str, str]:
+    """An ``HF_HOME`` whose cache holds v1's files as three models: ``acme/tiny-qwen3`` (published by
+    hub id), ``acme/tampered`` (published, then one tensor zeroed in its blob: same header, same
+    sizes) and ``acme/unpublished``. Keys: ``home`` and each hub id's snapshot."""
+    from hf_cache import cache_model
+    from support.safetensors_files import find_tensor_file, tensor_location
+
+    home = str(tmp_path_factory.mktemp("hf"))
+    snapshots = {
+        repo: cache_model(home, repo, models["nomanifest"])
+        for repo in ("acme/tiny-qwen3", "acme/tampered", "acme/unpublished")
+    }
+    for repo in ("acme/tiny-qwen3", "acme/tampered"):
+        ckptpub.publish(snapshots[repo])
+    # Each repository has blobs of its own: zeroing acme/tampered's leaves the others as they were.
+    blob = os.path.realpath(find_tensor_file(snapshots["acme/tampered"], TAMPERED_TENSOR))
+    start, end = tensor_location(blob, TAMPERED_TENSOR)
+    with open(blob, "r+b") as f:
+        f.seek(start)
+        f.write(bytes(end - start))
+    return {"home": home, **snapshots}
+
+
+#: Engine jobs on hub ids (model, load format, extra config), run in the same runner as the rest.
+HUB_JOBS = {
+    "hub_auto": ("acme/tiny-qwen3", "auto", {}),
+    "hub_manifest": ("acme/tiny-qwen3", "manifest_cache", {}),
+    "hub_tampered": ("acme/tampered", "manifest_cache", {}),
+    "hub_unpublished": ("acme/unpublished", "manifest_cache", {}),
+}
 
 
 ENGINE_JOBS = {
@@ -86,6 +134,8 @@ ENGINE_JOBS = {
     "tokenizer_manifest": ("tokenizer", "manifest_cache", {}),
     "template_manifest": ("template", "manifest_cache", {}),
     "manifestdir_manifest": ("manifestdir", "manifest_cache", {"require_manifest": False}),
+    "tables_manifest": ("tables", "manifest_cache", {}),
+    **{f"toggled_{n}": ("toggled", "manifest_cache", {}) for n in range(TOGGLED_LOADS)},
     "tampered_unverified": ("tampered", "manifest_cache", {"verify": False}),
     "v1_bad_option": ("v1", "manifest_cache", {"no_such_option": 1}),
     "v1_no_fallback": ("v1", "manifest_cache", {"fallback": False}),
@@ -93,7 +143,7 @@ ENGINE_JOBS = {
 
 
 @pytest.fixture(scope="session")
-def engine_results(models) -> tuple[dict[str, dict], str]:
+def engine_results(models, hub_home) -> tuple[dict[str, dict], str]:
     """All engine jobs above, run in one subprocess (in-process engine cores)."""
     pinned = {"expect_identity": ckptpub.read_manifest(models["v1"]).identity}
     all_jobs = dict(
@@ -102,7 +152,44 @@ def engine_results(models) -> tuple[dict[str, dict], str]:
         republished_pinned=("republished", "manifest_cache", pinned),
         nomanifest_pinned=("nomanifest", "manifest_cache", dict(pinned, require_manifest=False)),
     )
-    names = list(all_jobs)
+    names = list(all_jobs) + list(HUB_JOBS)
     jobs = [{"model": models[m], "load_format": fmt, "extra": extra} for m, fmt, extra in all_jobs.values()]
-    results, log = run_engines(jobs)
+    jobs += [{"model": m, "load_format": fmt, "extra": extra} for m, fmt, extra in HUB_JOBS.values()]
+    with toggling(models["toggled"], [TAMPERED_TENSOR, "model.embed_tokens.weight"]):
+        results, log = run_engines(jobs, env=hub_env(hub_home))
     return dict(zip(names, results, strict=True)), log
+
+
+_TOGGLER = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the finally below puts the bytes back
+spans = [(os.open(p, os.O_RDWR), int(a), int(b)) for p, a, b in zip(*[iter(sys.argv[1:])] * 3)]
+original = [os.pread(fd, end - start, start) for fd, start, end in spans]
+try:
+    while True:
+        for zeros in (True, False):
+            for (fd, start, end), old in zip(spans, original):
+                os.pwrite(fd, bytes(end - start) if zeros else old, start)
+            time.sleep(0.0002)
+finally:
+    for (fd, start, _), old in zip(spans, original):
+        os.pwrite(fd, old, start)
+"""
+
+
+@contextlib.contextmanager
+def toggling(folder: str, names: list[str]):
+    """A writer that sets the tensors ``names`` to zeros and back every 0.2 ms (a ``pwrite`` of the
+    shard, as another process sharing the file could), for as long as the block runs."""
+    from support.safetensors_files import find_tensor_file, tensor_location
+
+    spans = []
+    for name in names:
+        shard = find_tensor_file(folder, name)
+        spans += [shard, *map(str, tensor_location(shard, name))]
+    writer = subprocess.Popen([sys.executable, "-c", _TOGGLER, *spans])
+    try:
+        yield
+    finally:
+        writer.terminate()
+        writer.wait(timeout=30)

@@ -2,7 +2,7 @@
 
     PYTHONPATH=examples python tests/vllm/follow_train.py RUN_DIR STATE_DIR
 
-The tiny Qwen3 of ``examples/train_tiny.py`` with ``PublishCallback`` (synchronous, so a
+The tiny Qwen3 of ``support.tiny_model`` with ``PublishCallback`` (synchronous, so a
 checkpoint's manifest and run-index line exist when ``on_save`` returns). Saves at
 steps 5, 10 and 15; the learning rate is 0 from step 11 on, so ``checkpoint-15`` holds
 exactly the bytes of ``checkpoint-10`` under a new step folder (AdamW without weight
@@ -10,7 +10,7 @@ decay moves no weight at lr 0). After each save the run waits until the supervis
 status shows that step observed and settled (``ready``, holding the target's identity,
 nothing loading), so every checkpoint meets the supervisor one at a time, as in a real
 run whose saves are minutes apart. Exit code 3 when the supervisor does not settle.
-``train_tiny`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
+``support.tiny_model`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
 scripts the tests start (by hand: ``PYTHONPATH=examples``).
 """
 
@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-SETTLE_TIMEOUT_S = 400
+SETTLE_TIMEOUT_S = 900  # a daemon start on a heavily loaded machine
 FROZEN_AFTER_STEP = 10
 
 
@@ -50,7 +50,7 @@ def main(run_dir: str, state_dir: str) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
-    import train_tiny
+    from support import tiny_model
     from transformers import TrainerCallback
 
     from ckptpub import PublishCallback
@@ -79,7 +79,7 @@ def main(run_dir: str, state_dir: str) -> int:
             print(f"follow_train: supervisor settled on step {state.global_step}", flush=True)
 
     torch.set_num_threads(1)
-    trainer = train_tiny.make_trainer(
+    trainer = tiny_model.make_trainer(
         run_dir, max_steps=15, save_steps=5, weight_decay=0.0, lr_scheduler_type="constant"
     )
     for callback in (FreezeAfter(), PublishCallback(background=False), WaitForSupervisor()):

@@ -11,7 +11,8 @@ import shutil
 import subprocess
 import sys
 
-from ckptpub_vllm.testing import build_tiny_qwen3, tensor_location
+from support.safetensors_files import tensor_location
+from support.tiny_model import build_tiny_qwen3
 from vllm_engine_helpers import same_size_edit
 
 import ckptpub

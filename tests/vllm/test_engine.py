@@ -7,7 +7,7 @@ streams it into the model.
 
 from __future__ import annotations
 
-from vllm_engine_helpers import TAMPERED_TENSOR, run_engines
+from vllm_engine_helpers import TAMPERED_TENSOR, TOGGLED_LOADS, run_engines
 
 import ckptpub
 
@@ -18,7 +18,7 @@ def test_served_with_exactly_the_tokens_of_auto(engine_results):
     assert "tokens" in auto, auto
     assert "tokens" in ours, ours
     assert ours["tokens"] == auto["tokens"]
-    assert "ckptpub: loaded and verified 25 tensors" in log
+    assert "ckptpub: loaded and verified 25 of 25 tensors" in log
 
 
 def test_tampered_copy_with_original_manifest_is_refused_naming_the_tensor(engine_results, models):
@@ -56,6 +56,15 @@ def test_a_manifest_path_that_is_not_a_file_is_refused_not_ignored(engine_result
     error = engine_results[0]["manifestdir_manifest"].get("error", "")
     assert "ckptpub: refusing" in error, error
     assert "ckptpub.json is unusable" in error, error
+
+
+def test_a_manifest_whose_entries_break_a_rule_is_refused_in_the_words_of_every_refusal(engine_results):
+    # The first line and identity agree with the (ckptpub/3) regions; only the model region's sorting
+    # rule is broken.
+    error = engine_results[0]["tables_manifest"].get("error", "")
+    assert "ckptpub: refusing to serve " in error, error
+    assert "ckptpub.json is unusable" in error, error
+    assert "model region: names are not sorted and unique" in error, error
 
 
 def test_a_pin_cannot_be_bypassed_by_deleting_the_manifest(engine_results):
@@ -117,3 +126,18 @@ def test_plugin_loads_in_spawned_engine_core(models):
     assert "tokens" in results[0], results[0]
     assert "EngineCore" in log
     assert "ckptpub: loaded and verified" in log
+
+
+def test_a_writer_flipping_the_shards_during_loads_never_gets_its_bytes_served(engine_results):
+    """Two tensors (one hashed inline, one on the pool) flip between zeros and their bytes every
+    0.2 ms while engines load the folder: each load is refused, naming a tensor, or serves exactly
+    the published model's tokens, never the bytes the writer put there."""
+    results, _ = engine_results
+    for n in range(TOGGLED_LOADS):
+        outcome = results[f"toggled_{n}"]
+        if "error" in outcome:
+            assert "differs from the manifest" in outcome["error"], outcome
+        else:
+            assert outcome["tokens"] == results["v1_auto"]["tokens"], (n, outcome)
+    served = sum("tokens" in results[f"toggled_{n}"] for n in range(TOGGLED_LOADS))
+    print(f"flipping writer: {served} of {TOGGLED_LOADS} loads served the published tokens, the rest refused")

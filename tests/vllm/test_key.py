@@ -136,3 +136,31 @@ def test_the_loader_hands_the_key_the_manifest_it_checked(models, tmp_path):
     assert not any(p.endswith(ckptpub.MANIFEST_NAME) for p in opened)
     key, _ = key_of(folder)  # outside the block the file is read again
     assert key.checkpoint == ckptpub.read_manifest(models["republished"]).identity
+
+
+@pytest.fixture
+def hub_constants(hub_home, monkeypatch):
+    """huggingface_hub in this process, pointed at the tests' cache as ``HF_HOME`` would at import."""
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", os.path.join(hub_home["home"], "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def test_the_weight_cache_key_of_a_hub_id_is_its_identity_read_from_one_small_file(hub_home, hub_constants):
+    """Engines and daemons build the key with this one function: the daemon is keyed by the identity."""
+    from ckptpub_vllm.key import checkpoint_key
+
+    snapshot = hub_home["acme/tiny-qwen3"]
+    identity = ckptpub.read_manifest(snapshot).identity
+    key, opened = key_of("acme/tiny-qwen3")  # vLLM resolves the id offline, then keys the snapshot path
+    assert key.checkpoint == identity
+    assert [p for p in opened if p.startswith(hub_home["home"])] == [os.path.join(snapshot, "ckptpub.json")]
+    by_id, opened = opened_during(checkpoint_key, "acme/tiny-qwen3")  # as an online vLLM hands it: the id
+    assert by_id == identity
+    repository = os.path.dirname(os.path.dirname(snapshot))
+    in_cache = [os.path.relpath(p, repository) for p in opened if p.startswith(hub_home["home"])]
+    # huggingface_hub reads the ref (and looks for its tree listing); ckptpub reads the manifest
+    assert in_cache[-1] == os.path.join("snapshots", os.path.basename(snapshot), "ckptpub.json"), in_cache
+    assert all(p.startswith(("refs/", "trees/")) for p in in_cache[:-1]), in_cache
+    assert not any(p.endswith(".safetensors") for p in opened), opened

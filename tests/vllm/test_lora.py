@@ -13,17 +13,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 from lora_helpers import TAMPERED_LORA_B, flip_bit
-from vllm_engine_helpers import TINY_ENGINE
+from vllm_engine_helpers import api_server, complete, completion_tokens, post
 
 import ckptpub
 
@@ -197,26 +194,6 @@ def test_refusals_cost_the_request_only(offline, lora):
 # -- the OpenAI server ---------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(url: str, body: dict) -> tuple[int, dict | str]:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            text = response.read().decode()
-            status = response.status
-    except urllib.error.HTTPError as error:
-        text, status = error.read().decode(), error.code
-    try:
-        return status, json.loads(text)
-    except json.JSONDecodeError:
-        return status, text
-
-
 @pytest.fixture(scope="module")
 def server(lora, offline, tmp_path_factory):
     """``python -m vllm.entrypoints.openai.api_server`` with ``--lora-modules`` and runtime loading.
@@ -224,63 +201,25 @@ def server(lora, offline, tmp_path_factory):
     It opts out of the manifest requirement, so an adapter without one is served
     unverified (with a warning); every other check stays on.
     """
-    root = tmp_path_factory.mktemp("server")
-    port = _free_port()
-    log_path = root / "server.log"
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
     extra = {"adapter_require_manifest": False}
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+    args = [
         "--model", lora["base"], "--load-format", "manifest_cache",
         "--model-loader-extra-config", json.dumps(extra),
         "--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"good={lora['good']}",
-        "--host", "127.0.0.1", "--port", str(port),
     ]  # fmt: skip
-    for option, value in TINY_ENGINE.items():  # the offline engines' settings, as flags
-        command += [f"--{option.replace('_', '-')}"] + ([] if value is True else [str(value)])
-    env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, log_path.read_text()[-6000:]
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=5):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, log_path.read_text()[-6000:]
-                time.sleep(1)
+    with api_server(args, log_path, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}) as url:
         yield url, log_path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _complete(url: str, model: str) -> tuple[int, dict | str]:
-    body = {"model": model, "prompt": "the quick brown fox", "max_tokens": 8, "temperature": 0.0}
-    return _post(f"{url}/v1/completions", body | {"return_token_ids": True})
-
-
-def _tokens(answer: tuple[int, dict | str]) -> list[int]:
-    status, body = answer
-    assert status == 200, answer
-    assert isinstance(body, dict)
-    return body["choices"][0]["token_ids"]
 
 
 def _load(url: str, name: str, path: str) -> tuple[int, dict | str]:
-    return _post(f"{url}/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+    return post(f"{url}/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
 
 
 def test_the_server_serves_a_verified_adapter_and_refuses_a_bad_one_per_call(server, offline, lora):
     url, log_path = server
     auto, _, _ = offline
-    assert _tokens(_complete(url, "good")) == auto["good"]["tokens"]
+    assert completion_tokens(complete(url, "good")) == auto["good"]["tokens"]
     expected = {
         "tampered": f"tensor '{TAMPERED_LORA_B}' differs from the manifest",
         "wrong_base": f"it was trained on base {_identity(lora['other_base'])}, but this engine serves base "
@@ -294,11 +233,11 @@ def test_the_server_serves_a_verified_adapter_and_refuses_a_bad_one_per_call(ser
         assert f"ckptpub: refusing to serve adapter {lora[name]}: {reason}" in log_path.read_text()
     # Opted out of the manifest requirement: served unverified, with a warning naming it.
     assert _load(url, "nomanifest", lora["nomanifest"])[0] == 200
-    assert _tokens(_complete(url, "nomanifest")) == auto["good"]["tokens"]
+    assert completion_tokens(complete(url, "nomanifest")) == auto["good"]["tokens"]
     assert f"adapter {lora['nomanifest']} has no ckptpub.json and adapter_require_manifest is false" in (
         log_path.read_text()
     )
-    assert _tokens(_complete(url, lora["base"])) == auto["base"]["tokens"]
+    assert completion_tokens(complete(url, lora["base"])) == auto["base"]["tokens"]
 
 
 def test_the_server_refuses_a_request_whose_evicted_adapter_changed_then_answers_on(server, offline, lora):
@@ -306,15 +245,32 @@ def test_the_server_refuses_a_request_whose_evicted_adapter_changed_then_answers
     auto, _, _ = offline
     evictable = shutil.copytree(lora["good"], str(log_path.parent / "evictable"))
     assert _load(url, "evictable", evictable)[0] == 200
-    assert _tokens(_complete(url, "evictable")) == auto["good"]["tokens"]
+    assert completion_tokens(complete(url, "evictable")) == auto["good"]["tokens"]
     assert _load(url, "second", lora["second"])[0] == 200  # max_cpu_loras = 1: this evicts "evictable"
-    assert _tokens(_complete(url, "second")) == auto["second"]["tokens"]
+    assert completion_tokens(complete(url, "second")) == auto["second"]["tokens"]
     flip_bit(os.path.join(evictable, "adapter_model.safetensors"), TAMPERED_LORA_B)
-    status, body = _complete(url, "evictable")  # read again at admission, checked again
+    status, body = complete(url, "evictable")  # read again at admission, checked again
     assert status == 500, (status, body)
     reason = f"tensor '{TAMPERED_LORA_B}' differs from the manifest"
     assert f"ckptpub: refusing to serve adapter <path>: {reason}" in body["error"]["message"], body
     assert f"ckptpub: refusing to serve adapter {evictable}: {reason}" in log_path.read_text()
-    assert _tokens(_complete(url, "second")) == auto["second"]["tokens"]
-    assert _tokens(_complete(url, lora["base"])) == auto["base"]["tokens"]
-    assert _tokens(_complete(url, "good")) == auto["good"]["tokens"]
+    assert completion_tokens(complete(url, "second")) == auto["second"]["tokens"]
+    assert completion_tokens(complete(url, lora["base"])) == auto["base"]["tokens"]
+    assert completion_tokens(complete(url, "good")) == auto["good"]["tokens"]
+
+
+def test_the_server_shows_each_served_adapters_identity_and_its_base(server, lora):
+    """/v1/models and /metrics name the base's identity and each adapter's, with the base it applies on."""
+    url, _ = server
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as response:
+        cards = {card["id"]: card for card in json.loads(response.read())["data"]}
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        metrics = [m for m in response.read().decode().splitlines() if m.startswith("ckptpub:served_info{")]
+    base, good = _identity(lora["base"]), _identity(lora["good"])
+    assert cards["good"]["ckptpub"] == {"identity": good, "kind": "adapter", "base_identity": base}
+    (model,) = [card for card in cards.values() if card.get("parent") is None]
+    assert model["ckptpub"] == {"identity": base, "kind": "model", "base_identity": None}
+    assert any(f'identity="{good}"' in m and 'kind="adapter"' in m and 'name="good"' in m for m in metrics), (
+        metrics
+    )
+    assert any(f'identity="{base}"' in m and 'kind="model"' in m for m in metrics), metrics

@@ -21,27 +21,19 @@ two daemons, exactly one re-preload.
 from __future__ import annotations
 
 import ast
-import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
-from preload_helpers import SupervisorProc
-from vllm_engine_helpers import TAMPERED_TENSOR, run_engines
+from ckptpub_vllm import daemon_reports
+from preload_helpers import SupervisorProc, wait_for
+from vllm_engine_helpers import DAEMON_ARGS, SHIM, SHIM_ENV, TAMPERED_TENSOR, run_engines
 
 import ckptpub
 
 HERE = Path(__file__).parent
-REPO = HERE.parents[1]
-SHIM = REPO / "tests" / "daemon_sim"
-# the shim goes on PYTHONPATH on purpose: Python's `site` imports a `sitecustomize` found there in every
-# process, including the daemon children `vllm preload` spawns (see the shim's docstring)
-SHIM_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))}
-# the engines' settings (run_engine.py) that enter vLLM's weight-cache key: the daemon must match them
-DAEMON_ARGS = ["--dtype", "float32", "--max-model-len", "128", "--enforce-eager"]
 PLATFORM_LINE = "ckptpub: vllm_launcher pid {pid}: vLLM platform CpuPlatform (device cpu)"
 
 
@@ -65,34 +57,41 @@ def follow(tmp_path_factory):
     root = tmp_path_factory.mktemp("real-daemon")
     run_dir = root / "run"
     run_dir.mkdir()
-    # vLLM's socket path (STATE/sockets/gN/vllm_weight_cache_<32 hex>.sock) must fit AF_UNIX's 107 bytes
-    state = Path(tempfile.mkdtemp(prefix="ckrd", dir="/tmp"))
+    # the state folder holds no socket: any path length works (pytest's are long)
+    state = root / "state"
     sup = SupervisorProc(
         root,
         ["--follow", str(run_dir)],
-        env=SHIM_ENV,
+        env=SHIM_ENV,  # and a TMPDIR of its own, under which vLLM's default socket folder is
         state_dir=state,
         daemon_cmd=None,
-        extra_opts=["--interval", "0.5", "--ready-timeout", "300", "--retry-delay", "600"],
+        extra_opts=["--interval", "0.5", "--ready-timeout", "900", "--retry-delay", "600"],
         passthrough=DAEMON_ARGS,
     )
     sup.start()
     try:
+        # the supervisor asks vLLM whether a daemon can run here before its first poll: wait for that poll
+        wait_for(lambda: sup.decisions() and sup.status(), 300, "the supervisor's first poll", sup)
         train = subprocess.run(
             [sys.executable, str(HERE / "follow_train.py"), str(run_dir), str(state)],
             capture_output=True,
             text=True,
-            timeout=1200,
+            timeout=2400,
         )
         assert train.returncode == 0, (
             f"training run failed:\n{train.stdout[-2000:]}\n{train.stderr[-3000:]}\n"
             f"supervisor:\n{sup.stderr()[-3000:]}"
         )
-        yield {"sup": sup, "run": run_dir, "root": root, "status": sup.status()}
+        yield {
+            "sup": sup,
+            "run": run_dir,
+            "root": root,
+            "status": sup.status(),
+            "env": {**SHIM_ENV, "TMPDIR": sup.tmpdir},
+        }
         assert sup.terminate(timeout=120) == 0
     finally:
         sup.cleanup()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 def _identity(folder) -> str:
@@ -126,7 +125,16 @@ def test_follow_re_preloads_exactly_once_per_identity_change(follow):
     assert [p.name for p in logs] == ["daemon-1.log", "daemon-2.log"]
     for log, identity in zip(logs, (a, b), strict=True):
         text = log.read_text(errors="replace")
-        assert f"is keyed by checkpoint {identity}" in text  # from inside vLLM's daemon child
+        reports = [r for r in map(daemon_reports.parse, text.splitlines()) if r is not None]
+        launcher = next(
+            e["daemon"]["pid"]
+            for e in sup.decisions()
+            if e.get("why") == "launched" and e["daemon"]["identity"] == identity
+        )
+        # from inside vLLM's daemon child, not the launcher: keyed, verified, serving, one identity
+        assert {r["event"] for r in reports} >= {"keyed", "verified", "serving"}
+        assert {r.get("identity") for r in reports if "identity" in r} == {identity}
+        assert all(r["pid"] != launcher for r in reports)
         assert "Weight cache daemon READY" in text
         assert "Weight cache target daemon rank 0 serving on" in text
 
@@ -150,7 +158,7 @@ def engines(follow):
     held, earlier = run / "checkpoint-10", run / "checkpoint-5"
     served = run / "checkpoint-15"  # same identity, another folder
 
-    from ckptpub_vllm.testing import copy_with_zeroed_tensor
+    from support.safetensors_files import copy_with_zeroed_tensor
 
     # same layout (safetensors headers byte for byte), different bytes
     tampered = copy_with_zeroed_tensor(
@@ -160,19 +168,21 @@ def engines(follow):
     ckptpub.publish(edit)  # a re-published edit
     finetune = copy_with_zeroed_tensor(str(held), str(root / "finetune"), "lm_head.weight")
     ckptpub.publish(finetune, provenance={"base_identity": _identity(held)})  # a fine-tune of the same base
-    socket = {"socket_dir": follow["status"]["socket_dir"]}
+    # no socket option: engines find the daemon where vLLM looks by default (under their TMPDIR)
     jobs = {
         "held_auto": (held, "auto", {}),
-        "served_mapped": (served, "manifest_cache", {**socket, "fallback": False}),
-        "tampered_mapped": (tampered, "manifest_cache", {**socket, "fallback": False}),
+        "served_mapped": (served, "manifest_cache", {"fallback": False}),
+        "tampered_mapped": (tampered, "manifest_cache", {"fallback": False}),
     }
     for name, folder in (("earlier", earlier), ("finetune", finetune), ("edit", edit)):
-        jobs[f"{name}_refused"] = (folder, "manifest_cache", {**socket, "fallback": False})
-        jobs[f"{name}_fallback"] = (folder, "manifest_cache", {**socket, "fallback": True})
+        jobs[f"{name}_refused"] = (folder, "manifest_cache", {"fallback": False})
+        jobs[f"{name}_fallback"] = (folder, "manifest_cache", {"fallback": True})
     specs = [
         {"model": str(folder), "load_format": fmt, "extra": extra} for folder, fmt, extra in jobs.values()
     ]
-    results, log = run_engines(specs, env=SHIM_ENV, timeout=900)
+    results, log = run_engines(
+        specs, env=follow["env"], timeout=1800
+    )  # 9 engine starts, on a loaded machine too
     per_job = log.split("CKPTPUB_RESULT ")  # the runner prints each result after the job's own log lines
     folders = {name: str(folder) for name, (folder, _, _) in jobs.items()}
     return {
@@ -223,7 +233,13 @@ def test_other_identity_is_never_mapped(engines, name):
     ``fallback: false``, a verified disk load with ``fallback: true`` (its own tokens, not the daemon's)."""
     refused, fallback = engines[f"{name}_refused"], engines[f"{name}_fallback"]
     assert "tokens" not in refused, refused
-    assert "mismatch on fields: ['checkpoint']" in refused["error"], refused
+    held = _identity(engines["held_auto"]["folder"])
+    asked = f"the daemon holds checkpoint {held} (loaded from "
+    assert asked in refused["error"]
+    assert f"this engine asked for {_identity(refused['folder'])}" in refused["error"]
+    assert "fallback is false" in refused["error"], refused
+    assert f"{asked}" in fallback["log"]
+    assert "falling back to a verified disk load" in fallback["log"]
     assert "Mapped " not in refused["log"]
     assert "Mapped " not in fallback["log"]
     assert fallback.get("tokens"), fallback.get("error")

@@ -37,7 +37,7 @@ def is_shard(path: str) -> bool:
 def slow_mount(tmp_path_factory):
     """``few`` and ``many`` (one model, two layouts), ``for_auto`` and ``for_manifest`` (copies of
     ``few``), all published, served from a slow mount; yields ``(fs, mountpoint)``."""
-    from ckptpub_vllm.testing import build_tiny_qwen3
+    from support.tiny_model import build_tiny_qwen3
 
     root = tmp_path_factory.mktemp("slowfs")
     source = root / "source"
@@ -142,7 +142,7 @@ def test_verified_disk_load_opens_each_shard_no_more_than_auto(slow_mount):
     assert "tokens" in auto, (auto, log[-3000:])
     assert "tokens" in ours, (ours, log[-3000:])
     assert ours["tokens"] == auto["tokens"]
-    assert "ckptpub: loaded and verified 25 tensors" in log
+    assert "ckptpub: loaded and verified 25 of 25 tensors" in log
     shards = ckptpub.read_manifest(os.path.join(mnt, "few")).weights
     for shard in shards:
         auto_opens = requests.by_path.get(f"/for_auto/{shard}", {}).get("open", 0)

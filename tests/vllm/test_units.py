@@ -10,8 +10,9 @@ import pytest
 from ckptpub_vllm.engine_files import engine_file_problems, engine_reads
 from ckptpub_vllm.errors import RefusedError
 from ckptpub_vllm.options import Options, split_extra_config
-from ckptpub_vllm.verify_stream import INLINE_HASH_BYTES, StreamVerifier
+from ckptpub_vllm.verify_stream import INLINE_HASH_BYTES, StreamVerifier, raw_bytes, small_bytes
 from safetensors import safe_open
+from support.manifests import replaced
 
 import ckptpub
 
@@ -94,6 +95,17 @@ def test_a_changed_tensor_is_named_whichever_thread_hashes_it(models, large):
     items[index] = (name, changed)
     with pytest.raises(RefusedError, match=f"'{re.escape(name)}' differs from the manifest"):
         _verify_all(verifier(models["v1"]), items)
+
+
+def test_small_bytes_are_the_tensor_s_bytes_as_stored():
+    """The copy made from ``data_ptr()`` holds what the zero-copy view does, for a slice, a
+    transposed (non-contiguous) tensor, a 0-d tensor and several dtype widths."""
+    import torch
+
+    base = torch.arange(96, dtype=torch.float32).reshape(8, 12)
+    for tensor in (base, base[2:5], base.T, base.to(torch.bfloat16), base[3, 4], base.to(torch.int8)[1]):
+        expected = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        assert small_bytes(tensor) == bytes(raw_bytes(tensor)) == expected, tensor
 
 
 @pytest.mark.parametrize(
@@ -196,7 +208,7 @@ def test_an_engine_config_is_read_as_strictly_as_publish_reads_it(models, tmp_pa
         r._replace(size=len(forged), digest=ckptpub.tensor_digest(forged)) if r.path == "config.json" else r
         for r in manifest.files
     )
-    forged_manifest = manifest._replace(files=files)
+    forged_manifest = replaced(manifest, files=files)
     (folder / ckptpub.MANIFEST_NAME).write_bytes(forged_manifest.to_json())
     assert ckptpub.read_manifest(str(folder)).identity == manifest.identity  # a valid manifest, same identity
     assert engine_file_problems(str(folder), forged_manifest) == [
@@ -211,3 +223,58 @@ def test_every_refusal_is_one_line_of_one_shape_and_keeps_paths_exact():
     )
     assert (error.folder, error.reason) == ("/ckpt/step  1\n2", "tensor 'x' differs")
     assert str(RefusedError.for_problems("/c", ["a", "b"])) == "ckptpub: refusing to serve /c: a (and 1 more)"
+
+
+def test_any_ckptpub_error_in_the_loader_is_a_refusal_in_the_same_words():
+    """The loader's entry points let no bare ``CkptpubError`` through (a check that raises one
+    directly, a table decoded late): each becomes the one refusal line, logged once."""
+    from ckptpub_vllm.loader import refusals_logged
+
+    with pytest.raises(RefusedError) as raised, refusals_logged("/ckpt"):
+        raise ckptpub.CkptpubError("/ckpt/ckptpub.json: model table: names are not sorted and unique")
+    assert str(raised.value) == (
+        "ckptpub: refusing to serve /ckpt: /ckpt/ckptpub.json: model table: names are not sorted and unique"
+    )
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["hashed inline", "hashed on the pool"])
+def test_a_write_to_the_shard_after_the_check_never_reaches_the_model(models, tmp_path, large):
+    """vLLM's own safetensors iterator yields views of each shard's mapping; a ``pwrite`` of zeros
+    lands after the verifier saw a tensor and before the model copies it (as ``weight_loader`` does).
+    What the model holds is still the verified bytes: the verifier hands on its own copy."""
+    from ckptpub_vllm.verify_stream import raw_bytes
+    from support.safetensors_files import find_tensor_file, tensor_location
+    from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+
+    folder = shutil.copytree(models["v1"], tmp_path / "ckpt")
+    manifest = ckptpub.read_manifest(folder)
+    expected = manifest.model()
+    target = next(n for n, e in sorted(expected.items()) if (_nbytes(e) > INLINE_HASH_BYTES) == large)
+    shard = find_tensor_file(str(folder), target)
+    start, end = tensor_location(shard, target)
+    shards = [os.path.join(folder, name) for name in manifest.weights]
+    v = StreamVerifier(str(folder), manifest)
+    model: dict[str, object] = {}
+    fd = os.open(shard, os.O_WRONLY)
+    try:
+        for name, tensor in v.wrap(safetensors_weights_iterator(shards, False)):
+            if name == target:
+                os.pwrite(fd, bytes(end - start), start)  # the attacker's write, between check and copy
+            model[name] = tensor.clone()  # what the model's weight_loader does with it
+        v.finish()
+    finally:
+        os.close(fd)
+    assert set(model) == set(expected)
+    for name, loaded in model.items():
+        assert ckptpub.tensor_digest(raw_bytes(loaded)) == expected[name].digest, name
+    with open(shard, "rb") as handle:  # the file holds zeros there now; the model never did
+        assert handle.read()[start:end] == bytes(end - start)
+
+
+def _nbytes(entry) -> int:
+    from ckptpub._format.safetensors import DTYPE_BITS
+
+    count = 1
+    for dim in entry.shape:
+        count *= dim
+    return count * DTYPE_BITS[entry.dtype] // 8

@@ -45,7 +45,6 @@ def main(expected: str) -> int:
     import ckptpub_vllm
     from ckptpub_vllm import daemon as plugin_daemon
     from ckptpub_vllm.loader import ManifestCacheLoader
-    from ckptpub_vllm.testing import build_tiny_qwen3
     from vllm.config.load import LoadConfig
     from vllm.model_executor import model_loader
     from vllm.model_executor.model_loader.weight_cache import daemon, protocol
@@ -60,6 +59,10 @@ def main(expected: str) -> int:
     )
     check("hash_checkpoint patched", protocol.hash_checkpoint.__module__ == "ckptpub_vllm.key")
     check("_run_daemon wrapped", daemon._run_daemon is plugin_daemon.run_daemon)
+
+    # the tiny model's one builder lives with the tests (tests/support): run from a checkout
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests"))
+    from support.tiny_model import build_tiny_qwen3
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = build_tiny_qwen3(os.path.join(tmp, "m"))

@@ -3,7 +3,7 @@
 Exit codes (``ExitCode``, shared by every command, ``ckptpub preload`` too): 0 all
 good; 1 a mismatch or difference was found; 2 unusable input, a usage error, or
 anything else that prevented a verdict. Every failure is one line on stderr, never a
-traceback (``CKPTPUB_DEBUG=1`` shows the traceback instead, for debugging). Results
+traceback (``CKPTPUB_DEBUG=1``, a flag: ``on``/``true``/``yes`` too, shows the traceback instead). Results
 go to stdout in lines that people and scripts can both read (``path: OK`` /
 ``path: FAILED (...)``), or as JSON.
 
@@ -21,23 +21,27 @@ import enum
 import functools
 import gc
 import io
+import logging
 import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, NoReturn, TypeVar
 
+from .._filesystem.hub_cache import locate
 from .._filesystem.read import read_manifest
 from .._filesystem.safe_open import read_bounded
-from .._filesystem.scan import SIGNATURE_NAME
-from .._format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES
+from .._format.manifest import MAX_MANIFEST_BYTES
+from .._format.names import MANIFEST_NAME, SIGNATURE_NAME
 from .._hashing.distributed import DEFAULT_TIMEOUT_S, DistributedHasher, env_world, init_from_env
+from .._hashing.engine import FILE_HASHES
 from .._operations.diff import diff_manifests
-from .._operations.explain import base_of, is_adapter
+from .._operations.explain import base_hub_of, base_of, hub_name, is_adapter
 from .._operations.publishing import publish, publish_on_ranks
 from .._operations.verify import verify
-from .._runs.runview import lineage, list_run
+from .._runs.runview import RunEntry, lineage, list_run
+from .._settings import DEBUG_ENV, env_flag, seconds
 from .._version import __version__
 from ..errors import CkptpubError, one_line
 from .printing import (
@@ -46,6 +50,7 @@ from .printing import (
     manifest_summary,
     note,
     plural,
+    print_config_lines,
     print_diff_lines,
     print_json,
     print_run_table,
@@ -59,8 +64,6 @@ from .progress import ProgressBar
 
 #: Entry-point group through which other distributions add commands; each entry point is a ``Command``.
 COMMANDS_GROUP = "ckptpub.commands"
-#: Set (to anything but ``0``) to get the traceback of a failure instead of its one-line error.
-DEBUG_VARIABLE = "CKPTPUB_DEBUG"
 
 
 class ExitCode(enum.IntEnum):
@@ -128,6 +131,32 @@ def _without_cycle_collector() -> Iterator[None]:
             gc.enable()
 
 
+class _StderrLines(logging.Handler):
+    """Each record as one line on stderr, as every note of the CLI is (its text starts ``ckptpub: ``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        to_stderr(one_line(record.getMessage()))
+
+
+@contextlib.contextmanager
+def _library_warnings_on_stderr() -> Iterator[None]:
+    """Warnings the library logs while a command runs (``ckptpub`` logger), each a line on stderr.
+
+    Such a warning does not change the outcome (a published manifest whose folder's
+    modification time could not be put back); it is shown once, not also by a handler
+    of the root logger.
+    """
+    library = logging.getLogger("ckptpub")
+    handler = _StderrLines(logging.WARNING)
+    library.addHandler(handler)
+    propagate, library.propagate = library.propagate, False
+    try:
+        yield
+    finally:
+        library.removeHandler(handler)
+        library.propagate = propagate
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with exact option names, and a usage error raised as one ``UsageError`` line."""
 
@@ -145,14 +174,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     _occupy_closed_standard_fds()
     _escape_unencodable_output()
     program = "ckptpub"  # what the error line starts with: the command's own program, once known
+    tracebacks = False
     try:
+        tracebacks = debugging()  # a CKPTPUB_DEBUG that is neither on nor off is refused in one line
         commands = _commands(argv)
         named = commands.get(argv[0]) if argv else None
         if named is not None:  # a usage error in its arguments is said in its name
             program = named.program
         command, arguments = _parse(commands, argv)
         try:
-            with _without_cycle_collector() if command.one_shot else contextlib.nullcontext():
+            with (
+                _library_warnings_on_stderr(),
+                _without_cycle_collector() if command.one_shot else contextlib.nullcontext(),
+            ):
                 code = command.run(arguments)
         except UsageError as error:
             error.program = error.program or f"ckptpub {command.name}"
@@ -166,10 +200,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         fail(str(done.code), program=program)  # sys.exit("message"), as Python itself would print it
         return ExitCode.UNUSABLE
     except BrokenPipeError:  # the reader of stdout went away: nothing to say, nobody to say it to
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _discard_stdout()
         return ExitCode.BROKEN_PIPE
     except (Exception, KeyboardInterrupt) as error:
-        if debugging():
+        if tracebacks:
             raise
         message, code = _explain(error)
         fail(message, program=program)
@@ -177,25 +211,39 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> NoReturn:
-    """Console entry point: ``main()``, then exit with exactly its code.
+    """Console entry point (through ``console.main``): ``main()``, then exit with exactly its code.
 
     Output is flushed here, so a full or closed stdout still ends with the exit code
     ``main`` chose (interpreter shutdown would flush it again, print a warning and
     exit 120); ``os._exit`` then skips that second flush. A manifest is already
     fsynced by then. Under ``CKPTPUB_DEBUG`` the traceback ``main`` let through is
-    printed, and the exit code still says "no verdict" (2), never Python's 1.
+    printed, and the exit code still says "no verdict" (2), never Python's 1. A
+    Ctrl-C at any moment here ends the run with exit 130 and one line.
     """
     try:
-        code = main()
-    except KeyboardInterrupt as error:  # Ctrl-C while main was already handling another outcome
-        if debugging():
+        try:
+            code = main()
+        except KeyboardInterrupt as error:  # Ctrl-C while main was already handling another outcome
+            if _tracebacks_wanted():
+                traceback.print_exception(error)
+            else:
+                fail("interrupted")
+            code = ExitCode.INTERRUPTED
+        except Exception as error:  # only under CKPTPUB_DEBUG: main re-raised it
             traceback.print_exception(error)
-        else:
+            code = ExitCode.UNUSABLE
+        code = _flush_streams(code)
+        for hasher in _JOINED:  # torchrun stops every rank once one exits non-zero: let rank 0 say why first
+            hasher.meet()
+    except KeyboardInterrupt:  # another Ctrl-C while the first one, or the output, was handled
+        with contextlib.suppress(KeyboardInterrupt):  # and one more while this line is written
             fail("interrupted")
         code = ExitCode.INTERRUPTED
-    except Exception as error:  # only under CKPTPUB_DEBUG: main re-raised it
-        traceback.print_exception(error)
-        code = ExitCode.UNUSABLE
+    os._exit(code)
+
+
+def _flush_streams(code: int) -> int:
+    """Flush stdout and stderr; the exit code, or 141/2 for output lost when there was nothing else to say."""
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
@@ -204,12 +252,20 @@ def run() -> NoReturn:
             code = code or ExitCode.BROKEN_PIPE
         except (OSError, ValueError):  # full, closed: main already reported what it could
             code = code or ExitCode.UNUSABLE
-    os._exit(code)
+    return code
 
 
 def debugging() -> bool:
-    """Whether ``CKPTPUB_DEBUG`` asks for tracebacks instead of one-line errors."""
-    return os.environ.get(DEBUG_VARIABLE, "") not in ("", "0")
+    """Whether the flag ``CKPTPUB_DEBUG`` asks for tracebacks instead of one-line errors."""
+    return env_flag(DEBUG_ENV)
+
+
+def _tracebacks_wanted() -> bool:
+    """``debugging()``, and off for a ``CKPTPUB_DEBUG`` that is neither on nor off (``main`` said so)."""
+    try:
+        return debugging()
+    except CkptpubError:
+        return False
 
 
 def fail(message: str, *, program: str = "ckptpub") -> None:
@@ -314,6 +370,11 @@ def _escape_unencodable_output() -> None:
                 stream.reconfigure(errors="backslashreplace")
 
 
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null: output it could not take is dropped, not retried (and failed) at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def _flush_stdout() -> None:
     """Flush results inside ``main`` so a full or closed stdout is reported as one line, exit 2."""
     if sys.stdout is not None:
@@ -326,6 +387,7 @@ def _flush_stdout() -> None:
 @dataclass(frozen=True)
 class PublishArguments:
     folder: str
+    revision: str | None
     threads: int | None
     no_mmap: bool
     allow_no_weights: bool
@@ -333,6 +395,7 @@ class PublishArguments:
     base: str | None
     adapter: str | None
     sign: str | None
+    sign_hash: str | None
     signing_certificate: str | None
     certificate_chain: list[str] | None
     json: bool
@@ -342,6 +405,7 @@ class PublishArguments:
 @dataclass(frozen=True)
 class VerifyArguments:
     folder: str
+    revision: str | None
     quiet: bool
     expect_identity: str | None
     public_key: str | None
@@ -355,6 +419,7 @@ class VerifyArguments:
 @dataclass(frozen=True)
 class ShowArguments:
     folder: str
+    revision: str | None
     json: bool
 
 
@@ -380,14 +445,16 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def _seconds(text: str) -> float:
+def seconds_argument(text: str) -> float:
+    """An argparse ``type`` for a duration: ``_settings.seconds`` (NaN, infinities, 0 and less refused)."""
     try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < 1e7:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
+        return seconds(text)
+    except CkptpubError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+#: The torchrun job a command joined (``_join_ranks``): its ranks meet once more before they exit.
+_JOINED: list[DistributedHasher] = []
 
 
 def _join_ranks(timeout_s: float) -> DistributedHasher | None:
@@ -395,6 +462,7 @@ def _join_ranks(timeout_s: float) -> DistributedHasher | None:
     if env_world() is None:
         return None
     hasher = init_from_env(timeout_s)
+    _JOINED.append(hasher)
     if hasher.rank != 0:  # rank 0 reports for all of them, including every rank's failure
         devnull = os.open(os.devnull, os.O_WRONLY)
         for fd in (1, 2):
@@ -403,8 +471,18 @@ def _join_ranks(timeout_s: float) -> DistributedHasher | None:
     return hasher
 
 
-def _add_folder(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("folder", metavar="FOLDER", help="the checkpoint folder")
+def _add_folder(parser: argparse.ArgumentParser, help: str = "the checkpoint folder") -> None:
+    """The checkpoint argument: a folder, or a model in the Hugging Face cache by its hub id."""
+    parser.add_argument("folder", metavar="FOLDER", help=f"{help}, or {_HUB_ID_HELP}")
+    parser.add_argument(
+        "--revision", metavar="REV", help="with a hub id: the branch, tag or commit (default: main)"
+    )
+
+
+#: What an argument that names a checkpoint may be besides a folder (``hub_cache.locate``).
+_HUB_ID_HELP = (
+    "a model's hub id in the Hugging Face cache (org/name or org/name@REVISION; a folder that exists wins)"
+)
 
 
 def _add_json(parser: argparse.ArgumentParser) -> None:
@@ -423,7 +501,7 @@ def _add_hashing(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rank-timeout",
-        type=_seconds,
+        type=seconds_argument,
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
         help="under torchrun (the work is spread over its ranks, rank 0 writes and prints): fail when a "
@@ -459,6 +537,13 @@ def _add_publish(parser: argparse.ArgumentParser) -> None:
         "--sign", metavar="KEY", help="also write model.sig, signed with this ECDSA private key (PEM)"
     )
     parser.add_argument(
+        "--sign-hash",
+        choices=FILE_HASHES,
+        help="with --sign: the file digest model.sig lists (default sha256, which `model_signing verify` "
+        "checks; blake3 costs a fraction of it and verifies with model_signing's Python API and "
+        "`ckptpub verify --public-key`)",
+    )
+    parser.add_argument(
         "--signing-certificate", metavar="CERT", help="with --sign: sign as this certificate's holder (PEM)"
     )
     _add_certificate_chain(parser, "with --signing-certificate: the certificates up to the trusted root")
@@ -484,13 +569,13 @@ def _add_verify(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_show(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("folder", metavar="FOLDER", help="the checkpoint folder or its manifest file")
+    _add_folder(parser, "the checkpoint folder or its manifest file")
     _add_json(parser)
 
 
 def _add_diff(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", metavar="A", help="checkpoint folder or manifest file")
-    parser.add_argument("b", metavar="B", help="checkpoint folder or manifest file")
+    parser.add_argument("a", metavar="A", help=f"checkpoint folder or manifest file, or {_HUB_ID_HELP}")
+    parser.add_argument("b", metavar="B", help="the same for the other side")
     _add_json(parser)
 
 
@@ -505,6 +590,7 @@ def _add_ls(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_publish(args: PublishArguments) -> int:
+    args = replace(args, folder=locate(args.folder, args.revision))
     sign = _signing_key(args)
     # Publishing a signed folder again without a key leaves a signature of the old manifest behind.
     unsigned_over_signed = sign is None and os.path.lexists(os.path.join(args.folder, SIGNATURE_NAME))
@@ -522,6 +608,7 @@ def _cmd_publish(args: PublishArguments) -> int:
             base=args.base,
             adapter=args.adapter,
             sign=sign,
+            sign_hash=args.sign_hash or "sha256",
         )
     finally:
         bar.close()
@@ -531,13 +618,14 @@ def _cmd_publish(args: PublishArguments) -> int:
         else:
             print(manifest.identity)
         _flush_stdout()
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError) as error:  # the manifest is published: say so, and that its identity is here
         if isinstance(error, BrokenPipeError):
             raise
-        raise CkptpubError(
-            f"published {os.path.join(args.folder, MANIFEST_NAME)} (identity {manifest.identity}), "
+        _discard_stdout()
+        note(
+            f"warning: published {os.path.join(args.folder, MANIFEST_NAME)} (identity {manifest.identity}), "
             f"but could not write to stdout: {getattr(error, 'strerror', None) or error}"
-        ) from None
+        )
     note(
         f"published {os.path.join(args.folder, MANIFEST_NAME)}: {manifest.tensor_count} tensors, "
         f"{len(manifest.files)} files, {gb(sum(f.size for f in manifest.files))}"
@@ -559,6 +647,7 @@ def _manifest_bytes(folder: str) -> bytes | None:
 
 
 def _cmd_verify(args: VerifyArguments) -> int:
+    args = replace(args, folder=locate(args.folder, args.revision))
     trusted = _trusted_key(args)
     hasher = _join_ranks(args.rank_timeout)
     bar = ProgressBar("verifying")
@@ -600,9 +689,10 @@ def _cmd_verify(args: VerifyArguments) -> int:
 def _signing_key(args: PublishArguments) -> Any:
     """``--sign KEY`` (with ``--signing-certificate``/``--certificate-chain``) as ``publish(sign=...)``."""
     if args.sign is None:
-        if args.signing_certificate is not None or args.certificate_chain:
+        if args.signing_certificate is not None or args.certificate_chain or args.sign_hash is not None:
             raise UsageError(
-                "--signing-certificate and --certificate-chain need --sign KEY", "ckptpub publish"
+                "--sign-hash, --signing-certificate and --certificate-chain need --sign KEY",
+                "ckptpub publish",
             )
         return None
     from .._operations.signing import SigningKey  # only a signing run imports it
@@ -611,33 +701,36 @@ def _signing_key(args: PublishArguments) -> Any:
 
 
 def _trusted_key(args: VerifyArguments) -> Any:
-    """``--public-key PUB`` or ``--certificate-chain PEM`` as a ``signing.TrustedKey``; None for neither."""
-    if args.public_key is None and not args.certificate_chain:
-        return None
+    """``--public-key PUB`` or ``--certificate-chain PEM`` as a ``TrustedKey``; None for neither."""
     if args.public_key is not None and args.certificate_chain:
         raise UsageError("give --public-key or --certificate-chain, not both", "ckptpub verify")
+    if args.public_key is None and not args.certificate_chain:
+        return None  # what TrustedKey.of says too, without importing signing (and hashlib) on every verify
     from .._operations.signing import TrustedKey
 
-    return TrustedKey(args.public_key, tuple(args.certificate_chain or ()))
+    return TrustedKey.of(args.public_key, args.certificate_chain or ())
 
 
 def _cmd_show(args: ShowArguments) -> int:
+    args = replace(args, folder=locate(args.folder, args.revision))
     manifest = read_manifest(args.folder)
     summary = manifest_summary(manifest, args.folder)
     if args.json:
         print_json(summary)
         return ExitCode.OK
     base = base_of(manifest)
+    base_hub = base_hub_of(manifest)
     kind = "adapter" if is_adapter(manifest) else "model"
+    on_base = f"{kind} on base {base}" + (f" ({base_hub})" if base_hub else "")
     rows = [
         ("identity", manifest.identity),
-        ("kind", f"{kind} on base {base}" if base else f"{kind} (no base recorded)"),
+        ("kind", on_base if base else f"{kind} (no base recorded)"),
         ("folder", os.path.abspath(args.folder)),
         ("weights", ", ".join(manifest.weights) or "(none: identity covers every file)"),
         ("tensors", f"{summary['tensors']} ({gb(summary['tensor_bytes'])})"),
         ("files", f"{summary['files']} ({gb(summary['bytes'])})"),
         *(("config", f"{name} {digest}") for name, digest in sorted(manifest.config.items())),
-        *((key, value_text(value)) for key, value in sorted(manifest.provenance.items())),
+        *((key, hub_name(value) or value_text(value)) for key, value in sorted(manifest.provenance.items())),
     ]
     width = max(len(key) for key, _ in rows) + 2
     for key, value in rows:
@@ -646,15 +739,18 @@ def _cmd_show(args: ShowArguments) -> int:
 
 
 def _cmd_diff(args: DiffArguments) -> int:
+    args = replace(args, a=locate(args.a), b=locate(args.b))
     a, b = read_manifest(args.a), read_manifest(args.b)
     folders = [path if os.path.isdir(path) else None for path in (args.a, args.b)]
     difference = diff_manifests(a, b, folder_a=folders[0], folder_b=folders[1])
     if args.json:
         print_json(diff_json(difference, a, b))
-    elif difference.identity_a == difference.identity_b:
-        print(f"same identity {difference.identity_a}")
     elif difference.same:
-        print(f"same model: {a.version} identity {a.identity}, {b.version} identity {b.identity}")
+        if difference.identity_a == difference.identity_b:
+            print(f"same identity {difference.identity_a}")
+        else:
+            print(f"same model: {a.version} identity {a.identity}, {b.version} identity {b.identity}")
+        print_config_lines(difference)  # keys that changed without changing the model (use_cache, ...)
     else:
         print_diff_lines(difference, a, b)
     if difference.same:
@@ -674,21 +770,26 @@ def _cmd_ls(args: RunArguments) -> int:
         print_json([e.as_dict() for e in entries])
     else:
         print_run_table(entries)
-    unusable = sum(e.status == "unusable" for e in entries)
-    published = sum(e.status == "ok" for e in entries)
-    gone = sum(e.status == "gone" for e in entries)
-    note(
-        f"{plural(published, 'published checkpoint')} under {args.run_dir}"
-        + (f", {gone} rotated away" if gone else "")
-        + (f", {unusable} unusable" if unusable else "")
-    )
-    return ExitCode.UNUSABLE if unusable else ExitCode.OK
+    return _run_outcome(args.run_dir, entries)
 
 
 def _cmd_log(args: RunArguments) -> int:
     entries = list_run(args.run_dir)
     print_tree(lineage(entries), args.json)
-    return ExitCode.UNUSABLE if any(e.status == "unusable" for e in entries) else ExitCode.OK
+    return _run_outcome(args.run_dir, entries)
+
+
+def _run_outcome(run_dir: str, entries: list[RunEntry]) -> int:
+    """What every view of a run ends with: the summary line (unusable ones counted), and exit 2 if any."""
+    unusable = sum(e.status == "unusable" for e in entries)
+    published = sum(e.status == "ok" for e in entries)
+    gone = sum(e.status == "gone" for e in entries)
+    note(
+        f"{plural(published, 'published checkpoint')} under {run_dir}"
+        + (f", {gone} rotated away" if gone else "")
+        + (f", {unusable} unusable" if unusable else "")
+    )
+    return ExitCode.UNUSABLE if unusable else ExitCode.OK
 
 
 BUILT_IN: tuple[Command[Any], ...] = (

@@ -10,12 +10,14 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterable
 from typing import Any
 
+from .._filesystem.hub_cache import HUB_KEY
 from .._format.canonical import canonical_json
 from .._format.manifest import Manifest
 from .._operations.diff import ManifestDiff
-from .._operations.explain import base_of
+from .._operations.explain import base_hub_of, base_of, hub_name
 from .._operations.verify import Problem, VerifyReport
 from .._runs.runview import RunEntry
 from ..errors import one_line
@@ -32,9 +34,13 @@ def print_run_table(entries: list[RunEntry]) -> None:
         )
         base = short(e.base_identity) or "-"
         print(f"{step:>8}  {identity:<19}  {size:>9}  {base:<19}  {note:<7}  {one_line(e.path)}")
-    for e in entries:
-        if e.status == "unusable":
-            print(f"# {one_line(e.detail or '')}")
+    _print_why_unusable(e.detail for e in entries if e.status == "unusable")
+
+
+def _print_why_unusable(details: Iterable[str | None]) -> None:
+    """After a view of a run, one ``# reason`` line per unusable checkpoint (each names its path)."""
+    for detail in details:
+        print(f"# {one_line(detail or '')}")
 
 
 def print_diff_lines(difference: ManifestDiff, a: Manifest, b: Manifest) -> None:
@@ -45,14 +51,16 @@ def print_diff_lines(difference: ManifestDiff, a: Manifest, b: Manifest) -> None
         adapter, base, side = (b, a, "b") if relation == "adapter_on_a" else (a, b, "a")
         skip = "removed" if side == "b" else "added"
         print(
-            f"lineage  {side} is an adapter on {'a' if side == 'b' else 'b'} ({short(base.identity)}): "
+            f"lineage  {side} is an adapter on {'a' if side == 'b' else 'b'} "
+            f"({_with_hub(short(base.identity), base_name(adapter, base))}): "
             f"its {adapter.model_tensor_count or adapter.tensor_count} tensors apply on top of that base"
         )
     elif relation in ("from_a", "from_b"):
         child, parent = ("b", "a") if relation == "from_a" else ("a", "b")
-        print(f"lineage  {child} records {parent} as its base")
+        name = base_name(b, a) if relation == "from_a" else base_name(a, b)
+        print(f"lineage  {child} records {parent}{f' ({short_hub(name)})' if name else ''} as its base")
     elif relation == "same_base":
-        print(f"lineage  a and b record the same base {short(base_of(a))}")
+        print(f"lineage  a and b record the same base {_with_hub(short(base_of(a)), base_hub_of(a))}")
     whats = {c.what for c in difference.tensor_changes}
     everything = (
         not difference.added
@@ -68,11 +76,17 @@ def print_diff_lines(difference: ManifestDiff, a: Manifest, b: Manifest) -> None
         count = f" ({len(group.names)} tensors)" if len(group.names) > 1 else ""
         where = f" {group.where}" if group.where else ""
         print(f"{group.kind:<8} {one_line(group.pattern)}{where}: {group.what}{count}")
+    print_config_lines(difference)
+
+
+def print_config_lines(difference: ManifestDiff) -> None:
+    """One line per config key that changed (marked when the identity does not count it), then the notes."""
     for change in difference.config_keys:
         old = json_value(change.old) if change.in_a else "(absent)"
         new = json_value(change.new) if change.in_b else "(absent)"
-        print(f"config   {change.file}: {one_line(change.key)} {one_line(old)} -> {one_line(new)}")
-    adapter_relation = relation in ("adapter_on_a", "adapter_on_b")
+        inert = "" if change.changes_identity else " (does not change the identity)"
+        print(f"config   {change.file}: {one_line(change.key)} {one_line(old)} -> {one_line(new)}{inert}")
+    adapter_relation = difference.relation in ("adapter_on_a", "adapter_on_b")
     for note in difference.config_notes:
         if not (adapter_relation and " only in " in note):  # an adapter has its own config
             print(f"config   {one_line(note)}")
@@ -85,8 +99,15 @@ def print_tree(roots: list[dict[str, Any]], as_json: bool) -> None:
         return
     for root in roots:
         base = root["base_identity"]
-        print(f"base {short(base)} (not in this run)" if base else "(no base recorded)")
+        if root.get("unusable"):
+            print("unusable (its manifest cannot be used, so its base is unknown)")
+        else:
+            name = _with_hub(short(base), root.get("base_hub"))
+            print(f"base {name} (not in this run)" if base else "(no base recorded)")
         _print_children(root["children"], "")
+    _print_why_unusable(
+        child["entry"]["detail"] for root in roots if root.get("unusable") for child in root["children"]
+    )
 
 
 def _print_children(nodes: list[dict[str, Any]], indent: str) -> None:
@@ -95,8 +116,9 @@ def _print_children(nodes: list[dict[str, Any]], indent: str) -> None:
         e = node["entry"]
         step = f"step {e['step']}" if e["step"] is not None else "-"
         marks = [m for m, on in (("adapter", e["adapter"]), ("=prev", e["same_as_previous"])) if on]
+        identity = "UNUSABLE" if e["status"] == "unusable" else short(e["identity"])
         print(
-            f"{indent}{'`-' if last else '|-'} {step:<10} {short(e['identity'])}  {one_line(e['path'])}"
+            f"{indent}{'`-' if last else '|-'} {step:<10} {identity:<19}  {one_line(e['path'])}"
             + (f"  ({', '.join(marks)})" if marks else "")
         )
         _print_children(node["children"], indent + ("   " if last else "|  "))
@@ -119,6 +141,22 @@ def print_verify_lines(report: VerifyReport, *, quiet: bool) -> None:
                 else f"{p.kind}: {one_line(p.detail)}"
             )
             print(f"{one_line(path)}: FAILED ({what})")
+
+
+def base_name(child: Manifest, base: Manifest) -> str | None:
+    """The base by hub id and short commit: as the child recorded it, or as the base's own manifest says."""
+    return base_hub_of(child) or hub_name(base.provenance.get(HUB_KEY))
+
+
+def _with_hub(text: str, hub: str | None) -> str:
+    """``text``, then the hub name when there is one (``short_hub``)."""
+    return f"{text} {short_hub(hub)}" if hub else text
+
+
+def short_hub(hub: str) -> str:
+    """``org/name@<12 hex of the commit>``, on one line (provenance is untrusted text)."""
+    repo_id, _, revision = hub.rpartition("@")
+    return one_line(f"{repo_id}@{revision[:12]}")
 
 
 def manifest_summary(manifest: Manifest, folder: str) -> dict[str, Any]:
@@ -158,6 +196,8 @@ def diff_json(difference: ManifestDiff, a: Manifest, b: Manifest) -> dict[str, A
         "identity_b": difference.identity_b,
         "base_identity_a": base_of(a),
         "base_identity_b": base_of(b),
+        "base_hub_a": base_hub_of(a),
+        "base_hub_b": base_hub_of(b),
         "relation": difference.relation,
         "changed": list(difference.changed),
         "added": list(difference.added),

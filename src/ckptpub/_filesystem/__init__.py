@@ -10,5 +10,8 @@ Modules (imports go downwards only; from outside this package only ``_format`` a
     read          ``read_manifest``: one open, one fstat, one read
     jsonfiles     documents replaced atomically, logs appended a whole line at a time
     scan          which files of a folder count; the symlink and file-name rules; path arguments
-    safe_open     ``open_regular`` (no-follow, non-blocking, the file the scan saw), ``read_bounded``
+    safe_open     ``open_regular`` (no-follow, non-blocking, the file the scan saw), ``read_bounded``,
+                  the symlink rule (``resolve_inside``, ``open_inside``, ``read_inside``)
+    hub_cache     models in the Hugging Face cache: a hub id's snapshot (resolved offline), and which
+                  symlinks of a snapshot are its files (``is_cached_blob``)
 """

@@ -22,17 +22,19 @@ and strict (``_format.strict_json``): what a writer here wrote always reads back
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
+from .._format.names import TEMP_PREFIX, TEMP_SUFFIX
 from .._format.strict_json import loads_strict
 from ..errors import CkptpubError
 from .safe_open import open_regular, read_bounded
-from .scan import TEMP_PREFIX, TEMP_SUFFIX
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -43,32 +45,88 @@ def write_atomically(path: str, data: bytes, mode: int = 0o644) -> None:
 
     The temporary file, created exclusively with ``mode`` next to ``path``, has the
     one name every ckptpub temporary file has (``.ckptpub.json.<random hex>.tmp``,
-    ``scan.TEMP_PREFIX``/``TEMP_SUFFIX``), which folder scans skip: a write in
+    ``names.TEMP_PREFIX``/``TEMP_SUFFIX``), which folder scans skip: a write in
     progress inside a checkpoint folder (the manifest, a signature) is never taken
     for one of its files. Whatever is at ``path`` (a file, a symlink, a FIFO) is
     replaced, never written through. Raises ``CkptpubError``: ``NAME: cannot write
     in FOLDER: why``.
     """
-    folder, name = os.path.split(path)
-    temp = os.path.join(folder, f"{TEMP_PREFIX}{os.urandom(8).hex()}{TEMP_SUFFIX}")
+    write_together([(path, data)], mode)
+
+
+def write_together(files: Sequence[tuple[str, bytes]], mode: int = 0o644) -> None:
+    """Replace several files of one folder (``(path, data)`` each) as :func:`write_atomically` replaces one.
+
+    Every temporary file is written and fsynced before the first rename, so a failure
+    while writing (a full disk, a quota) changes nothing; then the renames follow in
+    the order given (the last is the one that makes the set whole: a manifest after
+    its signature) and the folder is fsynced once.
+    """
+    folder = os.path.dirname(files[0][0])
+    staged: list[tuple[str, str]] = []  # (temporary file, path), not yet renamed
+    name = os.path.basename(files[0][0])
     with _InterruptsHeld():
         try:
-            fd = os.open(temp, _CREATE_FLAGS, mode)
-        except OSError as error:
-            raise _write_error(name, folder, error) from None
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, path)
+            for path, data in files:
+                name = os.path.basename(path)
+                temp = os.path.join(folder, f"{TEMP_PREFIX}{os.urandom(8).hex()}{TEMP_SUFFIX}")
+                fd = os.open(temp, _CREATE_FLAGS, mode)
+                staged.append((temp, path))
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            while staged:
+                temp, path = staged[0]
+                name = os.path.basename(path)
+                os.replace(temp, path)
+                staged.pop(0)
             _fsync_folder(folder or ".")
         except OSError as error:
-            _remove_quietly(temp)
             raise _write_error(name, folder, error) from None
-        except BaseException:
-            _remove_quietly(temp)
-            raise
+        finally:
+            for temp, _ in staged:
+                _remove_quietly(temp)
+
+
+#: How long a writer waits for another to let go of a folder's write lock (``folder_lock``).
+LOCK_TIMEOUT_S = 60.0
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str) -> Iterator[None]:
+    """Hold ckptpub's write lock of ``folder`` (``flock`` on the folder itself: no lock file is made).
+
+    Publishes of one checkpoint take it while they write its manifest and signature,
+    so two concurrent ``publish --sign`` never leave one's manifest with the other's
+    signature. Waits at most ``LOCK_TIMEOUT_S`` for another writer (``CkptpubError`` then):
+    anyone who can read the folder can take the lock, so a holder that never lets go
+    must not block a publish for ever. A file system that cannot lock a folder (some
+    NFS mounts) is written without the lock.
+    """
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as error:
+        raise CkptpubError(f"{folder}: cannot open to lock it: {error.strerror or error}") from None
+    try:
+        timeout_s = LOCK_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise CkptpubError(
+                        f"{folder}: another publish has held its write lock for {timeout_s:.0f} s; "
+                        "nothing was written"
+                    ) from None
+                time.sleep(0.01)
+            except OSError:  # EBADF, ENOLCK, EOPNOTSUPP: no flock on this file system's folders
+                break
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def write_json(path: str, value: Any, mode: int = 0o644) -> None:

@@ -17,16 +17,16 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .._format.manifest import CONFIG_FILES, MANIFEST_NAME, Manifest, TensorRecord, config_digest
+from .._format.manifest import Manifest, TensorRecord, config_meaning
+from .._format.names import CONFIG_FILES, MANIFEST_NAME, SAFETENSORS_INDEX_NAME
 from .._format.safetensors import ShardLayout, header_length, parse_header
 from .._format.strict_json import loads_strict, loads_two_level
 from ..errors import CkptpubError
 from .safe_open import open_regular, read_bounded
 from .scan import FolderEntry
 
-INDEX_NAME = "model.safetensors.index.json"
 MAX_CONFIG_BYTES = 16 << 20
-MAX_INDEX_BYTES = 64 << 20
+MAX_SAFETENSORS_INDEX_BYTES = 64 << 20
 
 
 def is_shard_path(path: str) -> bool:
@@ -97,7 +97,7 @@ def claim_problems(
                 else ("holds weights an engine loads, but the manifest does not list it in weights")
             )
             problems.append((path, listed))
-        if config_digests(entries) != dict(manifest.config):
+        if config_digests(entries, manifest.version) != dict(manifest.config):
             problems.append((MANIFEST_NAME, "records another config than the folder has"))
     except CkptpubError as error:
         problems.append((MANIFEST_NAME, str(error)))
@@ -119,7 +119,7 @@ def _same_entries(recorded: list[TensorRecord], layout: ShardLayout) -> bool:
 def weight_files(entries: Mapping[str, FolderEntry], layouts: Mapping[str, ShardLayout]) -> tuple[str, ...]:
     """The weight files, sorted; each tensor name must occur in only one of them."""
     top_level = sorted(p for p in layouts if "/" not in p)
-    index = entries.get(INDEX_NAME)
+    index = entries.get(SAFETENSORS_INDEX_NAME)
     if index is not None:
         top_level = _files_named_by_index(index, layouts)
     owner: dict[str, str] = {}
@@ -131,46 +131,44 @@ def weight_files(entries: Mapping[str, FolderEntry], layouts: Mapping[str, Shard
     return tuple(top_level)
 
 
-def config_digests(entries: Mapping[str, FolderEntry]) -> dict[str, str]:
-    """Digest of the meaning of each top-level config file present."""
+def config_digests(entries: Mapping[str, FolderEntry], version: str) -> dict[str, str]:
+    """Digest of the meaning of each top-level config file present, under ``version``'s rule."""
     digests = {}
     for name in CONFIG_FILES:
         entry = entries.get(name)
         if entry is not None:
-            digests[name] = read_config(entry.real_path, name, entry.file_id)[1]
+            digests[name] = read_config(entry.real_path, name, version, entry.file_id)[1]
     return digests
 
 
-def read_config(path: str, name: str, expect: tuple[int, int] | None = None) -> tuple[dict[str, Any], str]:
-    """A config file's JSON object and the digest of its meaning; ``CkptpubError`` naming ``name`` otherwise.
+def read_config(
+    path: str, name: str, version: str, expect: tuple[int, int] | None = None
+) -> tuple[dict[str, Any], str]:
+    """A config file's JSON object and its meaning's digest under ``version``'s rule, or ``CkptpubError``.
 
     ``expect`` is the ``(st_dev, st_ino)`` a folder scan saw (see ``safe_open.open_regular``).
     """
-    document = loads_strict(read_bounded(path, MAX_CONFIG_BYTES, name, expect), name, "config")
-    if not isinstance(document, dict):
-        raise CkptpubError(f"{name}: config is not a JSON object")
-    try:
-        return document, config_digest(document)
-    except (ValueError, RecursionError) as error:  # nested deeper than canonical encoding goes
-        raise CkptpubError(f"{name}: config cannot be encoded canonically: {error}") from None
+    return config_meaning(read_bounded(path, MAX_CONFIG_BYTES, name, expect), name, version)
 
 
 def _files_named_by_index(index: FolderEntry, layouts: Mapping[str, ShardLayout]) -> list[str]:
-    data = read_bounded(index.real_path, MAX_INDEX_BYTES, INDEX_NAME, index.file_id)
+    data = read_bounded(index.real_path, MAX_SAFETENSORS_INDEX_BYTES, SAFETENSORS_INDEX_NAME, index.file_id)
     # {"metadata": {...}, "weight_map": {...}}: an object of objects, like a safetensors header
-    document = loads_two_level(data) or loads_strict(data, INDEX_NAME, "index")
+    document = loads_two_level(data) or loads_strict(data, SAFETENSORS_INDEX_NAME, "index")
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise CkptpubError(f"{INDEX_NAME}: weight_map must map tensor names to file names")
+        raise CkptpubError(f"{SAFETENSORS_INDEX_NAME}: weight_map must map tensor names to file names")
     names_by_file: dict[str, list[str]] = {}
     for tensor, file in weight_map.items():
         names_by_file.setdefault(file, []).append(tensor)
     for file, tensors in sorted(names_by_file.items()):
         layout = layouts.get(file) if "/" not in file else None
         if layout is None:
-            raise CkptpubError(f"{INDEX_NAME}: names {file!r}, which is missing from the folder")
+            raise CkptpubError(f"{SAFETENSORS_INDEX_NAME}: names {file!r}, which is missing from the folder")
         held = {t.name for t in layout.tensors}  # one file's names at a time: 100k-tensor indexes
         absent = [name for name in tensors if name not in held]
         if absent:
-            raise CkptpubError(f"{INDEX_NAME}: maps tensor {min(absent)!r} to {file}, which does not hold it")
+            raise CkptpubError(
+                f"{SAFETENSORS_INDEX_NAME}: maps tensor {min(absent)!r} to {file}, which does not hold it"
+            )
     return sorted(names_by_file)

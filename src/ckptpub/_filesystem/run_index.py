@@ -36,10 +36,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .._format.manifest import is_digest, is_safe_relative_path
+from .._format.names import RUN_INDEX_NAME
 from . import jsonfiles
 from .scan import as_path
 
-INDEX_NAME = "ckptpub-index.jsonl"
 #: An index larger than this is refused unread (about 500k publishes).
 MAX_INDEX_BYTES = 64 << 20
 
@@ -52,7 +52,7 @@ def append(index_dir: str | os.PathLike[str], *, step: int, path: str, identity:
         "identity": identity,
         "time": float(time),
     }
-    index = os.path.join(index_dir, INDEX_NAME)
+    index = os.path.join(index_dir, RUN_INDEX_NAME)
     jsonfiles.append_line(index, record, index)  # CkptpubError for a symlink, FIFO, folder
 
 
@@ -67,8 +67,8 @@ def read(
     lines. An index that is over ``MAX_INDEX_BYTES``, a symlink or not a regular
     file raises ``CkptpubError`` before it is read.
     """
-    index = os.path.join(as_path(index_dir, "run folder"), INDEX_NAME)
-    lines = jsonfiles.read_lines(index, MAX_INDEX_BYTES, INDEX_NAME, on_skip, check=_not_a_record)
+    index = os.path.join(as_path(index_dir, "run folder"), RUN_INDEX_NAME)
+    lines = jsonfiles.read_lines(index, MAX_INDEX_BYTES, RUN_INDEX_NAME, on_skip, check=_not_a_record)
     return [record for _, record in lines]
 
 

@@ -4,9 +4,10 @@ Every regular file below the folder counts, except the manifest itself and the
 temporary files ckptpub writes next to it (regular files only: a folder with such a
 name counts with everything in it). Names are read as bytes and decoded as strict
 UTF-8, so the same folder gives the same manifest in every locale. A symlink counts as the file it points
-to only when that file is inside the folder; one that leaves the folder, loops,
-or points at anything but a regular file makes the folder unusable rather than
-being skipped, since skipping would let a manifest silently ignore part of a model.
+to only when that file is inside the folder, or is a blob of the cached model whose snapshot the
+folder is (``safe_open.resolve_inside``); one that leaves the folder, loops, or points at
+anything but a regular file makes the folder unusable rather than being skipped, since
+skipping would let a manifest silently ignore part of a model.
 """
 
 from __future__ import annotations
@@ -16,16 +17,10 @@ import os
 import stat
 from typing import NamedTuple
 
-from .._format.manifest import MANIFEST_NAME
+from .._format.names import NOT_CONTENT, is_temp_name
 from ..errors import CkptpubError
+from .safe_open import resolve_inside
 
-#: Prefix and suffix of the temporary files an atomic manifest write uses.
-TEMP_PREFIX = "." + MANIFEST_NAME + "."
-TEMP_SUFFIX = ".tmp"
-#: The signature ``publish --sign`` writes beside the manifest (see ``signing``).
-SIGNATURE_NAME = "model.sig"
-#: Top-level names that are never content: checked by whoever reads them, never hashed into a manifest.
-NOT_CONTENT = (MANIFEST_NAME, SIGNATURE_NAME)
 #: A folder with more files than this is refused rather than scanned without end.
 MAX_FILES = 200_000
 
@@ -71,16 +66,6 @@ def resolve_folder(folder: str | os.PathLike[str]) -> str:
     if not stat.S_ISDIR(info.st_mode):
         raise CkptpubError(f"{path}: not a folder")
     return os.path.realpath(path)
-
-
-def is_ckptpub_file(name: str) -> bool:
-    """True for the manifest's and signature's names and ckptpub's own temporary files' (top level only)."""
-    return name in NOT_CONTENT or is_temp_name(name)
-
-
-def is_temp_name(name: str) -> bool:
-    """True for the name of a temporary file an atomic manifest write uses."""
-    return name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX)
 
 
 def scan_folder(root: str) -> list[FolderEntry]:
@@ -142,13 +127,7 @@ def _file_entry(root: str, relative: str, child: os.DirEntry[bytes]) -> FolderEn
     real_path = os.fsdecode(child.path)
     try:
         if child.is_symlink():
-            real_path = os.path.realpath(real_path)
-            if os.path.commonpath([root, real_path]) != root or real_path == root:
-                raise CkptpubError(f"{relative}: symlink points outside the checkpoint folder")
-            if os.path.dirname(real_path) == root and is_ckptpub_file(os.path.basename(real_path)):
-                raise CkptpubError(
-                    f"{relative}: symlink points at {MANIFEST_NAME}, which publishing replaces"
-                )
+            real_path = resolve_inside(root, real_path, relative)
             info = os.lstat(real_path)
         else:
             info = child.stat(follow_symlinks=False)

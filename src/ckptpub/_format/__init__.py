@@ -5,10 +5,15 @@ here opens a file: readers above hand it bytes they read within their bounds.
 
 Modules (imports go downwards only; from outside this package only ``ckptpub.errors``):
 
-    manifest      the ``Manifest`` type: parse and validate ckptpub/2 and /1, encode, identity
+    manifest      the ``Manifest`` type: parse and validate ckptpub/3, /2 and /1, encode, identity
+    regions       ckptpub/3's two JSON regions: one canonical entry per line, decoded column by column
     tables        ckptpub/2's two text tables: one line per tensor, decoded column by column
-    safetensors   a safetensors header's bytes to a checked ``ShardLayout``; ``DTYPE_BITS``
+    records       what both encode: tensor and file records, model and layout parts, tiling
+    config_meaning  which config keys each format's identity counts (``INERT``: what it leaves out)
+    safetensors   a safetensors header's bytes (or a whole file in memory) to a checked ``ShardLayout``;
+                  ``header_length``, ``DTYPE_BITS``
     strict_json   ``loads_strict``: JSON with duplicate keys, NaN, 1e400 and lone surrogates refused
     canonical     canonical JSON (RFC 8785): one byte sequence per value, so digests are stable
     digest        ``blake3:<64 hex>``: ``DIGEST_PREFIX`` and ``digest_bytes``
+    names         every file name ckptpub reads or writes (manifest, signature, run index, ...)
 """

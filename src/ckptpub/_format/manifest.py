@@ -2,17 +2,21 @@
 
 A manifest (``ckptpub.json``, specified in ``docs/format.md``) lists a digest for
 every tensor and every file of a checkpoint folder, which files hold the model's
-weights, the canonical digest of the model's config, and an ``identity`` derived
+weights, the digest of the model config's meaning, and an ``identity`` derived
 from the weights and config alone. Parsing validates every field and recomputes
 the identity, so a manifest that was edited, truncated or copied from another
 checkpoint is refused instead of being trusted.
 
-Writers write ``ckptpub/2``: a one-line JSON header followed by two text tables
-(``tables``), which is read and identity-checked in milliseconds at 100k tensors.
-Its tensor records are decoded, and the tables checked line by line, on first use
-of ``Manifest.tensors``; the identity commits to the tables' bytes, so a reader
-that needs only the identity (an engine's cache key) does no per-tensor work.
-Readers still read ``ckptpub/1`` (one JSON document), fully validated at once.
+Writers write ``ckptpub/3``: one JSON document in one exact byte layout, a first
+line of small fields (with the byte size of each region), then the model and layout
+regions, one tensor entry a line (``regions``). The identity commits to the model
+region's bytes, so reading a manifest and checking its identity at 100k tensors is
+one BLAKE3 pass and no per-tensor work; the entries are decoded, and checked to be
+in their one canonical form, on first use of ``Manifest.tensors`` or ``model()``.
+Readers still read ``ckptpub/2`` (a JSON header line and two text tables,
+``tables``) and ``ckptpub/1`` (one JSON document of objects, fully validated at
+once). Each manifest keeps its own format's identity and config rule
+(``config_meaning``).
 """
 
 from __future__ import annotations
@@ -20,35 +24,45 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
+from operator import attrgetter
 from typing import Any, TypeGuard
 
 from ..errors import CkptpubError
 from .canonical import canonical_json
+from .config_meaning import meaning, same_rule
 from .digest import DIGEST_PREFIX, digest_bytes
+from .names import CONFIG_FILES, MANIFEST_NAME
+from .records import FileRecord, ModelEntry, TensorRecord
+from .regions import (
+    BETWEEN,
+    END,
+    Regions,
+    check_shapes,
+    decode_regions,
+    encode_regions,
+    entries_of,
+    entry_count,
+    model_region,
+)
+from .regions import decode_model as decode_model_region
 from .safetensors import DTYPE_BITS
 from .strict_json import loads_strict
-from .tables import (
-    FileRecord,
-    ModelEntry,
-    Tables,
-    TensorRecord,
-    check_name,
-    decode_model,
-    decode_tables,
-    encode_tables,
-    line,
-    model_table,
-)
+from .tables import Tables, check_name, decode_model, decode_tables, encode_tables, line, model_table
 
-FORMAT = "ckptpub/2"
-#: The first format, still read (and written by ``Manifest.to_json(FORMAT_V1)``).
+FORMAT = "ckptpub/3"
+#: Formats still read, and written by ``Manifest.to_json(version)`` for a manifest of their own rule.
+FORMAT_V2 = "ckptpub/2"
 FORMAT_V1 = "ckptpub/1"
-MANIFEST_NAME = "ckptpub.json"
-#: A manifest larger than this is refused unread (about 250k tensors fit).
+#: Every format read, oldest first.
+FORMATS = (FORMAT_V1, FORMAT_V2, FORMAT)
+#: A manifest larger than this is refused unread (about 300k tensors fit).
 MAX_MANIFEST_BYTES = 64 << 20
-#: Config files whose meaning (not formatting) is part of the identity.
-CONFIG_FILES = ("config.json", "adapter_config.json")
 _DIGEST = re.compile(re.escape(DIGEST_PREFIX) + "[0-9a-f]{64}")
+#: A ckptpub/3 manifest's first line: these fields in this order, each value canonical JSON.
+_HEADER_FIELDS = ("format", "identity", "sizes", "config", "weights", "files", "provenance")
+_V3_START = b'{"format":"ckptpub/3",'
+_MODEL_OPEN = b',"model":['
+_DIGEST_OF = attrgetter("digest")
 
 __all__ = [
     "FileRecord",
@@ -80,9 +94,11 @@ def check_identity(value: object, what: str) -> str:
 class Manifest:
     """A parsed, validated manifest. Build one with ``publish``/``build_manifest`` or ``parse_manifest``.
 
-    ``tensors`` is decoded from a ``ckptpub/2`` manifest's tables on first use
-    (raising ``CkptpubError`` if a table breaks a rule); ``identity``, ``files``,
-    ``weights``, ``config`` and ``provenance`` are checked when the manifest is parsed.
+    ``tensors`` is decoded from a ``ckptpub/3`` manifest's regions (or a ``/2``
+    manifest's tables) on first use, raising ``CkptpubError`` if they break a rule;
+    ``identity``, ``files``, ``weights``, ``config`` and ``provenance`` are checked
+    when the manifest is parsed. ``version`` is the format whose rules ``identity``
+    and ``config`` follow.
     """
 
     __slots__ = (
@@ -93,7 +109,7 @@ class Manifest:
         "provenance",
         "version",
         "_tensors",
-        "_tables",
+        "_source",
         "_name",
     )
 
@@ -107,7 +123,7 @@ class Manifest:
         provenance: Mapping[str, object],
         version: str = FORMAT,
     ) -> None:
-        #: The format whose identity ``identity`` is (a manifest read from a ckptpub/1 file keeps its own).
+        #: The format whose identity and config digests these are (one read from an older file keeps its own).
         self.version = version
         self.identity = identity
         self.files = files
@@ -115,43 +131,33 @@ class Manifest:
         self.config = config
         self.provenance = provenance
         self._tensors: tuple[TensorRecord, ...] | None = tensors
-        self._tables: Tables | None = None
+        #: The encoded entries: ckptpub/3 regions (read, or encoded once), or the ckptpub/2 tables read.
+        self._source: Regions | Tables | None = None
         self._name = MANIFEST_NAME
 
     @classmethod
-    def from_tables(
+    def lazy(
         cls,
         identity: str,
-        tables: Tables,
+        source: Regions | Tables,
         files: tuple[FileRecord, ...],
         weights: tuple[str, ...],
         config: Mapping[str, str],
         provenance: Mapping[str, object],
         display_name: str = MANIFEST_NAME,
     ) -> Manifest:
-        """A manifest whose tensor records are decoded from ``tables`` when first asked for."""
-        manifest = cls(identity, (), files, weights, config, provenance)
-        manifest._tensors, manifest._tables, manifest._name = None, tables, display_name
+        """A manifest whose tensor records are decoded from ``source`` when first asked for."""
+        version = FORMAT if isinstance(source, Regions) else FORMAT_V2
+        manifest = cls(identity, (), files, weights, config, provenance, version)
+        manifest._tensors, manifest._source, manifest._name = None, source, display_name
         return manifest
 
-    def _replace(self, **changes: Any) -> Manifest:
-        """A copy with some fields changed (``Manifest`` was a ``NamedTuple``; its callers keep this)."""
-        fields = {
-            name: getattr(self, name) for name in ("identity", "files", "weights", "config", "provenance")
-        }
-        if "tensors" in changes or self._tables is None:
-            fields["tensors"] = changes.pop("tensors") if "tensors" in changes else self.tensors
-            return Manifest(**(fields | changes), version=self.version)
-        copy = Manifest.from_tables(tables=self._tables, display_name=self._name, **(fields | changes))
-        copy.version = self.version
-        return copy
-
     def __eq__(self, other: object) -> bool:
-        """Equal manifests list the same entries (their tables' bytes) and the same header fields."""
+        """Equal manifests list the same entries (their regions' bytes) and the same header fields."""
         if not isinstance(other, Manifest):
             return NotImplemented
         fields = ("version", "identity", "files", "weights", "config", "provenance")
-        return all(getattr(self, f) == getattr(other, f) for f in fields) and self.tables == other.tables
+        return all(getattr(self, f) == getattr(other, f) for f in fields) and self.regions == other.regions
 
     __hash__ = None  # type: ignore[assignment]  # mutable caches inside; as a NamedTuple of dicts it had none
 
@@ -162,39 +168,65 @@ class Manifest:
     def tensors(self) -> tuple[TensorRecord, ...]:
         """Every tensor, in file then offset order."""
         if self._tensors is None:
-            assert self._tables is not None
-            self._tensors = decode_tables(self._tables, self.files, self.weights, self._name)
+            source = self._source
+            if isinstance(source, Regions):
+                self._tensors = decode_regions(source, self.files, self.weights, self._name)
+            else:
+                assert source is not None
+                self._tensors = decode_tables(source, self.files, self.weights, self._name)
         return self._tensors
 
     @property
-    def tables(self) -> Tables:
-        """The ``ckptpub/2`` tables (the model table's bytes are what the identity covers)."""
-        if self._tables is None:
-            self._tables = _tables_of(self.tensors, self.files, self.weights)
-        return self._tables
+    def regions(self) -> Regions:
+        """The ``ckptpub/3`` regions (the model region's bytes are what a ``/3`` identity covers)."""
+        if not isinstance(self._source, Regions):
+            regions = _regions_of(self.tensors, self.files, self.weights)
+            if self._source is None:  # a manifest of records: keep the encoding (a /2 one keeps its tables)
+                self._source = regions
+            return regions
+        return self._source
 
     @property
     def tensor_count(self) -> int:
         """How many tensors the manifest lists (without decoding them)."""
         if self._tensors is not None:
             return len(self._tensors)
-        return self.tables.layout.count(b"\n")
+        if isinstance(self._source, Regions):
+            return entry_count(self._source.layout)
+        assert self._source is not None
+        return self._source.layout.count(b"\n")
 
     @property
     def model_tensor_count(self) -> int:
         """How many tensors the weight files hold (without decoding them)."""
         if self._tensors is not None:
             return len(self.weight_tensors())
-        return self.tables.model.count(b"\n")
+        if isinstance(self._source, Regions):
+            return entry_count(self._source.model)
+        assert self._source is not None
+        return self._source.model.count(b"\n")
+
+    def check(self) -> Manifest:
+        """Check every rule now, the entries' too (decoding them once); ``CkptpubError`` names the first.
+
+        ``parse_manifest`` and ``read_manifest`` call it unless told not to, so every
+        command that says whether a manifest is usable (``show``, ``ls``, ``verify``,
+        ``diff``, an engine's start) gives the same answer; only a reader that needs
+        the identity alone (a weight-cache key) skips it, as ``docs/format.md`` allows.
+        """
+        _ = self.tensors
+        return self
 
     def model(self) -> dict[str, ModelEntry]:
         """The model's tensors by name, as the identity covers them (dtype, shape, digest; no place).
 
-        For a ``ckptpub/2`` manifest this reads the model table alone, far faster
-        than ``weight_tensors`` at 100k tensors.
+        For a manifest read from a file this decodes the model region (or table)
+        alone, far faster than ``weight_tensors`` at 100k tensors.
         """
-        if self._tensors is None and self._tables is not None:
-            return decode_model(self._tables.model, self._name)
+        if self._tensors is None and isinstance(self._source, Regions):
+            return decode_model_region(self._source.model, self._name)
+        if self._tensors is None and isinstance(self._source, Tables):
+            return decode_model(self._source.model, self._name)
         return {t.name: ModelEntry(t.dtype, t.shape, t.digest) for t in self.weight_tensors().values()}
 
     def weight_tensors(self) -> dict[str, TensorRecord]:
@@ -202,19 +234,74 @@ class Manifest:
         weight_files = set(self.weights)
         return {t.name: t for t in self.tensors if t.file in weight_files}
 
-    def to_json(self, version: str = FORMAT) -> bytes:
-        """The encoding written to ``ckptpub.json``: ``ckptpub/2``, or ``ckptpub/1`` when asked.
+    def identity_in(self, version: str, configs: Mapping[str, Mapping[str, Any]]) -> str:
+        """The identity this manifest's model has under format ``version``'s rules.
 
-        The identity written is the one ``version`` defines (the two formats' differ).
+        ``configs`` holds the documents of the config files the manifest records
+        (``config.json``, ...): their digests under ``version``'s rule are computed
+        from them, after checking that each has the digest this manifest recorded
+        (``CkptpubError`` otherwise). What an engine keys a weight-cache daemon by
+        when the daemon was started before the folder was published in a newer format.
         """
+        digests = {}
+        for name, recorded in self.config.items():
+            document = configs.get(name)
+            if document is None or config_digest(document, self.version) != recorded:
+                raise CkptpubError(f"{name}: not the config this manifest recorded")
+            digests[name] = config_digest(document, version)
+        return compute_identity(self.tensors, self.files, self.weights, digests, version)
+
+    def to_json(self, version: str = FORMAT) -> bytes:
+        """The bytes written to ``ckptpub.json``: ``ckptpub/3``, or an older format when asked.
+
+        The identity written is the one ``version`` defines (each format's differs).
+        Raises ``CkptpubError`` for a ``version`` with no encoding, for a manifest
+        whose config digests follow another format's rule (a ``/2`` manifest's include
+        ``use_cache``: its config's meaning under ``version``'s rule is not known;
+        publish the folder again instead), and for a manifest built by hand whose
+        provenance is not plain JSON data (``publish`` refuses that earlier).
+        """
+        try:
+            return self._encoded(version)
+        except (TypeError, ValueError, RecursionError) as error:  # canonical_json: not plain JSON data
+            raise CkptpubError(f"{self._name}: cannot be encoded as {version}: {error}") from None
+
+    def _encoded(self, version: str) -> bytes:
+        if version not in FORMATS:
+            raise CkptpubError(
+                f"no encoding for manifest format {version!r} "
+                f"(this ckptpub writes {', '.join(map(repr, reversed(FORMATS)))})"
+            )
+        if self.config and not same_rule(version, self.version):
+            raise CkptpubError(
+                f"a {self.version} manifest's config digests follow that format's rule; it cannot be "
+                f"written as {version} (publish the folder again)"
+            )
         if version == FORMAT_V1:
             return canonical_json(self._v1_document()) + b"\n"
-        if version != FORMAT:
-            raise ValueError(f"no encoding for manifest format {version!r}")
-        tables = self.tables
+        if version == FORMAT_V2:
+            return self._v2_bytes()
+        regions = self.regions
         header = {
             "format": FORMAT,
-            "identity": identity_of_tables(tables, self.files, self.weights, self.config),
+            "identity": identity_of(regions, self.files, self.weights, self.config, FORMAT),
+            "sizes": {"model": len(regions.model), "layout": len(regions.layout)},
+            "config": dict(self.config),
+            "weights": list(self.weights),
+            "files": _files_json(self.files, regions.counts),
+            "provenance": dict(self.provenance),
+        }
+        return b"".join((_header_line(header), regions.model, BETWEEN, regions.layout, END))
+
+    def _v2_bytes(self) -> bytes:
+        tables = (
+            self._source
+            if isinstance(self._source, Tables)
+            else _tables_of(self.tensors, self.files, self.weights)
+        )
+        header = {
+            "format": FORMAT_V2,
+            "identity": identity_of(tables, self.files, self.weights, self.config, FORMAT_V2),
             "config": dict(self.config),
             "weights": list(self.weights),
             "files": _files_json(self.files, tables.counts),
@@ -249,18 +336,47 @@ class Manifest:
         }
 
 
+def _header_line(header: Mapping[str, Any]) -> bytes:
+    """A ckptpub/3 manifest's first line: ``_HEADER_FIELDS`` in order, values canonical, ``"model":[``."""
+    fields = (b'"' + name.encode() + b'":' + canonical_json(header[name]) for name in _HEADER_FIELDS)
+    return b"{" + b",".join(fields) + _MODEL_OPEN + b"\n"
+
+
+def _by_file(tensors: Sequence[TensorRecord]) -> dict[str, list[TensorRecord]]:
+    """The records of each file, in the records' order."""
+    grouped: dict[str, list[TensorRecord]] = {}
+    for t in tensors:
+        grouped.setdefault(t.file, []).append(t)
+    return grouped
+
+
+def _regions_of(
+    tensors: Sequence[TensorRecord], files: Sequence[FileRecord], weights: Sequence[str]
+) -> Regions:
+    check_shapes(tensors, MANIFEST_NAME)
+    by_file = _by_file(tensors)
+    return encode_regions(
+        files, weights, {path: entries_of(ts, map(_DIGEST_OF, ts)) for path, ts in by_file.items()}
+    )
+
+
 def _tables_of(
     tensors: Sequence[TensorRecord], files: Sequence[FileRecord], weights: Sequence[str]
 ) -> Tables:
-    per_file: dict[str, list[tuple[str, str]]] = {}
-    for t in tensors:
-        check_name(t.name, t.file)
-        per_file.setdefault(t.file, []).append((t.name, line(t.name, t.dtype, t.shape, t.digest)))
-    return encode_tables(files, weights, per_file)
+    by_file = _by_file(tensors)
+    return encode_tables(
+        files, weights, {path: [(t.name, _line(t)) for t in ts] for path, ts in by_file.items()}
+    )
+
+
+def _line(t: TensorRecord) -> str:
+    """A ckptpub/2 table line, refusing a name it cannot hold."""
+    check_name(t.name, t.file)
+    return line(t.name, t.dtype, t.shape, t.digest)
 
 
 def _files_json(files: Sequence[FileRecord], counts: Sequence[int]) -> list[dict[str, Any]]:
-    """``files`` as the ``ckptpub/2`` header lists them: a shard with its ``header_size`` and tensor count."""
+    """``files`` as a ``/2`` or ``/3`` header lists them: a shard with ``header_size`` and tensor count."""
     shard_counts = iter(counts)
     return [
         {"path": f.path, "size": f.size, "digest": f.digest}
@@ -281,68 +397,103 @@ def compute_identity(
     Nothing about where the bytes lie (folder, shard names, shard layout, header
     metadata) enters it. A folder with no weight files (an FSDP or DeepSpeed
     layout) falls back to every file's path and digest, so any byte change still
-    changes the identity. ``version`` picks the format's preimage (they differ).
+    changes the identity. ``version`` picks the format's preimage (they differ);
+    ``config`` holds digests taken with that format's rule (``config_digest``).
     """
-    if version == FORMAT and weights:
-        weight_files = set(weights)
-        model = model_table(
-            [(t.name, line(t.name, t.dtype, t.shape, t.digest)) for t in tensors if t.file in weight_files]
-        )
-        return identity_of_tables(Tables(model, b"", ()), files, weights, config)
-    if version == FORMAT:
-        return identity_of_tables(_tables_of(tensors, files, weights), files, weights, config)
+    if not weights and version == FORMAT:
+        return identity_of(_regions_of(tensors, files, weights), files, weights, config, version)
+    if not weights and version == FORMAT_V2:
+        return identity_of(_tables_of(tensors, files, weights), files, weights, config, version)
+    weight_files = set(weights)
+    model = [t for t in tensors if t.file in weight_files]
+    if version == FORMAT:  # the writer's rules apply: a shape dimension below 2**53 ...
+        check_shapes(model, MANIFEST_NAME)
+        region = model_region(entries_of(model, map(_DIGEST_OF, model)))
+        return identity_of(Regions(region, b"", ()), files, weights, config, version)
+    if version == FORMAT_V2:  # ... and no tab or newline in a name
+        table = model_table([(t.name, _line(t)) for t in model])
+        return identity_of(Tables(table, b"", ()), files, weights, config, version)
     document: dict[str, Any] = {"format": FORMAT_V1, "config": dict(config)}
     if weights:
-        weight_files = set(weights)
-        document["tensors"] = sorted(
-            [t.name, t.dtype, list(t.shape), t.digest] for t in tensors if t.file in weight_files
-        )
+        document["tensors"] = sorted([t.name, t.dtype, list(t.shape), t.digest] for t in model)
     else:
         document["files"] = [[f.path, f.size, f.digest] for f in files]
         document["tensors"] = [[t.file, t.name, t.dtype, list(t.shape), t.digest] for t in tensors]
     return digest_bytes(canonical_json(document))
 
 
-def identity_of_tables(
-    tables: Tables, files: Sequence[FileRecord], weights: Sequence[str], config: Mapping[str, str]
+def identity_of(
+    encoded: Regions | Tables,
+    files: Sequence[FileRecord],
+    weights: Sequence[str],
+    config: Mapping[str, str],
+    version: str,
 ) -> str:
-    """The ``ckptpub/2`` identity: one BLAKE3 pass over the model table, then a small canonical document."""
-    document: dict[str, Any] = {"format": FORMAT, "config": dict(config), "model": digest_bytes(tables.model)}
+    """A ``ckptpub/3`` or ``/2`` identity: one BLAKE3 pass over the model region (or table), a small document.
+
+    The two formats' preimages have the same shape and differ in ``format`` (and in
+    what their model bytes and config digests are).
+    """
+    document: dict[str, Any] = {
+        "format": version,
+        "config": dict(config),
+        "model": digest_bytes(encoded.model),
+    }
     if not weights:
-        document["files"] = _files_json(files, tables.counts)
-        document["layout"] = digest_bytes(tables.layout)
+        document["files"] = _files_json(files, encoded.counts)
+        document["layout"] = digest_bytes(encoded.layout)
     return digest_bytes(canonical_json(document))
 
 
-def config_digest(document: Mapping[str, Any]) -> str:
-    """Digest of a config's meaning: canonical JSON less the keys that say where or by what it was written."""
-    meaningful = {k: v for k, v in document.items() if k not in _VOLATILE_CONFIG_KEYS}
-    return digest_bytes(canonical_json(meaningful))
+def config_digest(document: Mapping[str, Any], version: str = FORMAT) -> str:
+    """Digest of a config's meaning under ``version``'s rule (``config_meaning``): canonical JSON of it."""
+    return digest_bytes(canonical_json(meaning(document, version)))
 
 
-_VOLATILE_CONFIG_KEYS = frozenset({"_name_or_path", "transformers_version", "_commit_hash"})
+def config_meaning(data: bytes, name: str, version: str) -> tuple[dict[str, Any], str]:
+    """A config file's bytes as its JSON object and the digest of its meaning under ``version``'s rule.
+
+    Read strictly (``loads_strict``), so every reader of a config (publish, verify,
+    diff, the vLLM plugin's engine-file check) sees one meaning or the same
+    ``CkptpubError`` naming ``name``: not JSON, not an object, or not canonically encodable.
+    """
+    document = loads_strict(data, name, "config")
+    if not isinstance(document, dict):
+        raise CkptpubError(f"{name}: config is not a JSON object")
+    try:
+        return document, config_digest(document, version)
+    except (ValueError, RecursionError) as error:  # nested deeper than canonical encoding goes
+        raise CkptpubError(f"{name}: config cannot be encoded canonically: {error}") from None
 
 
-def parse_manifest(data: bytes, display_name: str = MANIFEST_NAME) -> Manifest:
-    """Parse and validate manifest bytes (``ckptpub/2`` or ``/1``); ``CkptpubError`` names the first problem.
+def parse_manifest(data: bytes, display_name: str = MANIFEST_NAME, *, check_tables: bool = True) -> Manifest:
+    """Parse and validate manifest bytes (``ckptpub/3``, ``/2``, ``/1``); ``CkptpubError`` names a problem.
 
-    A ``ckptpub/2`` manifest's header, sizes and identity are checked here; its
-    tables line by line when ``Manifest.tensors`` is first used.
+    Every rule is checked (``Manifest.check``). With ``check_tables=False`` a
+    ``ckptpub/3`` manifest's header, layout, sizes and identity are checked, its
+    regions entry by entry only when its tensors are first used (``/2``: its tables,
+    line by line): for a reader that needs the identity alone.
     """
     if len(data) > MAX_MANIFEST_BYTES:
         raise CkptpubError(
             f"{display_name}: {len(data)} bytes is over the {MAX_MANIFEST_BYTES}-byte manifest limit"
         )
     validator = _Validator(display_name)
+    if data.startswith(_V3_START):
+        manifest = validator.manifest_v3(data)
+        return manifest.check() if check_tables else manifest
     newline = data.find(b"\n")
     # A view: the tables are copied once, each into its own bytes, not first as one remainder.
     head, rest = (data, memoryview(b"")) if newline < 0 else (data[:newline], memoryview(data)[newline + 1 :])
     try:
         document = loads_strict(head, display_name, "manifest")
-    except CkptpubError:  # a ckptpub/1 document over several lines, or no JSON at all
+    except (
+        CkptpubError
+    ):  # a ckptpub/1 document over several lines (or a re-formatted /3 one), or no JSON at all
         return validator.manifest_v1(loads_strict(data, display_name, "manifest"))
-    if isinstance(document, dict) and document.get("format") == FORMAT:
-        return validator.manifest_v2(document, rest)
+    if isinstance(document, dict) and document.get("format") == FORMAT_V2:
+        manifest = validator.manifest_v2(document, rest)
+        return manifest.check() if check_tables else manifest
     if bytes(rest).strip():
         document = loads_strict(data, display_name, "manifest")
     return validator.manifest_v1(document)
@@ -361,9 +512,10 @@ class _Validator:
         if not isinstance(document, dict):
             raise self.fail("manifest is not a JSON object")
         version = document.get("format")
-        if version not in (FORMAT, FORMAT_V1):
+        if version not in FORMATS:
             raise self.fail(
-                f"unsupported manifest format {version!r} (this ckptpub reads {FORMAT!r} and {FORMAT_V1!r})"
+                f"unsupported manifest format {version!r} "
+                f"(this ckptpub reads {FORMAT!r}, {FORMAT_V2!r} and {FORMAT_V1!r})"
             )
         if set(document) != expected:
             extra, missing = set(document) - expected, expected - set(document)
@@ -379,45 +531,93 @@ class _Validator:
             "recorded identity does not match the manifest's own entries (edited or corrupt manifest)"
         )
 
+    def manifest_v3(self, data: bytes) -> Manifest:
+        """The first line is checked field by field and byte for byte; regions: size, count, identity."""
+        newline = data.find(b"\n")
+        if newline < 0 or not data[:newline].endswith(_MODEL_OPEN):
+            raise self.fail(f'a {FORMAT!r} manifest\'s first line must end with ,"model":[')
+        header = loads_strict(data[: newline - len(_MODEL_OPEN)] + b"}", self.name, "manifest header")
+        document = self.fields_of(header, set(_HEADER_FIELDS))
+        files, counts = self.files_with_counts(document["files"])
+        weights, _ = self.weights_of(document["weights"], files, counts)
+        sizes = self.fields(document["sizes"], {"model", "layout"}, set(), "sizes")
+        start = newline + 1
+        model_end = start + self.count(sizes["model"], "sizes: model")
+        layout_start = model_end + len(BETWEEN)
+        layout_end = layout_start + self.count(sizes["layout"], "sizes: layout")
+        if (
+            len(data) != layout_end + len(END)
+            or data[model_end:layout_start] != BETWEEN
+            or data[layout_end:] != END
+        ):
+            raise self.fail(f"regions do not have the sizes the first line says ({len(data)} bytes in all)")
+        config = self.config(document["config"])
+        if _header_line(document) != data[:start]:
+            raise self.fail("first line is not in canonical form (fields in order, canonical JSON values)")
+        # Entry counts are checked with the entries (decode_regions): counting 18 MB of line breaks
+        # would be a third of reading the manifest, and the key needs only the identity.
+        view = memoryview(data)
+        regions = Regions(view[start:model_end], view[layout_start:layout_end], tuple(counts))
+        if document["identity"] != identity_of(regions, files, weights, config, FORMAT):
+            raise self.mismatch()
+        return Manifest.lazy(
+            document["identity"], regions, tuple(files), weights, config, document["provenance"], self.name
+        )
+
     def manifest_v2(self, document: Any, rest: memoryview) -> Manifest:
         """The header is checked field by field; the tables by size, line counts and the identity."""
         expected = {"format", "identity", "config", "weights", "tables", "files", "provenance"}
         document = self.fields_of(document, expected)
-        counts: list[int] = []
-        files = []
-        for index, entry in enumerate(self.array(document["files"], "files")):
-            record = self.file(entry, index, _SHARD_EXTRA if _is_shard_entry(entry) else frozenset())
-            if record.header_size is not None:
-                counts.append(self.count(entry["tensors"], f"{record.path}: tensors"))
-            files.append(record)
-        paths = [f.path for f in files]
-        if any(a >= b for a, b in pairwise(paths)):
-            raise self.fail("files are not sorted by path, or a file is listed twice")
-        weights = tuple(self.path(p, "weights") for p in self.array(document["weights"], "weights"))
-        shard_counts = dict(zip((f.path for f in files if f.header_size is not None), counts, strict=True))
-        if any(a >= b for a, b in pairwise(weights)) or not set(weights) <= shard_counts.keys():
-            raise self.fail("weights: not sorted listed safetensors files, each once")
+        files, counts = self.files_with_counts(document["files"])
+        weights, weight_count = self.weights_of(document["weights"], files, counts)
         sizes = self.fields(document["tables"], {"model", "layout"}, set(), "tables")
         model_size = self.count(sizes["model"], "tables: model")
         layout_size = self.count(sizes["layout"], "tables: layout")
         if model_size + layout_size != len(rest):
             raise self.fail(f"tables hold {len(rest)} bytes, the header says {model_size + layout_size}")
         tables = Tables(bytes(rest[:model_size]), bytes(rest[model_size:]), tuple(counts))
-        weight_count = sum(shard_counts[w] for w in weights)
         if tables.model.count(b"\n") != weight_count or tables.layout.count(b"\n") != sum(counts):
             raise self.fail("tables: line counts do not match the files' tensor counts")
         config = self.config(document["config"])
-        if document["identity"] != identity_of_tables(tables, files, weights, config):
+        if document["identity"] != identity_of(tables, files, weights, config, FORMAT_V2):
             raise self.mismatch()
-        return Manifest.from_tables(
+        return Manifest.lazy(
             document["identity"], tables, tuple(files), weights, config, document["provenance"], self.name
         )
 
+    def files_with_counts(self, value: Any) -> tuple[list[FileRecord], list[int]]:
+        """A ``/2`` or ``/3`` header's ``files``, sorted and unique, and each shard's tensor count."""
+        counts: list[int] = []
+        files = []
+        for index, entry in enumerate(self.array(value, "files")):
+            record = self.file(entry, index, _SHARD_EXTRA if _is_shard_entry(entry) else frozenset())
+            if record.header_size is not None:
+                counts.append(self.count(entry["tensors"], f"{record.path}: tensors"))
+            files.append(record)
+        if any(a.path >= b.path for a, b in pairwise(files)):
+            raise self.fail("files are not sorted by path, or a file is listed twice")
+        return files, counts
+
+    def weights_of(
+        self, value: Any, files: list[FileRecord], counts: list[int]
+    ) -> tuple[tuple[str, ...], int]:
+        """A ``/2`` or ``/3`` header's ``weights`` (sorted listed shards, each once), their tensor count."""
+        weights = tuple(self.path(p, "weights") for p in self.array(value, "weights"))
+        shard_counts = dict(zip((f.path for f in files if f.header_size is not None), counts, strict=True))
+        if any(a >= b for a, b in pairwise(weights)) or not set(weights) <= shard_counts.keys():
+            raise self.fail("weights: not sorted listed safetensors files, each once")
+        return weights, sum(shard_counts[w] for w in weights)
+
     def manifest_v1(self, document: Any) -> Manifest:
         expected = {"format", "identity", "config", "weights", "tensors", "files", "provenance"}
+        if isinstance(document, dict) and document.get("format") in (FORMAT, FORMAT_V2):
+            layout = (
+                "its exact layout" if document["format"] == FORMAT else "its tables after a one-line header"
+            )
+            raise self.fail(
+                f"a {document['format']!r} manifest must be in {layout} (was it re-formatted or edited?)"
+            )
         document = self.fields_of(document, expected)
-        if document["format"] != FORMAT_V1:
-            raise self.fail(f"a {FORMAT!r} manifest must have its tables after a one-line header")
         files = tuple(self.file(entry, i) for i, entry in enumerate(self.array(document["files"], "files")))
         tensors = tuple(
             self.tensor(entry, i) for i, entry in enumerate(self.array(document["tensors"], "tensors"))
@@ -476,7 +676,7 @@ class _Validator:
         if not isinstance(name, str) or not name:
             raise self.fail(f"{where}: name must be a non-empty string")
         dtype = entry["dtype"]
-        if dtype not in DTYPE_BITS:
+        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:  # a list or an object cannot be looked up
             raise self.fail(f"tensor {name!r}: unknown dtype {dtype!r}")
         shape = tuple(
             self.count(d, f"tensor {name!r}: shape")

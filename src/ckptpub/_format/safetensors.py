@@ -177,7 +177,7 @@ def _parse_tensor(name: str, entry: object, display_name: str) -> TensorSlice:
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
         raise CkptpubError(f"{where} must have exactly dtype, shape and data_offsets")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if dtype not in DTYPE_BITS:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:  # a list or an object cannot be looked up
         raise CkptpubError(f"{where} has unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
         raise CkptpubError(f"{where} has an invalid shape {shape!r}")

@@ -20,51 +20,26 @@ every line splits one way. ``decode_tables`` checks every rule before returning 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Sequence
-from itertools import accumulate, repeat
-from math import prod
+from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
 from typing import NamedTuple
 
 from ..errors import CkptpubError
 from .digest import DIGEST_PREFIX
+from .records import (
+    Columns,
+    Fail,
+    FileRecord,
+    ModelEntry,
+    TensorRecord,
+    assemble,
+    failure_in,
+    is_hex,
+    model_entries,
+    parts,
+    shard_blocks,
+)
 from .safetensors import DTYPE_BITS
-
-_HEX = frozenset("0123456789abcdef")
-_Fail = Callable[[str], CkptpubError]
-
-
-class TensorRecord(NamedTuple):
-    """One tensor: where it lies (``file``, ``data_offsets`` relative to the data region) and its digest."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    file: str
-    data_offsets: tuple[int, int]
-    digest: str
-
-
-class FileRecord(NamedTuple):
-    """One file of the folder.
-
-    For a safetensors file ``header_size`` is set and ``digest`` covers bytes
-    ``[0, header_size)`` only: the rest of the file is exactly its tensors, each
-    with a digest of its own, so every byte is hashed once. For any other file
-    ``digest`` covers the whole file.
-    """
-
-    path: str
-    size: int
-    digest: str
-    header_size: int | None = None
-
-
-class ModelEntry(NamedTuple):
-    """What the identity says of one model tensor: its dtype, shape and digest (not where it lies)."""
-
-    dtype: str
-    shape: tuple[int, ...]
-    digest: str
 
 
 class Tables(NamedTuple):
@@ -93,21 +68,8 @@ def encode_tables(
     files: Sequence[FileRecord], weights: Sequence[str], per_file: dict[str, list[tuple[str, str]]]
 ) -> Tables:
     """The tables of a folder; ``per_file[path]`` is ``[(name, model-table line), ...]`` in offset order."""
-    weight_files = set(weights)
-    model: list[tuple[str, str]] = []
-    layout: list[str] = []
-    counts: list[int] = []
-    for record in files:
-        if record.header_size is None:
-            continue
-        entries = per_file.get(record.path, [])
-        counts.append(len(entries))
-        if record.path in weight_files:
-            model.extend(entries)
-            layout.extend(name + "\n" for name, _ in entries)
-        else:
-            layout.extend(text for _, text in entries)
-    return Tables(model_table(model), "".join(layout).encode(), tuple(counts))
+    model, layout, counts = parts(files, weights, per_file, lambda entry: entry[0] + "\n", itemgetter(1))
+    return Tables(model_table(model), "".join(layout).encode(), counts)
 
 
 def model_table(entries: list[tuple[str, str]]) -> bytes:
@@ -121,76 +83,41 @@ def decode_tables(
     """Every tensor record, in file then offset order, after checking every rule of the two tables.
 
     The work is whole-table string operations and ``map`` over columns, not a
-    Python loop per tensor: this is what keeps ``verify`` and ``diff`` of 100k
-    tensors well under a second.
+    Python loop per tensor (``records.assemble``).
     """
-    fail = _failure_in(display_name)
+    fail = failure_in(display_name)
     model = _model_columns(tables.model, fail)
-    position = dict(zip(model.names, range(len(model.names)), strict=True))
     layout = _text(tables.layout, "layout table", fail).split("\n")[:-1] if tables.layout else []
-    shards = [f for f in files if f.header_size is not None]
-    if len(shards) != len(tables.counts) or sum(tables.counts) != len(layout):
+    if sum(tables.counts) != len(layout):
         raise fail("layout table: tensor counts do not match its lines")
-    weight_files = set(weights)
-    records: list[TensorRecord] = []
-    used: list[int] = []
-    start = 0
-    for shard, count in zip(shards, tables.counts, strict=True):
-        block = layout[start : start + count]
-        start += count
-        if shard.path in weight_files:
-            try:
-                rows = list(map(position.__getitem__, block))
-            except KeyError as error:
-                raise fail(
-                    f"layout table: {shard.path}: {error.args[0][:200]!r} is not a model-table tensor name"
-                ) from None
-            used += rows
-            columns = model.take(rows)
-        else:
-            columns = _columns("\n".join(block) + "\n" if block else "", f"layout table: {shard.path}", fail)
-        if len(set(columns.names)) != len(columns.names):
-            raise fail(f"{shard.path}: a tensor name occurs twice")
-        records += _placed(columns, shard, fail)
-    if len(used) != len(model.names) or len(set(used)) != len(used):
-        raise fail("layout table: the weight files do not hold each model-table tensor exactly once")
-    return tuple(records)
+
+    def blocks() -> Iterator[tuple[FileRecord, list[str] | Columns]]:
+        start = 0
+        for shard, count, holds_weights in shard_blocks(files, weights, tables.counts, fail):
+            lines = layout[start : start + count]
+            start += count
+            where = f"layout table: {shard.path}"
+            yield (
+                shard,
+                lines if holds_weights else _columns("\n".join(lines) + "\n" if lines else "", where, fail),
+            )
+
+    return assemble(model, blocks(), fail)
 
 
 def decode_model(model: bytes, display_name: str) -> dict[str, ModelEntry]:
     """The model table by tensor name, checked; what ``diff`` needs, without placing any tensor."""
-    fail = _failure_in(display_name)
-    columns = _model_columns(model, fail)
-    shapes = {text: _shape(text, "model table", fail) for text in set(columns.shapes)}
-    entries = zip(columns.dtypes, map(shapes.__getitem__, columns.shapes), columns.digests, strict=True)
-    return dict(zip(columns.names, map(tuple.__new__, repeat(ModelEntry), entries), strict=True))
+    return model_entries(_model_columns(model, failure_in(display_name)))
 
 
-def _failure_in(display_name: str) -> _Fail:
-    """The error for a broken rule of the manifest named ``display_name``."""
-    return lambda message: CkptpubError(f"{display_name}: {message}")
-
-
-def _model_columns(model: bytes, fail: _Fail) -> _Columns:
+def _model_columns(model: bytes, fail: Fail) -> Columns:
     columns = _columns(_text(model, "model table", fail), "model table", fail)
     if not all(map(operator.lt, columns.names, columns.names[1:])):
         raise fail("model table: names are not sorted and unique")
     return columns
 
 
-class _Columns(NamedTuple):
-    """Table lines split into columns (``digests`` with their ``blake3:`` prefix)."""
-
-    names: list[str]
-    dtypes: list[str]
-    shapes: list[str]
-    digests: list[str]
-
-    def take(self, rows: list[int]) -> _Columns:
-        return _Columns(*(list(map(column.__getitem__, rows)) for column in self))
-
-
-def _text(data: bytes, what: str, fail: _Fail) -> str:
+def _text(data: bytes, what: str, fail: Fail) -> str:
     if data and not data.endswith(b"\n"):
         raise fail(f"{what} does not end with a newline")
     try:
@@ -199,10 +126,10 @@ def _text(data: bytes, what: str, fail: _Fail) -> str:
         raise fail(f"{what} is not valid UTF-8") from None
 
 
-def _columns(text: str, where: str, fail: _Fail) -> _Columns:
+def _columns(text: str, where: str, fail: Fail) -> Columns:
     """Split ``name TAB DTYPE TAB shape TAB hex`` lines, checking each rule on whole columns."""
     if not text:
-        return _Columns([], [], [], [])
+        return Columns([], [], [], [])
     fields = text[:-1].replace("\n", "\t").split("\t")
     names, dtypes, shapes, hexes = fields[0::4], fields[1::4], fields[2::4], fields[3::4]
     # Rebuilding the text from four columns proves every line had exactly four fields.
@@ -215,47 +142,16 @@ def _columns(text: str, where: str, fail: _Fail) -> _Columns:
         raise fail(f"{where}: a tensor name is empty")
     if not set(dtypes) <= DTYPE_BITS.keys():
         raise fail(f"{where}: unknown dtype {sorted(set(dtypes) - DTYPE_BITS.keys())[0][:100]!r}")
-    for shape in set(shapes):
-        _shape(shape, where, fail)
-    digests = "".join(hexes)
-    if len(digests) != 64 * len(hexes) or not set(digests) <= _HEX:
+    parsed = {shape: _shape(shape, where, fail) for shape in set(shapes)}
+    if not is_hex("".join(hexes), 64 * len(hexes)):
         raise fail(f"{where}: a digest is not 64 lowercase hex digits")
-    return _Columns(names, dtypes, shapes, list(map(DIGEST_PREFIX.__add__, hexes)))
+    return Columns(
+        names, dtypes, list(map(parsed.__getitem__, shapes)), list(map(DIGEST_PREFIX.__add__, hexes))
+    )
 
 
-def _shape(text: str, where: str, fail: _Fail) -> tuple[int, ...]:
+def _shape(text: str, where: str, fail: Fail) -> tuple[int, ...]:
     dims = text.split(",") if text else []
     if not all(d.isascii() and d.isdigit() and (d == "0" or d[0] != "0") and len(d) < 19 for d in dims):
         raise fail(f"{where}: shape {text[:100]!r} is not comma-separated non-negative integers")
     return tuple(int(d) for d in dims)
-
-
-def _placed(columns: _Columns, shard: FileRecord, fail: _Fail) -> list[TensorRecord]:
-    """The records of one shard: offsets from tiling, and the total checked against the file's size."""
-    sizes: dict[tuple[str, str], int] = {}
-    shapes: dict[str, tuple[int, ...]] = {}
-    for dtype, text in set(zip(columns.dtypes, columns.shapes, strict=True)):
-        shapes[text] = shape = _shape(text, shard.path, fail)
-        bits = prod(shape) * DTYPE_BITS[dtype]
-        if bits % 8:
-            raise fail(f"{shard.path}: shape {list(shape)} of {dtype} is not a whole number of bytes")
-        sizes[dtype, text] = bits // 8
-    ends = list(accumulate(map(sizes.__getitem__, zip(columns.dtypes, columns.shapes, strict=True))))
-    if (
-        shard.header_size is None
-        or shard.header_size < 8
-        or shard.header_size + (ends[-1] if ends else 0) != shard.size
-    ):
-        raise fail(f"{shard.path}: header_size and tensors do not add up to the file size")
-    offsets = zip([0, *ends[:-1]], ends, strict=True)
-    rows = zip(
-        columns.names,
-        columns.dtypes,
-        map(shapes.__getitem__, columns.shapes),
-        repeat(shard.path),
-        offsets,
-        columns.digests,
-    )
-    return list(
-        map(tuple.__new__, repeat(TensorRecord), rows)
-    )  # what TensorRecord._make does, without a call per row

@@ -8,5 +8,5 @@ Modules (imports go downwards only; from outside this package only ``_filesystem
 
     distributed   ``DistributedHasher``: the spans of a folder hashed by every rank of a torch job
     options       ``HashOptions`` (threads, mmap, progress, who hashes) and the ``SpanHasher`` protocol
-    engine        ``hash_spans``, ``hash_files`` (with each file's SHA-256): threads, mmap, batching
+    engine        ``hash_spans``, ``hash_files`` (and each file's SHA-256 or BLAKE3): threads, mmap, batching
 """

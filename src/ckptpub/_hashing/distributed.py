@@ -11,10 +11,20 @@ returns every digest and the writing rank builds exactly the manifest one proces
 Each call is two ``all_gather`` s of fixed-size ``uint8`` tensors (no pickle):
 
 1. the plan: each rank's span count and a BLAKE3 fingerprint of its span names and
-   ranges, or the error that stopped it before hashing (``taking_part``). Ranks that
-   see different folders refuse together.
-2. the digests: 32 bytes per span, filled on the rows the rank owns, with a status
-   and a message, so a rank whose read failed makes every rank fail with its reason.
+   ranges, a fingerprint of its files' identities on storage (inode, size,
+   modification and change times), or the error that stopped it before hashing
+   (``taking_part``). Ranks that see different folders refuse together.
+2. the digests: 32 bytes per span, filled on the rows the rank owns (and, when a rank
+   signs, 32 per file owned: its SHA-256 or BLAKE3), with a status and a message, so a
+   rank whose read failed makes every rank fail with its reason.
+
+A rank trusts another's digest of a file it did not read only when the two see the
+very same file on storage (one shared file system, wherever each mounts it): equal
+names, sizes and headers do not make equal bytes (node-local copies, a stale
+replica). When any rank's files are other files than the rest's, every rank hashes
+every file itself, and the ranks compare their digests: equal, the result is the
+single-process one (no faster); different, every rank refuses, naming the first
+span whose bytes differ, so no rank's verdict or manifest rests on bytes it did not read.
 
 A rank that dies or stalls makes the others' collective fail after the group's
 timeout (gloo raises; a dead peer's closed connection is usually seen at once). The
@@ -28,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import heapq
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -35,9 +46,12 @@ from typing import Any
 import blake3
 
 from .._format.digest import DIGEST_PREFIX
+from .._settings import seconds
 from ..errors import CkptpubError
-from .engine import FileDigests, Span
+from .engine import FILE_HASHES, FileDigests, Span, check_file_hash
 from .options import HashOptions
+
+log = logging.getLogger("ckptpub")
 
 #: Seconds a rank waits for the others at each exchange; the digest exchange waits for the slowest
 #: rank's hashing, so this must cover hashing one rank's share of the checkpoint.
@@ -46,12 +60,15 @@ DIGEST_BYTES = 32
 #: Room for a rank's error message in each exchange (longer ones are cut).
 MESSAGE_BYTES = 512
 _FAILED = 1  # a row's status byte: 0 all went well
-# A plan row: status byte, span count (8 bytes), fingerprint, "SHA-256 wanted" byte, message.
+# A plan row: status byte, span count (8 bytes), fingerprint, storage fingerprint, whole-file hash
+# wanted (0 none, else 1 + its index in FILE_HASHES), message.
 _PLAN_SAME = slice(1, 9 + DIGEST_BYTES)  # span count and fingerprint: equal on every rank
-_PLAN_SHA256 = 9 + DIGEST_BYTES
-_PLAN_MESSAGE_AT = _PLAN_SHA256 + 1
+_PLAN_STORAGE = slice(9 + DIGEST_BYTES, 9 + 2 * DIGEST_BYTES)  # equal where ranks read the same files
+_PLAN_FILE_HASH = 9 + 2 * DIGEST_BYTES
+_PLAN_MESSAGE_AT = _PLAN_FILE_HASH + 1
 _PLAN_BYTES = _PLAN_MESSAGE_AT + MESSAGE_BYTES
-# A digest row: status byte, message, DIGEST_BYTES per span, then (when wanted) a SHA-256 per file.
+# A digest row: status byte, message, DIGEST_BYTES per span, then (when wanted) a whole-file digest per
+# file (SHA-256 and BLAKE3 are both DIGEST_BYTES long).
 _DIGESTS_AT = 1 + MESSAGE_BYTES
 
 
@@ -65,7 +82,7 @@ def new_group(timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
 
     import torch.distributed as dist
 
-    return dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    return dist.new_group(backend="gloo", timeout=timedelta(seconds=seconds(timeout_s, "timeout_s")))
 
 
 def env_world() -> tuple[int, int] | None:
@@ -84,8 +101,9 @@ def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistributedHasher:
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        timeout = timedelta(seconds=seconds(timeout_s, "timeout_s"))
         try:
-            dist.init_process_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(backend="gloo", timeout=timeout)
         except (RuntimeError, ValueError) as error:
             raise CkptpubError(f"cannot join the torchrun job: {error}") from None
     return DistributedHasher(None)
@@ -125,6 +143,24 @@ def plan_fingerprint(spans: Sequence[Span]) -> bytes:
     return hasher.digest()
 
 
+def storage_fingerprint(spans: Sequence[Span]) -> bytes:
+    """BLAKE3 of each file's identity on storage as this rank sees it: inode, size, modification and
+    change times (not the device, which each node numbers its own way for one NFS export).
+
+    Equal on ranks that read the same files of one shared file system; a copy is another
+    inode or was changed at another time (the change time cannot be set back by its owner).
+    """
+    hasher = blake3.blake3()
+    for first, _ in files_of(spans):
+        try:
+            info = os.stat(spans[first].path)
+            identity = f"{info.st_ino} {info.st_size} {info.st_mtime_ns} {info.st_ctime_ns}"
+        except OSError as error:  # hashing it will fail and say why; meanwhile it is no shared file
+            identity = f"unreadable {error.errno}"
+        hasher.update(f"{identity}\n".encode())
+    return hasher.digest()
+
+
 class DistributedHasher:
     """``engine.hash_spans`` (and ``hash_files``) spread over the ranks of a process group (``None``: the
     default group).
@@ -144,22 +180,23 @@ class DistributedHasher:
 
     def span_digests(self, spans: Sequence[Span], options: HashOptions) -> list[str]:
         """Every span's digest in order, as ``hash_spans`` returns them."""
-        return self._hash(spans, options, sha256=False).spans
+        return self._hash(spans, options, None).spans
 
-    def file_digests(self, spans: Sequence[Span], options: HashOptions) -> FileDigests:
-        """Every span's digest and every file's SHA-256, as ``hash_files`` returns them.
+    def file_digests(self, spans: Sequence[Span], algorithm: str, options: HashOptions) -> FileDigests:
+        """Every span's digest and every file's ``algorithm`` digest, as ``hash_files`` returns them.
 
-        When any rank asks for the SHA-256 (the writer, when it signs), every rank
-        computes the SHA-256 of the files it owns, so the rows keep one size.
+        When any rank asks for whole-file digests (the writer, when it signs), every rank
+        computes them for the files it owns, so the rows keep one size.
         """
-        return self._hash(spans, options, sha256=True)
+        return self._hash(spans, options, check_file_hash(algorithm))
 
-    def _hash(self, spans: Sequence[Span], options: HashOptions, *, sha256: bool) -> FileDigests:
-        """One distributed call: plan, hash this rank's files, exchange (``sha256`` empty unless asked)."""
+    def _hash(self, spans: Sequence[Span], options: HashOptions, algorithm: str | None) -> FileDigests:
+        """One distributed call: plan, hash this rank's files, exchange (file digests empty unless asked)."""
         self._joined = True
         plan = bytearray(_PLAN_BYTES)
         plan[_PLAN_SAME] = len(spans).to_bytes(8, "little") + plan_fingerprint(spans)
-        plan[_PLAN_SHA256] = sha256
+        plan[_PLAN_STORAGE] = storage_fingerprint(spans)
+        plan[_PLAN_FILE_HASH] = 0 if algorithm is None else 1 + FILE_HASHES.index(algorithm)
         plans = self._all_gather(plan)
         _raise_failures(plans, _PLAN_MESSAGE_AT)
         if any(other[_PLAN_SAME] != plan[_PLAN_SAME] for other in plans):
@@ -167,48 +204,87 @@ class DistributedHasher:
                 "the ranks see different checkpoints (file lists or layouts differ); "
                 "publish once every rank sees the complete folder"
             )
-        owners = assign_files(spans, self.world_size)
+        asked = {other[_PLAN_FILE_HASH] for other in plans} - {0}
+        if len(asked) > 1:
+            raise CkptpubError("the ranks ask for different whole-file hashes (sign_hash differs)")
+        wanted = FILE_HASHES[asked.pop() - 1] if asked else None
+        shared = all(other[_PLAN_STORAGE] == plans[0][_PLAN_STORAGE] for other in plans)
+        if not shared:
+            log.warning(
+                "ckptpub: the ranks read the folder from different storage (copies, not one shared "
+                "file system): every rank hashes every file itself, and the ranks compare digests"
+            )
+        owners = assign_files(spans, self.world_size) if shared else [self.rank] * len(spans)
         mine = [i for i, owner in enumerate(owners) if owner == self.rank]
         files = [first for first, _ in files_of(spans)]  # each file's first span
-        sha256_wanted = any(other[_PLAN_SHA256] for other in plans)
-        sha256_at = _DIGESTS_AT + DIGEST_BYTES * len(spans)
-        rows = bytearray(sha256_at + (DIGEST_BYTES * len(files) if sha256_wanted else 0))
+        files_at = _DIGESTS_AT + DIGEST_BYTES * len(spans)
+        rows = bytearray(files_at + (DIGEST_BYTES * len(files) if wanted else 0))
         my_spans = [spans[i] for i in mine]
         local = dataclasses.replace(options, hasher=None)  # this rank's share, on its own threads
         try:
-            if sha256_wanted:
-                digests, my_sha256 = local.file_digests(my_spans)
+            if wanted:
+                digests, my_files = local.file_digests(my_spans, wanted)
             else:
-                digests, my_sha256 = local.span_digests(my_spans), []
+                digests, my_files = local.span_digests(my_spans), []
         except CkptpubError as error:
             _write_failure(rows, 1, str(error))
         else:
             places = [_DIGESTS_AT + DIGEST_BYTES * i for i in mine]
             values = [digest.removeprefix(DIGEST_PREFIX) for digest in digests]
-            if sha256_wanted:
+            if wanted:
                 places += [
-                    sha256_at + DIGEST_BYTES * f
-                    for f, first in enumerate(files)
-                    if owners[first] == self.rank
+                    files_at + DIGEST_BYTES * f for f, first in enumerate(files) if owners[first] == self.rank
                 ]
-                values += my_sha256
+                values += my_files
             for at, value in zip(places, values, strict=True):
                 rows[at : at + DIGEST_BYTES] = bytes.fromhex(value)
         gathered = self._all_gather(rows)
         _raise_failures(gathered, 1)
-        file_sha256 = (
+        if not shared:
+            _raise_differences(gathered, spans, files_at)
+        file_digests = (
             [
                 gathered[owners[first]][at : at + DIGEST_BYTES].hex()
-                for at, first in zip(range(sha256_at, len(rows), DIGEST_BYTES), files, strict=True)
+                for at, first in zip(range(files_at, len(rows), DIGEST_BYTES), files, strict=True)
             ]
-            if sha256
+            if algorithm
             else []
         )
         span_digests = [
             DIGEST_PREFIX + gathered[owner][at : at + DIGEST_BYTES].hex()
-            for at, owner in zip(range(_DIGESTS_AT, sha256_at, DIGEST_BYTES), owners, strict=True)
+            for at, owner in zip(range(_DIGESTS_AT, files_at, DIGEST_BYTES), owners, strict=True)
         ]
-        return FileDigests(span_digests, file_sha256)
+        return FileDigests(span_digests, file_digests)
+
+    def close(self) -> None:
+        """Leave the hasher's own group on every rank together: a barrier, then the group destroyed.
+
+        For a group made for hashing (``new_group``), at a point every rank reaches after
+        its last call (a training's end). The barrier means no rank is inside a collective
+        of the group any more when any rank takes it down; left to the interpreter's exit,
+        its teardown on a rank whose peer already exited aborts the process (SIGABRT,
+        "terminate called without an active exception"). The default group (``None``) is
+        its creator's to end. A failed barrier leaves the group as it is, broken.
+        """
+        if self._group is None or not self.meet():
+            return
+        import torch.distributed as dist
+
+        dist.destroy_process_group(self._group)
+        self.broken = "its group was closed"
+
+    def meet(self) -> bool:
+        """A barrier of every rank of the group; False (and the hasher broken) when it fails or is broken."""
+        if self.broken is not None:
+            return False
+        import torch.distributed as dist
+
+        try:
+            dist.barrier(group=self._group)
+        except RuntimeError as error:
+            self.broken = _first_line(error)
+            return False
+        return True
 
     @contextlib.contextmanager
     def taking_part(self) -> Iterator[None]:
@@ -258,6 +334,22 @@ def _raise_failures(rows: list[bytes], message_at: int) -> None:
         if row[0] == _FAILED:
             text = row[message_at : message_at + MESSAGE_BYTES].rstrip(b"\0").decode("utf-8", "replace")
             raise CkptpubError(f"rank {rank}: {text}")
+
+
+def _raise_differences(rows: list[bytes], spans: Sequence[Span], files_at: int) -> None:
+    """Refuse, on every rank alike, when ranks that each hashed every span read different bytes."""
+    for rank, row in enumerate(rows):
+        if row[_DIGESTS_AT:] == rows[0][_DIGESTS_AT:]:
+            continue
+        at = next(i for i in range(_DIGESTS_AT, len(row)) if row[i] != rows[0][i])
+        if at < files_at:
+            where = spans[(at - _DIGESTS_AT) // DIGEST_BYTES].label
+        else:  # a whole file's digest (for a signature)
+            where = spans[files_of(spans)[(at - files_at) // DIGEST_BYTES][0]].name
+        raise CkptpubError(
+            f"rank {rank} read other bytes than rank 0 in {where}: the ranks' copies of the folder "
+            "differ; publish or verify where every rank reads the same files"
+        )
 
 
 def _first_line(error: BaseException) -> str:

@@ -40,7 +40,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import attrgetter
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 import blake3
 
@@ -58,6 +58,7 @@ CHUNK_BYTES = 64 << 20
 READ_BUFFER_BYTES = 8 << 20
 SMALL_SPAN_BYTES = 1 << 20
 BATCH_BYTES = READ_BUFFER_BYTES  # a batch is read into one worker's buffer
+CACHED_BYTES = 512 << 10  # what a core's cache holds while two hashers take it in turn (``hash_files``)
 
 
 class Span(NamedTuple):
@@ -129,48 +130,83 @@ def hash_spans(
     return digests
 
 
+#: The whole-file hashes ``hash_files`` computes beside the span digests: what a signature lists
+#: (model_signing's names). BLAKE3 is plain, unkeyed BLAKE3 of the file, as ``b3sum`` prints it.
+FILE_HASHES = ("sha256", "blake3")
+
+
 class FileDigests(NamedTuple):
-    """What ``hash_files`` returns: each span's BLAKE3 digest, and each whole file's SHA-256 (hex)."""
+    """What ``hash_files`` returns: each span's BLAKE3 digest, and each whole file's digest (hex)."""
 
     spans: list[str]
-    sha256: list[str]
+    files: list[str]
 
 
 def hash_files(
     spans: Sequence[Span],
+    algorithm: str,
     *,
     threads: int | None = None,
     use_mmap: bool = True,
     on_progress: ProgressCallback | None = None,
 ) -> FileDigests:
-    """``hash_spans``, and the SHA-256 of each whole file, in file order, from the very same reads.
+    """``hash_spans``, and the ``algorithm`` digest (``FILE_HASHES``) of each whole file, in file order,
+    from the very same reads.
 
     What a signature needs (see ``_operations.signing``): no byte is read twice. The
-    spans must come file by file, each file's spans in offset order tiling it from 0
-    to its end, as publishing builds them; a file is hashed in order by one worker,
-    so work is parallel across files only.
+    whole-file hasher is fed each piece right after the span's own hasher, while the
+    piece is still in the CPU's cache, so it costs its hashing alone (for BLAKE3 that
+    is a second BLAKE3 of every byte: a file's digest shares no work with its tensors'
+    digests, see ``docs/security.md``). The spans must come file by file, each file's
+    spans in offset order tiling it from 0 to its end, as publishing builds them; a file
+    is hashed in order by one worker, so work is parallel across files only.
     """
+    new_hasher = new_file_hasher(algorithm)
     total = sum(s.size for s in spans)
     digests: list[str] = [""] * len(spans)
-    sha256 = _hash_whole_files(spans, digests, threads, use_mmap, _progress_reporter(total, on_progress))
-    return FileDigests(digests, sha256)
+    report = _progress_reporter(total, on_progress)
+    whole = _hash_whole_files(spans, digests, new_hasher, threads, use_mmap, report)
+    return FileDigests(digests, whole)
+
+
+def check_file_hash(algorithm: object, what: str = "whole-file hash") -> str:
+    """``algorithm`` when it names one of ``FILE_HASHES``; a ``CkptpubError`` saying ``what`` otherwise."""
+    if not isinstance(algorithm, str) or algorithm not in FILE_HASHES:
+        raise CkptpubError(f"{what}: expected one of {', '.join(map(repr, FILE_HASHES))}, got {algorithm!r}")
+    return algorithm
+
+
+def new_file_hasher(algorithm: str) -> Callable[[], FileHasher]:
+    """What makes a hasher of one of ``FILE_HASHES`` (``CkptpubError`` for another name)."""
+    if check_file_hash(algorithm) == "blake3":
+        return blake3.blake3
+    import hashlib  # only a SHA-256 signature needs it: not on every publish's start-up
+
+    return hashlib.sha256
+
+
+class FileHasher(Protocol):
+    """A whole-file hasher: ``hashlib.sha256()`` or ``blake3.blake3()``."""
+
+    def update(self, data: memoryview | bytes, /) -> object: ...
+
+    def hexdigest(self) -> str: ...
 
 
 def _hash_whole_files(
     spans: Sequence[Span],
     digests: list[str],
+    new_hasher: Callable[[], FileHasher],
     threads: int | None,
     use_mmap: bool,
     report: Callable[[int], None],
 ) -> list[str]:
-    """Fill ``digests`` file by file, each file's bytes fed to a SHA-256 too; return those, by file."""
-    import hashlib  # only signing needs it: not on every publish's start-up
-
+    """Fill ``digests`` file by file, each file's bytes fed to a ``new_hasher()`` too; return those."""
     starts = [i for i, span in enumerate(spans) if span.start == 0] + [len(spans)]
     if starts[0] != 0:
         raise CkptpubError(f"{spans[0].label}: spans must start each file at offset 0")
     groups = list(zip(starts, starts[1:], strict=False))
-    sha256: list[str] = [""] * len(groups)
+    whole_digests: list[str] = [""] * len(groups)
 
     def hash_file(group: int) -> None:
         begin, end = groups[group]
@@ -181,15 +217,15 @@ def _hash_whole_files(
             covered = span.end
         if covered != files.size(first):
             raise CkptpubError(f"{first.name}: spans do not cover the whole file")
-        whole = hashlib.sha256()
+        whole = new_hasher()
         for item in _work_items(spans, range(begin, end)):  # tiling: every byte in order, once
             _hash_item(item, spans, digests, files, report, also=whole.update)
-        sha256[group] = whole.hexdigest()
+        whole_digests[group] = whole.hexdigest()
 
     largest_first = sorted(range(len(groups)), key=lambda g: spans[groups[g][1] - 1].end, reverse=True)
     with _Files(use_mmap) as files:
         _run_parallel(largest_first, hash_file, min(threads or default_threads(), max(1, len(groups))))
-    return sha256
+    return whole_digests
 
 
 class _WorkItem(NamedTuple):
@@ -213,24 +249,23 @@ def _work_items(spans: Sequence[Span], indices: Iterable[int]) -> list[_WorkItem
     (as ``publish`` and ``verify`` build them) make the fewest items; any order is correct.
     """
     items: list[_WorkItem] = []
-    run: list[int] = []
+    run: list[int] = []  # the small spans of the item being grown
     path, start, end, size = "", 0, 0, 0
     for index in indices:
         span = spans[index]
-        small = span.size <= SMALL_SPAN_BYTES
-        joins = (
-            small and run and span.path == path and start <= span.start and span.end - start <= BATCH_BYTES
-        )
-        if run and not joins:
-            items.append(_WorkItem(run, start, end, size))
-            run = []
-        if not small:
-            items.append(_WorkItem([index], span.start, span.end, span.size))
-        elif run:
+        length = span.end - span.start
+        if length > SMALL_SPAN_BYTES:
+            if run:
+                items.append(_WorkItem(run, start, end, size))
+                run = []
+            items.append(_WorkItem([index], span.start, span.end, length))
+        elif run and span.path == path and start <= span.start and span.end - start <= BATCH_BYTES:
             run.append(index)
-            end, size = max(end, span.end), size + span.size
+            end, size = max(end, span.end), size + length
         else:
-            run, path, start, end, size = [index], span.path, span.start, span.end, span.size
+            if run:
+                items.append(_WorkItem(run, start, end, size))
+            run, path, start, end, size = [index], span.path, span.start, span.end, length
     if run:
         items.append(_WorkItem(run, start, end, size))
     return items
@@ -319,9 +354,13 @@ def _hash_span(
 ) -> str:
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO) if all_cores else blake3.blake3()
     for piece in files.pieces(span):
-        hasher.update(piece)
-        if also is not None:
-            also(piece)
+        if also is None:
+            hasher.update(piece)
+        else:  # both hashers on each cache-sized part in turn: the second reads it from the cache
+            for at in range(0, len(piece), CACHED_BYTES):
+                part = piece[at : at + CACHED_BYTES]
+                hasher.update(part)
+                also(part)
         report(len(piece))
     return DIGEST_PREFIX + hasher.hexdigest()
 

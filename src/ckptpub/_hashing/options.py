@@ -4,8 +4,8 @@
 keywords (``threads``, ``use_mmap``, ``on_progress``, ``hasher``); each turns them into
 one ``HashOptions`` at its boundary, and that value is what travels inside. Its two
 methods are the two questions an operation asks: ``span_digests`` (the BLAKE3 digest
-of each span) and ``file_digests`` (those, and the SHA-256 of each whole file, for a
-signature). ``hasher`` says who answers them: this process's threads (None: the
+of each span) and ``file_digests`` (those, and the SHA-256 or BLAKE3 of each whole file,
+for a signature). ``hasher`` says who answers them: this process's threads (None: the
 ``engine``), or a ``SpanHasher`` such as ``distributed.DistributedHasher`` (every rank
 of a job).
 """
@@ -30,7 +30,7 @@ class SpanHasher(Protocol):
 
     def span_digests(self, spans: Sequence[Span], options: HashOptions) -> list[str]: ...
 
-    def file_digests(self, spans: Sequence[Span], options: HashOptions) -> FileDigests: ...
+    def file_digests(self, spans: Sequence[Span], algorithm: str, options: HashOptions) -> FileDigests: ...
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,11 @@ class HashOptions:
             return self.hasher.span_digests(spans, self)
         return hash_spans(spans, threads=self.threads, use_mmap=self.use_mmap, on_progress=self.on_progress)
 
-    def file_digests(self, spans: Sequence[Span]) -> FileDigests:
-        """Each span's digest and each whole file's SHA-256, from one read (spans tiling each file)."""
+    def file_digests(self, spans: Sequence[Span], algorithm: str) -> FileDigests:
+        """Each span's digest and each whole file's ``algorithm`` digest (``engine.FILE_HASHES``), from
+        one read (spans tiling each file)."""
         if self.hasher is not None:
-            return self.hasher.file_digests(spans, self)
-        return hash_files(spans, threads=self.threads, use_mmap=self.use_mmap, on_progress=self.on_progress)
+            return self.hasher.file_digests(spans, algorithm, self)
+        return hash_files(
+            spans, algorithm, threads=self.threads, use_mmap=self.use_mmap, on_progress=self.on_progress
+        )

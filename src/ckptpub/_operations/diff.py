@@ -16,7 +16,7 @@ from .explain import (
     ConfigChange,
     TensorChange,
     TensorGroup,
-    config_changes,
+    compare_configs,
     group_tensors,
     relation,
     tensor_change,
@@ -29,8 +29,10 @@ class ManifestDiff(NamedTuple):
     The rest explains the difference (see ``explain``): ``tensor_changes`` says what
     differs in each changed tensor, ``groups`` names changed, added and removed
     tensors by pattern ("self_attn.{q,v}_proj.weight in layers 0-27"),
-    ``config_keys`` the config keys whose values differ (read from the folders'
-    files when both were given as folders; ``config_notes`` says why not otherwise),
+    ``config_changed`` the config files whose meaning differs (``explain.compare_configs``),
+    ``config_keys`` the config keys whose values differ, each marked with whether the
+    identity counts it (read from the folders' files when both were given as folders;
+    ``config_notes`` says why not otherwise),
     and ``relation`` how the two are linked by their recorded base
     (``explain.relation``: ``adapter_on_a``, ``from_a``, ``same_base``, ... or None).
     """
@@ -76,11 +78,10 @@ def diff_manifests(
     changed = sorted(n for n in tensors_a.keys() & tensors_b.keys() if tensors_a[n] != tensors_b[n])
     added = sorted(tensors_b.keys() - tensors_a.keys())
     removed = sorted(tensors_a.keys() - tensors_b.keys())
-    configs = sorted(k for k in a.config.keys() | b.config.keys() if a.config.get(k) != b.config.get(k))
-    changes = tuple(tensor_change(n, tensors_a[n], tensors_b[n]) for n in changed)
-    config_keys, config_notes = config_changes(
+    configs = compare_configs(
         a, b, *(None if f is None else as_path(f, "folder") for f in (folder_a, folder_b))
     )
+    changes = tuple(tensor_change(n, tensors_a[n], tensors_b[n]) for n in changed)
     groups = (
         group_tensors("changed", [(c.name, c.what) for c in changes])
         + group_tensors("added", [(n, tensors_b[n].dtype) for n in added])
@@ -92,17 +93,18 @@ def diff_manifests(
         changed=tuple(changed),
         added=tuple(added),
         removed=tuple(removed),
-        config_changed=tuple(configs),
+        config_changed=configs.changed,
         tensor_changes=changes,
         groups=groups,
-        config_keys=config_keys,
-        config_notes=config_notes,
+        config_keys=configs.keys,
+        config_notes=configs.notes,
         relation=relation(a, b),
-        # A ckptpub/1 and a ckptpub/2 manifest of one model have different identities (the format is in
-        # the preimage): with every weight tensor and config the same, they name the same model.
+        # Manifests of one model in two formats have different identities (the format is in the preimage,
+        # and /3 leaves inert config keys out): with every weight tensor the same and the configs' meaning
+        # the same under the newer format's rule, they name the same model.
         same_model=a.version != b.version
         and bool(a.weights and b.weights)
-        and not (changed or added or removed or configs),
+        and not (changed or added or removed or configs.changed),
     )
 
 

@@ -14,8 +14,13 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
-from .._filesystem.model_files import read_config
-from .._format.manifest import _VOLATILE_CONFIG_KEYS, CONFIG_FILES, MANIFEST_NAME, Manifest, ModelEntry
+from .._filesystem.hub_cache import BASE_HUB_KEY
+from .._filesystem.model_files import MAX_CONFIG_BYTES
+from .._filesystem.safe_open import read_inside
+from .._format.canonical import canonical_json
+from .._format.config_meaning import WRITTEN_BY, meaning, same_rule
+from .._format.manifest import FORMATS, Manifest, ModelEntry, config_meaning
+from .._format.names import CONFIG_FILES, MANIFEST_NAME
 from ..errors import CkptpubError
 
 #: A pattern lists at most this many alternatives at one position (``{a,b,... 40 more}`` beyond).
@@ -69,6 +74,8 @@ class ConfigChange(NamedTuple):
     """One top-level key of a config file whose value differs.
 
     ``old`` or ``new`` is None where the key is absent on that side.
+    ``changes_identity`` is False for a key whose change the identity does not see
+    (``config_meaning``: ``use_cache`` and the like, in a ``ckptpub/3`` comparison).
     """
 
     file: str
@@ -77,6 +84,7 @@ class ConfigChange(NamedTuple):
     new: object
     in_a: bool = True
     in_b: bool = True
+    changes_identity: bool = True
 
 
 def tensor_change(name: str, a: ModelEntry, b: ModelEntry) -> TensorChange:
@@ -229,6 +237,22 @@ def base_of(manifest: Manifest) -> str | None:
     return base if isinstance(base, str) else None
 
 
+def hub_name(record: object) -> str | None:
+    """``org/name@<commit>`` of a hub record (``provenance.hub``: the model itself in the Hugging Face
+    cache; ``base_hub``: its base), or None for anything else."""
+    if not isinstance(record, dict):
+        return None
+    repo_id, revision = record.get("repo_id"), record.get("revision")
+    if not isinstance(repo_id, str) or not isinstance(revision, str):
+        return None
+    return f"{repo_id}@{revision}"
+
+
+def base_hub_of(manifest: Manifest) -> str | None:
+    """The recorded base by hub id and commit (``provenance.base_hub``), if there is one."""
+    return hub_name(manifest.provenance.get(BASE_HUB_KEY))
+
+
 def relation(a: Manifest, b: Manifest) -> str | None:
     """How ``b`` relates to ``a`` by recorded lineage.
 
@@ -245,65 +269,101 @@ def relation(a: Manifest, b: Manifest) -> str | None:
     return None
 
 
-def config_changes(
-    a: Manifest, b: Manifest, folder_a: str | None, folder_b: str | None
-) -> tuple[tuple[ConfigChange, ...], tuple[str, ...]]:
-    """Key-level changes of each config whose digest differs, and notes on those that could not be read.
+class ConfigComparison(NamedTuple):
+    """How two manifests' configs compare: which files differ in meaning, key by key where readable.
 
-    A config is read from its folder only if the file is a regular file inside it
-    (no symlink) and still has the digest the manifest recorded: keys read from a
-    file edited since publishing would describe a different model.
+    ``changed`` names the config files whose meaning differs, under the rule of the
+    newer of the two formats (``config_meaning``): a ``ckptpub/2`` and a ``/3``
+    manifest compare by what ``/3`` counts. ``keys`` lists each top-level key whose
+    value differs, meaningful or not (``ConfigChange.changes_identity``); ``notes`` says
+    what could not be compared and why.
     """
-    changes: list[ConfigChange] = []
+
+    changed: tuple[str, ...]
+    keys: tuple[ConfigChange, ...]
+    notes: tuple[str, ...]
+
+
+def compare_configs(a: Manifest, b: Manifest, folder_a: str | None, folder_b: str | None) -> ConfigComparison:
+    """Compare the configs of ``a`` and ``b``, reading their files from the folders when they are given.
+
+    A config is read from its folder only if the file is a regular file inside it (a
+    symlink only to a file inside it, as publishing allows) and still has the digest
+    the manifest recorded (under that manifest's own rule): keys read from a file
+    edited since publishing would describe a different model. A config whose file
+    bytes are the same on both sides is not read. Digests taken with different rules
+    cannot be compared without the files, unless they are equal (then neither config
+    holds a key one rule leaves out and the other counts): such a config counts as
+    changed, and a note says why.
+    """
+    rule = max(a.version, b.version, key=FORMATS.index)
+    comparable = same_rule(a.version, b.version)
+    changed: list[str] = []
+    keys: list[ConfigChange] = []
     notes: list[str] = []
     for name in CONFIG_FILES:
         digest_a, digest_b = a.config.get(name), b.config.get(name)
-        if digest_a == digest_b:
-            continue
         if digest_a is None or digest_b is None:
-            notes.append(f"{name} only in {'b' if digest_a is None else 'a'}")
+            if digest_a != digest_b:
+                changed.append(name)
+                notes.append(f"{name} only in {'b' if digest_a is None else 'a'}")
             continue
+        if digest_a == digest_b and _file_digest(a, name) == _file_digest(b, name):
+            continue  # the same bytes
         documents = []
-        for side, folder, digest in (("a", folder_a, digest_a), ("b", folder_b, digest_b)):
-            document, why = _read_config(folder, name, digest)
+        for side, manifest, folder in (("a", a, folder_a), ("b", b, folder_b)):
+            document, why = _read_config(folder, name, manifest.config[name], manifest.version)
             if document is None:
-                notes.append(f"{name} differs; keys not compared: {side}: {why}")
+                if digest_a != digest_b:
+                    how = (
+                        "differs"
+                        if comparable
+                        else f"was digested by two formats' rules ({a.version}, {b.version})"
+                    )
+                    notes.append(f"{name} {how}; keys not compared: {side}: {why}")
                 break
             documents.append(document)
-        if len(documents) == 2:
-            changes.extend(_key_changes(name, *documents))
-    return tuple(changes), tuple(notes)
+        if len(documents) < 2:
+            if digest_a != digest_b:
+                changed.append(name)
+            continue
+        if _meaning_text(documents[0], rule) != _meaning_text(documents[1], rule):
+            changed.append(name)
+        keys.extend(_key_changes(name, documents[0], documents[1], rule))
+    return ConfigComparison(tuple(changed), tuple(keys), tuple(notes))
+
+
+def _file_digest(manifest: Manifest, path: str) -> str | None:
+    return next((f.digest for f in manifest.files if f.path == path), None)
 
 
 def _read_config(
-    folder: str | None, name: str, digest: str
+    folder: str | None, name: str, digest: str, version: str
 ) -> tuple[dict[str, Any], None] | tuple[None, str]:
     if folder is None:
         return None, "given as a manifest file, not a folder"
-    try:
-        document, meaning = read_config(os.path.join(folder, name), name)
+    try:  # a symlink inside the folder is followed, as publishing followed it
+        document, meaning_digest = config_meaning(read_inside(folder, name, MAX_CONFIG_BYTES), name, version)
     except CkptpubError as error:
         return None, str(error)
-    if meaning != digest:
+    if meaning_digest != digest:
         return None, f"{name} changed since {MANIFEST_NAME} was written"
     return document, None
 
 
-def _key_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[ConfigChange]:
-    keys = sorted((old.keys() | new.keys()) - _VOLATILE_CONFIG_KEYS)
-    return [
-        ConfigChange(name, key, old.get(key), new.get(key), key in old, key in new)
-        for key in keys
-        if key not in old or key not in new or not _same_json(old[key], new[key])
-    ]
+def _meaning_text(document: dict[str, Any], rule: str) -> bytes:
+    """What a config digest under ``rule`` is taken of (as bytes: ``1`` and ``1.0`` are one value)."""
+    return canonical_json(meaning(document, rule))
 
 
-def _same_json(x: object, y: object) -> bool:
-    """Equal as JSON values: ``1`` and ``True`` differ, ``1`` and ``1.0`` do not."""
-    if isinstance(x, bool) or isinstance(y, bool):
-        return type(x) is type(y) and x == y
-    if isinstance(x, dict) and isinstance(y, dict):
-        return x.keys() == y.keys() and all(_same_json(x[k], y[k]) for k in x)
-    if isinstance(x, list) and isinstance(y, list):
-        return len(x) == len(y) and all(_same_json(p, q) for p, q in zip(x, y, strict=True))
-    return type(x) in (int, float) and type(y) in (int, float) and x == y or type(x) is type(y) and x == y
+def _key_changes(name: str, old: dict[str, Any], new: dict[str, Any], rule: str) -> list[ConfigChange]:
+    """Each top-level key whose value differs; ``changes_identity``: whether ``rule`` counts the change."""
+    changes = []
+    for key in sorted((old.keys() | new.keys()) - WRITTEN_BY):
+        before = {key: old[key]} if key in old else {}
+        after = {key: new[key]} if key in new else {}
+        if canonical_json(before) == canonical_json(after):
+            continue
+        counts = _meaning_text(before, rule) != _meaning_text(after, rule)
+        changes.append(ConfigChange(name, key, old.get(key), new.get(key), key in old, key in new, counts))
+    return changes

@@ -1,30 +1,36 @@
 """Build a manifest from a folder's bytes and write it atomically next to them.
 
-Writing goes through ``jsonfiles.write_atomically`` (a temporary file in the folder,
+Writing goes through ``jsonfiles.write_together`` (temporary files in the folder,
 fsync, rename and a directory fsync), so a reader (or a crash) sees either no
-manifest, the old one, or the complete new one. The folder's modification time is restored afterwards because
-the Trainer's ``save_total_limit`` rotation orders checkpoints by it.
+manifest, the old one, or the complete new one; a signature is written with it,
+under the folder's write lock (``jsonfiles.folder_lock``), so concurrent publishes
+never pair one's manifest with another's signature. The folder's modification time
+is restored afterwards because the Trainer's ``save_total_limit`` rotation orders
+checkpoints by it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._filesystem.jsonfiles import write_atomically
+from .._filesystem.hub_cache import HUB_KEY, CachedModel, cached_model, locate
+from .._filesystem.jsonfiles import folder_lock, write_together
 from .._filesystem.model_files import config_digests, is_shard_path, read_layout, weight_files
 from .._filesystem.read import read_manifest
-from .._filesystem.run_index import INDEX_NAME
 from .._filesystem.scan import FolderEntry, as_path, resolve_folder, restat, scan_folder
 from .._format.canonical import canonical_json
 from .._format.digest import DIGEST_PREFIX
-from .._format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, check_identity, identity_of_tables
+from .._format.manifest import FORMAT, MAX_MANIFEST_BYTES, Manifest, check_identity, identity_of
+from .._format.names import MANIFEST_NAME, RUN_INDEX_NAME, SIGNATURE_NAME
+from .._format.records import FileRecord
+from .._format.regions import Entry, check_shapes, encode_regions, entries_of
 from .._format.safetensors import ShardLayout
-from .._format.tables import FileRecord, check_name, encode_tables, line
-from .._hashing.engine import ProgressCallback, Span
+from .._hashing.engine import ProgressCallback, Span, check_file_hash
 from .._hashing.options import HashOptions, SpanHasher
 from .._version import __version__
 from ..errors import CkptpubError
@@ -33,8 +39,13 @@ if TYPE_CHECKING:
     from .._hashing.distributed import DistributedHasher
     from .signing import Signer, SigningKey
 
+log = logging.getLogger("ckptpub")
+
 #: Provenance nested deeper than this is refused (it is a record of facts, not a data store).
 MAX_PROVENANCE_DEPTH = 64
+#: Provenance longer than this (as canonical JSON) is refused, for the same reason; it also bounds
+#: the work of checking a value from Python that shares its parts (``[x, x]`` nested 64 deep).
+MAX_PROVENANCE_CHARS = 1 << 20
 
 
 def build_manifest(
@@ -74,6 +85,7 @@ class _Options:
     allow_no_weights: bool
     allow_nested: bool
     signer: Signer | None = None  # a loaded signing key: checked before anything is hashed
+    sign_hash: str = "sha256"  # the whole-file digest the signature lists (engine.FILE_HASHES)
 
     @classmethod
     def checked(
@@ -85,6 +97,7 @@ class _Options:
         allow_no_weights: Any,
         allow_nested: Any,
         sign: Any = None,
+        sign_hash: Any = "sha256",
         hasher: Any = None,
     ) -> _Options:
         if provenance is not None and not hasattr(provenance, "items"):
@@ -98,6 +111,7 @@ class _Options:
             allow_no_weights=bool(allow_no_weights),
             allow_nested=bool(allow_nested),
             signer=None if sign is None else _load_signer(sign),
+            sign_hash=check_file_hash(sign_hash, "sign_hash"),
         )
 
 
@@ -108,16 +122,14 @@ def _load_signer(sign: Any) -> Signer:
 
 
 def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], list[str]]:
-    """The manifest, the files it lists, and (when signing) the SHA-256 of each of them, in order."""
+    """The manifest, the files it lists, and (when signing) the ``sign_hash`` digest of each, in order."""
     entries = scan_folder(root)
     if not options.allow_nested:
         _refuse_nested_checkpoints(root, entries)
     by_path = {e.path: e for e in entries}
     layouts = {e.path: read_layout(e.real_path, e.path, e.file_id) for e in entries if is_shard_path(e.path)}
     for path, layout in layouts.items():
-        unwritable = next((t.name for t in layout.tensors if "\t" in t.name or "\n" in t.name), None)
-        if unwritable is not None:
-            check_name(unwritable, path)
+        check_shapes(layout.tensors, path)
         if layout.header_size + (layout.tensors[-1].end if layout.tensors else 0) != by_path[path].size:
             raise CkptpubError(f"{path}: changed size while its header was read")
     weights = weight_files(by_path, layouts)
@@ -128,13 +140,13 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
             "publish the checkpoint folder itself, "
             f"or pass --allow-no-weights (allow_no_weights=True) for a layout without safetensors weights"
         )
-    config = config_digests(by_path)
-    provenance = _provenance(options.provenance)
+    config = config_digests(by_path, FORMAT)
+    provenance = _provenance(options.provenance, cached_model(root))
     spans = list(_spans(entries, layouts))
-    if options.signer is not None:  # a signature lists each file's SHA-256: from the same reads
-        span_digests, file_sha256 = options.hashing.file_digests(spans)
+    if options.signer is not None:  # a signature lists each whole file's digest: from the same reads
+        span_digests, file_digests = options.hashing.file_digests(spans, options.sign_hash)
     else:
-        span_digests, file_sha256 = options.hashing.span_digests(spans), []
+        span_digests, file_digests = options.hashing.span_digests(spans), []
     digests = iter(span_digests)
     for entry in entries:
         if restat(entry) != entry.signature:
@@ -142,18 +154,16 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
                 f"{entry.path}: changed while it was being hashed; publish again once it is complete"
             )
     files: list[FileRecord] = []
-    per_file: dict[str, list[tuple[str, str]]] = {}
+    per_file: dict[str, list[Entry]] = {}
     for entry in entries:
         shard = layouts.get(entry.path)
         files.append(FileRecord(entry.path, entry.size, next(digests), shard.header_size if shard else None))
         if shard is not None:
-            per_file[entry.path] = [
-                (t.name, line(t.name, t.dtype, t.shape, next(digests))) for t in shard.tensors
-            ]
-    tables = encode_tables(files, weights, per_file)
-    identity = identity_of_tables(tables, files, weights, config)
-    manifest = Manifest.from_tables(identity, tables, tuple(files), weights, config, provenance)
-    return manifest, entries, file_sha256
+            per_file[entry.path] = entries_of(shard.tensors, digests)
+    regions = encode_regions(files, weights, per_file)
+    identity = identity_of(regions, files, weights, config, FORMAT)
+    manifest = Manifest.lazy(identity, regions, tuple(files), weights, config, provenance)
+    return manifest, entries, file_digests
 
 
 def _refuse_nested_checkpoints(root: str, entries: list[FolderEntry]) -> None:
@@ -162,7 +172,7 @@ def _refuse_nested_checkpoints(root: str, entries: list[FolderEntry]) -> None:
         parts = entry.path.split("/")
         nested = (
             parts[-1] == MANIFEST_NAME
-            or entry.path == INDEX_NAME
+            or entry.path == RUN_INDEX_NAME
             or (len(parts) > 1 and _is_checkpoint_name(parts[0]))
         )
         if nested:
@@ -191,24 +201,35 @@ def publish(
     base: str | os.PathLike[str] | None = None,
     adapter: str | os.PathLike[str] | None = None,
     sign: str | os.PathLike[str] | SigningKey | Signer | None = None,
+    sign_hash: str = "sha256",
     hasher: SpanHasher | None = None,
 ) -> Manifest:
     """Build the manifest of ``folder`` and write it to ``folder/ckptpub.json`` atomically.
 
     ``sign`` (a private key's path, or a ``ckptpub.signing.SigningKey`` for a
     certificate) also writes ``folder/model.sig``, a signature over every file and
-    the manifest that ``model_signing verify`` accepts (``pip install ckptpub[sign]``);
-    the key is loaded before anything is hashed or written.
+    the manifest in model_signing's format (``pip install ckptpub[sign]``); the key is
+    loaded before anything is hashed or written. ``sign_hash`` is the file digest it
+    lists: ``"sha256"``, which the ``model_signing verify`` command checks, or
+    ``"blake3"``, which costs a fraction of it and verifies with model_signing's Python
+    API and ``ckptpub verify --public-key`` (``docs/security.md`` says which to choose).
 
     ``base`` and ``adapter`` record lineage for a merged or converted model: each
-    is a published checkpoint folder or an identity (``blake3:<64 hex>``), recorded
-    as ``provenance.base_identity`` / ``provenance.adapter_identity`` (they override
-    those keys of ``provenance``). A folder without a manifest is refused: publish
-    the base first, so the record names bytes someone can check.
+    is a published checkpoint folder, a published model's hub id in the Hugging Face
+    cache (``org/name``, ``org/name@REVISION``) or an identity (``blake3:<64 hex>``),
+    recorded as ``provenance.base_identity`` / ``provenance.adapter_identity`` (they
+    override those keys of ``provenance``), and a cached model also by its hub id and
+    commit (``base_hub`` / ``adapter_hub``). A folder without a manifest is refused:
+    publish the base first, so the record names bytes someone can check.
 
-    Refuses (``CkptpubError``) what ``build_manifest`` refuses. A manifest that
-    landed but after which the folder's modification time could not be restored
-    is reported as a ``CkptpubError`` too (the manifest left is valid).
+    ``folder`` may be a snapshot in the Hugging Face cache: its files are symlinks
+    into the cached repository's blobs, which are read and never changed; the manifest
+    then also records the model's hub id and commit (``provenance.hub``).
+
+    Refuses (``CkptpubError``) what ``build_manifest`` refuses, and then nothing is
+    written. Once the manifest landed, the publish has happened: a folder whose
+    modification time cannot be restored afterwards (one the publisher does not own)
+    is a warning on the ``ckptpub`` logger, not an error.
 
     >>> manifest = publish("runs/demo/checkpoint-20")  # doctest: +SKIP
     >>> manifest.identity  # doctest: +SKIP
@@ -223,6 +244,7 @@ def publish(
         allow_no_weights,
         allow_nested,
         sign,
+        sign_hash,
         hasher=hasher,
     )
     root = resolve_folder(folder)
@@ -230,27 +252,40 @@ def publish(
         before = os.stat(root)
     except OSError as error:
         raise CkptpubError(f"{root}: {error.strerror or error}") from None
-    manifest, entries, file_sha256 = _build(root, options)
+    manifest, entries, file_digests = _build(root, options)
+    files = [(os.path.join(root, MANIFEST_NAME), _manifest_bytes(manifest))]
+    if options.signer is not None:  # signed before anything is written; the manifest lands last
+        files.insert(
+            0,
+            (
+                os.path.join(root, SIGNATURE_NAME),
+                _signature(root, manifest, entries, file_digests, options.signer, options.sign_hash),
+            ),
+        )
     try:
-        write_manifest(root, manifest, _file_mode(entries))
-        if options.signer is not None:
-            _sign(root, manifest, entries, file_sha256, options.signer)
+        with folder_lock(root):  # another publish of this folder never pairs its manifest with our signature
+            write_together(files, _file_mode(entries))
     finally:  # a failed write created and removed a temp file: the folder's mtime is restored then too
         problem = _restore_mtime(root, before)
     if problem is not None:
-        raise CkptpubError(f"{root}: {MANIFEST_NAME} was written, but {problem}")
+        log.warning("ckptpub: %s: published %s (a valid manifest), but %s", root, MANIFEST_NAME, problem)
     return manifest
 
 
-def _sign(
-    root: str, manifest: Manifest, entries: list[FolderEntry], file_sha256: list[str], signer: Signer
-) -> None:
-    """Write ``model.sig`` over the manifest just written, with the manifest's permissions."""
-    from .signing import sign_checkpoint
+def _signature(
+    root: str,
+    manifest: Manifest,
+    entries: list[FolderEntry],
+    file_digests: list[str],
+    signer: Signer,
+    sign_hash: str,
+) -> bytes:
+    """``model.sig``'s bytes for the manifest about to be written (``sign_hash`` digests of its files)."""
+    from .signing import signature_for
 
     symlinks = any(e.real_path != os.path.join(root, *e.path.split("/")) for e in entries)
-    sha256 = dict(zip((e.path for e in entries), file_sha256, strict=True))
-    sign_checkpoint(root, manifest, sha256, signer, allow_symlinks=symlinks, mode=_file_mode(entries))
+    by_path = dict(zip((e.path for e in entries), file_digests, strict=True))
+    return signature_for(root, manifest, by_path, signer, sign_hash=sign_hash, allow_symlinks=symlinks)
 
 
 def _with_lineage(provenance: Any, **links: Any) -> Any:
@@ -262,33 +297,35 @@ def _with_lineage(provenance: Any, **links: Any) -> Any:
         return provenance  # _Options.checked refuses it with its usual message
     merged = dict(provenance or {})
     for name, value in given.items():
-        merged[f"{name}_identity"] = _identity_of(value, name)
+        identity, cached = lineage_of(value, name)
+        merged[f"{name}_identity"] = identity
+        if cached is not None:  # ``base_hub``: the base by its hub id and commit
+            merged[f"{name}_hub"] = cached.record()
     return merged
 
 
-def _identity_of(value: Any, what: str) -> str:
+def lineage_of(value: Any, what: str) -> tuple[str, CachedModel | None]:
+    """The identity of ``value`` (an identity, a published folder, or a published model's hub id), and
+    the cached model it is when it is one (so a record can name it by hub id and commit)."""
     if isinstance(value, str) and value.startswith(DIGEST_PREFIX):
-        return check_identity(value, what)
+        return check_identity(value, what), None
     path = as_path(value, what)
     try:
-        return read_manifest(path).identity
+        folder = locate(path)
+        return read_manifest(folder).identity, cached_model(os.path.realpath(folder))
     except CkptpubError as error:
         raise CkptpubError(f"{what}: {error} (publish it first: ckptpub publish {path})") from None
 
 
-def write_manifest(root: str, manifest: Manifest, mode: int) -> None:
-    """Write ``manifest`` into the real folder ``root`` atomically (``jsonfiles.write_atomically``).
-
-    Refuses a manifest over the size readers accept before writing anything.
-    Ctrl-C in the main thread never leaves a temporary file behind.
-    """
+def _manifest_bytes(manifest: Manifest) -> bytes:
+    """What ``ckptpub.json`` will hold; refused before anything is written when readers would refuse it."""
     data = manifest.to_json()
     if len(data) > MAX_MANIFEST_BYTES:
         raise CkptpubError(
             f"{MANIFEST_NAME}: {len(data)} bytes would be over the {MAX_MANIFEST_BYTES}-byte manifest "
             f"limit readers accept; not written"
         )
-    write_atomically(os.path.join(root, MANIFEST_NAME), data, mode)
+    return data
 
 
 def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]) -> Iterator[Span]:
@@ -305,14 +342,18 @@ def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]) -> It
             yield Span(entry.real_path, base + t.begin, base + t.end, entry.path, identity, t.name)
 
 
-def _provenance(extra: Mapping[str, Any] | None) -> dict[str, Any]:
+def _provenance(extra: Mapping[str, Any] | None, cached: CachedModel | None) -> dict[str, Any]:
+    """The caller's provenance, with ckptpub's version, the time and, for a model in the Hugging Face
+    cache, its hub id and commit (``hub``)."""
     try:
         provenance: dict[str, Any] = dict(extra or {})
+        if cached is not None:
+            provenance.setdefault(HUB_KEY, cached.record())
         producer = dict(provenance.get("producer") or {})
         producer["ckptpub"] = __version__
         provenance["producer"] = producer
         provenance.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        canonical_json(provenance)  # TypeError/ValueError: not plain JSON data
+        canonical_json(provenance, max_chars=MAX_PROVENANCE_CHARS)  # TypeError/ValueError: not JSON data
     except (TypeError, ValueError) as error:
         raise CkptpubError(f"provenance: not plain JSON data ({error})") from None
     if _depth(provenance) > MAX_PROVENANCE_DEPTH:  # readers' parsers stop near 1000; stay far from it
@@ -357,11 +398,11 @@ def publish_on_ranks(folder: str | os.PathLike[str], hasher: DistributedHasher, 
     Every rank of the group calls it with the same folder (as each rank sees it) and
     options; all hash together, and rank 0's manifest is the one a single process
     would write. ``base``/``adapter`` are resolved, and ``sign`` signs, on rank 0 only
-    (the other ranks compute the SHA-256 of their files for that signature).
+    (the other ranks compute the ``sign_hash`` digests of their files for that signature).
     """
     with hasher.taking_part():
         if hasher.rank == 0:
             return publish(folder, hasher=hasher, **options)
-        for rank_0_only in ("base", "adapter", "sign"):
+        for rank_0_only in ("base", "adapter", "sign", "sign_hash"):
             options.pop(rank_0_only, None)
         return build_manifest(folder, hasher=hasher, **options)

@@ -1,18 +1,21 @@
-"""Signed checkpoints: ``model.sig``, a signature that OpenSSF's ``model_signing verify`` accepts.
+"""Signed checkpoints: ``model.sig``, a signature in OpenSSF ``model_signing``'s format.
 
 Publishing with a key writes, next to ``ckptpub.json``, a Sigstore bundle over an
-in-toto statement in ``model_signing``'s ``files`` serialization: the SHA-256 of every
+in-toto statement in ``model_signing``'s ``files`` serialization: the digest of every
 file of the folder, ``ckptpub.json`` included (model_signing's git paths and the
-signature itself left out, as ``model_signing sign`` leaves them out). The SHA-256
-digests come from the read pass that computes the manifest's BLAKE3 digests, so
-signing reads no byte twice.
+signature itself left out, as ``model_signing sign`` leaves them out). The digest is
+SHA-256 by default, the only one the ``model_signing verify`` command checks, or
+BLAKE3 (``sign_hash="blake3"``), which model_signing's Python API verifies and which
+costs far less to compute. Either comes from the read pass that computes the
+manifest's BLAKE3 digests, so signing reads no byte twice.
 
 Because ``ckptpub.json`` is among the signed files, a verifier that holds the key
 needs to read only the signature and ``ckptpub.json``: once the signature verifies,
-names exactly the manifest's files and carries the SHA-256 of the manifest bytes it
+names exactly the manifest's files and carries the digest of the manifest bytes it
 read, the manifest's BLAKE3 digests (checked by ``verify`` or by the vLLM loader as
-tensors stream in) vouch for every byte. That is what ``check_signature`` does, and
-what an engine does at start-up without opening a weight file. See
+tensors stream in) vouch for every byte, whichever hash the signature lists. That is
+what ``check_signature`` does, and what an engine does at start-up without opening a
+weight file. See
 ``docs/security.md`` for the chain of trust.
 
 ``model_signing`` is an optional extra (``pip install ckptpub[sign]``), imported only
@@ -21,20 +24,19 @@ when a signature is made or checked (see ``signing_backend``).
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .._filesystem.jsonfiles import write_atomically
-from .._filesystem.safe_open import READ_FLAGS, kind_of, open_failure
-from .._filesystem.scan import SIGNATURE_NAME, as_path
-from .._format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
-from .._hashing.engine import ProgressCallback
+from .._filesystem.read import read_manifest
+from .._filesystem.safe_open import OpenError, read_bounded
+from .._filesystem.scan import as_path
+from .._format.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from .._format.names import MANIFEST_NAME, SIGNATURE_NAME
+from .._hashing.engine import FILE_HASHES, ProgressCallback, check_file_hash, new_file_hasher
 from .._hashing.options import SpanHasher
-from ..errors import CkptpubError, NoManifestError
+from .._settings import CERTIFICATE_CHAIN_ENV, PUBLIC_KEY_ENV
+from ..errors import CkptpubError, NoManifestError, and_more
 from .verify import Problem, VerifyReport, verify
 
 #: Paths ``model_signing`` leaves out of a signature unless told otherwise (its "git paths"),
@@ -44,6 +46,10 @@ from .verify import Problem, VerifyReport, verify
 UNSIGNED_PATHS = (".git", ".gitattributes", ".github", ".gitignore")
 #: A bundle lists about 150 bytes per file; the manifest's limit is far above what 200,000 files need.
 MAX_SIGNATURE_BYTES = MAX_MANIFEST_BYTES
+#: The file digests a signature may list (model_signing's names). SHA-256 is the default because the
+#: ``model_signing verify`` command checks nothing else; see ``docs/security.md`` for when to pick BLAKE3.
+SIGN_HASHES = FILE_HASHES
+DEFAULT_SIGN_HASH = "sha256"
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,27 @@ class TrustedKey:
         if (self.public_key is None) == (not self.certificate_chain):
             raise CkptpubError("give either a public key or a certificate chain to verify a signature with")
 
+    @classmethod
+    def of(cls, public_key: str | None, certificate_chain: Sequence[str] = ()) -> TrustedKey | None:
+        """The key a verifier was given, or None when it was given neither (nothing signed is required).
+
+        The one shape of "is a signature required": ``TrustedKey | None``. Both given
+        is a ``CkptpubError``, as for the constructor.
+        """
+        if public_key is None and not certificate_chain:
+            return None
+        return cls(public_key, tuple(certificate_chain))
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> TrustedKey | None:
+        """``CKPTPUB_PUBLIC_KEY`` or ``CKPTPUB_CERTIFICATE_CHAIN`` (PEM files, ``os.pathsep``-separated).
+
+        What engines, daemons and ``ckptpub preload`` trust when no option says so; None when neither is set.
+        """
+        public_key = environ.get(PUBLIC_KEY_ENV, "").strip() or None
+        chain = [path for path in environ.get(CERTIFICATE_CHAIN_ENV, "").split(os.pathsep) if path.strip()]
+        return cls.of(public_key, chain)
+
 
 class Signer:
     """A ``SigningKey`` loaded and checked: made before anything is hashed, so a key that cannot
@@ -111,12 +138,17 @@ class Signer:
         """``value`` (a ``Signer``, a ``SigningKey`` or a private key's path) as a loaded ``Signer``."""
         return value if isinstance(value, Signer) else cls(SigningKey.of(value))
 
-    def sign(self, model_name: str, resources: Sequence[tuple[str, str]], allow_symlinks: bool) -> bytes:
-        """The bundle over ``resources`` (``signed_resources``), leaving out what model_signing leaves out."""
+    def sign(
+        self, model_name: str, resources: Sequence[tuple[str, str]], sign_hash: str, allow_symlinks: bool
+    ) -> bytes:
+        """The bundle over ``resources`` (``signed_resources``, ``sign_hash`` digests), leaving out what
+        model_signing leaves out."""
         from . import signing_backend
 
         ignored = (SIGNATURE_NAME, *UNSIGNED_PATHS)
-        return signing_backend.sign_statement(model_name, resources, ignored, allow_symlinks, self._backend)
+        return signing_backend.sign_statement(
+            model_name, resources, sign_hash, ignored, allow_symlinks, self._backend
+        )
 
 
 def _paths(values: object, what: str) -> tuple[str, ...]:
@@ -136,49 +168,57 @@ def is_unsigned_path(path: str) -> bool:
 
 
 def signed_resources(
-    manifest: Manifest, file_sha256: Mapping[str, str], manifest_bytes: bytes
+    manifest: Manifest, file_digests: Mapping[str, str], manifest_bytes: bytes, sign_hash: str
 ) -> list[tuple[str, str]]:
-    """The ``(path, SHA-256 hex)`` pairs a signature lists, sorted: the manifest's files, ``ckptpub.json``."""
-    resources = [(MANIFEST_NAME, hashlib.sha256(manifest_bytes).hexdigest())]
+    """The ``(path, hex digest)`` pairs a signature lists, sorted: the manifest's files, ``ckptpub.json``.
+
+    ``file_digests`` holds each file's ``sign_hash`` digest; the manifest's is computed here.
+    """
+    resources = [(MANIFEST_NAME, digest_of(manifest_bytes, sign_hash))]
     for record in manifest.files:
         if is_unsigned_path(record.path):
             continue
-        digest = file_sha256.get(record.path)
+        digest = file_digests.get(record.path)
         if digest is None:
-            raise CkptpubError(f"{record.path}: no SHA-256 was computed for it; cannot sign")
+            raise CkptpubError(f"{record.path}: no {sign_hash} digest was computed for it; cannot sign")
         resources.append((record.path, digest))
     return sorted(resources)
 
 
-def sign_checkpoint(
+def digest_of(data: bytes, algorithm: str) -> str:
+    """The hex digest of ``data`` with one of ``SIGN_HASHES``, as a signature lists it."""
+    hasher = new_file_hasher(algorithm)()
+    hasher.update(data)
+    return hasher.hexdigest()
+
+
+def signature_for(
     root: str,
     manifest: Manifest,
-    file_sha256: Mapping[str, str],
+    file_digests: Mapping[str, str],
     signer: Signer,
     *,
+    sign_hash: str = DEFAULT_SIGN_HASH,
     allow_symlinks: bool = False,
-    mode: int = 0o644,
-) -> None:
-    """Sign the published folder ``root``: write ``root/model.sig`` atomically.
+) -> bytes:
+    """The bytes of ``model.sig`` for the folder ``root`` published with ``manifest``.
 
-    ``manifest`` is the one just written to ``root/ckptpub.json`` (its canonical bytes
-    are what is signed), ``file_sha256`` the SHA-256 of each of its files, read in the
-    same pass as their BLAKE3 digests (``engine.hash_files``).
+    ``manifest``'s canonical bytes (what ``ckptpub.json`` holds) are what is signed,
+    ``file_digests`` is the ``sign_hash`` digest (``SIGN_HASHES``) of each of its whole
+    files, read in the same pass as their BLAKE3 tensor digests (``engine.hash_files``).
     ``allow_symlinks`` is recorded as model_signing records it: a folder with symlinks
-    verifies with ``model_signing verify --allow_symlinks``. ``mode``: the signature's
-    permissions (the manifest's). Raises ``CkptpubError`` when the signature cannot be
-    written; nothing is left half-written.
+    verifies with ``model_signing verify --allow_symlinks``.
     """
-    resources = signed_resources(manifest, file_sha256, manifest.to_json())
-    bundle = signer.sign(os.path.basename(root), resources, allow_symlinks)
-    write_atomically(os.path.join(root, SIGNATURE_NAME), bundle, mode)
+    sign_hash = check_file_hash(sign_hash, "sign_hash")
+    resources = signed_resources(manifest, file_digests, manifest.to_json(), sign_hash)
+    return signer.sign(os.path.basename(root), resources, sign_hash, allow_symlinks)
 
 
 @dataclass(frozen=True)
 class SignatureCheck:
     """The outcome of ``check_signature``: ``manifest`` is set exactly when nothing is wrong.
 
-    ``manifest`` is parsed from the very bytes whose SHA-256 the signature carries,
+    ``manifest`` is parsed from the very bytes whose digest the signature carries,
     so a caller that goes on with it cannot be handed another manifest in between.
     """
 
@@ -195,7 +235,8 @@ def check_signature(folder: str | os.PathLike[str], trusted: TrustedKey) -> Sign
     """Check ``folder/model.sig`` against ``trusted`` and ``folder/ckptpub.json``, reading nothing else.
 
     The signature must verify with ``trusted``, be a ``files`` serialization with
-    SHA-256, carry the SHA-256 of the ``ckptpub.json`` read here, and name exactly
+    SHA-256 or BLAKE3 (every file listed with that one), carry that digest of the
+    ``ckptpub.json`` read here, and name exactly
     the manifest's files (but the git paths model_signing leaves out) plus
     ``ckptpub.json``. The files' own bytes are not read: the manifest's BLAKE3
     digests cover them and ``verify`` (or the vLLM loader) checks those.
@@ -207,6 +248,10 @@ def check_signature(folder: str | os.PathLike[str], trusted: TrustedKey) -> Sign
     root = as_path(folder, "folder")
     if not isinstance(trusted, TrustedKey):
         raise CkptpubError(f"trusted: expected a TrustedKey, got {type(trusted).__name__}")
+    from . import signing_backend
+
+    # The key first: one that cannot be used is said whatever the folder holds.
+    verifier = signing_backend.load_verifier(trusted.public_key, trusted.certificate_chain)
     signature = _read_small(root, SIGNATURE_NAME, MAX_SIGNATURE_BYTES)
     if signature is None:
         raise CkptpubError(
@@ -215,16 +260,19 @@ def check_signature(folder: str | os.PathLike[str], trusted: TrustedKey) -> Sign
     manifest_bytes = _read_small(root, MANIFEST_NAME, MAX_MANIFEST_BYTES)
     if manifest_bytes is None:
         raise NoManifestError(f"{root}: no {MANIFEST_NAME}; run 'ckptpub publish' on it first")
-    from . import signing_backend
-
-    statement = signing_backend.verify_bundle(
-        signature, trusted.public_key, trusted.certificate_chain, SIGNATURE_NAME
-    )
+    statement = signing_backend.verify_bundle(signature, verifier, SIGNATURE_NAME)
     if isinstance(statement, str):
         return SignatureCheck(None, (Problem(SIGNATURE_NAME, "signature", statement),))
-    problems = list(_serialization_problems(statement.serialization))
+    sign_hash = statement.serialization.get("hash_type")
+    if statement.serialization.get("method") != "files" or sign_hash not in SIGN_HASHES:
+        detail = (
+            f"signs a {statement.serialization.get('method')!r} serialization with {sign_hash!r}, "
+            f"not 'files' with one of {', '.join(map(repr, SIGN_HASHES))}"
+        )
+        return SignatureCheck(None, (Problem(SIGNATURE_NAME, "signature", detail),))
+    problems = []
     signed_manifest = statement.resources.get(MANIFEST_NAME)
-    if signed_manifest != (signing_backend.HASH, hashlib.sha256(manifest_bytes).hexdigest()):
+    if signed_manifest != (sign_hash, digest_of(manifest_bytes, sign_hash)):
         what = "is not among the signed files" if signed_manifest is None else "differs from the one signed"
         problems.append(Problem(MANIFEST_NAME, "signature", what))
     if problems:  # the manifest is not the signed one: nothing it lists can be trusted
@@ -236,20 +284,31 @@ def check_signature(folder: str | os.PathLike[str], trusted: TrustedKey) -> Sign
     for path in sorted(set(statement.resources) - listed):
         problems.append(Problem(path, "signature", f"signed but not listed in {MANIFEST_NAME}"))
     for path, (algorithm, _) in sorted(statement.resources.items()):
-        if algorithm != signing_backend.HASH:
-            problems.append(
-                Problem(path, "signature", f"signed with {algorithm}, not {signing_backend.HASH}")
-            )
+        if algorithm != sign_hash:  # model_signing's verifier would refuse it: one algorithm throughout
+            problems.append(Problem(path, "signature", f"signed with {algorithm}, not {sign_hash}"))
     return SignatureCheck(None if problems else manifest, tuple(problems))
 
 
-def _serialization_problems(serialization: Mapping[str, object]) -> Sequence[Problem]:
-    """A signature must describe the files as ckptpub signs them (as ``model_signing verify`` checks them)."""
-    method, hash_type = serialization.get("method"), serialization.get("hash_type")
-    if method != "files" or hash_type != "sha256":
-        detail = f"signs a {method!r} serialization with {hash_type!r}, not 'files' with 'sha256'"
-        return [Problem(SIGNATURE_NAME, "signature", detail)]
-    return []
+def read_trusted_manifest(folder: str | os.PathLike[str], trusted: TrustedKey | None) -> Manifest:
+    """The manifest to go on with: the one ``trusted`` signed, or (``trusted`` None) the folder's own.
+
+    "Signed or plain" is decided here, once: with a key, anything but a signature of
+    exactly this manifest by that key is a ``CkptpubError`` naming the first problem
+    (and how many more), and the manifest returned is parsed from the bytes the
+    signature covers; without one, it is ``read_manifest(folder)``.
+    """
+    if trusted is None:
+        return read_manifest(folder)
+    check = check_signature(folder, trusted)
+    if check.manifest is None:
+        first = check.problems[0]
+        raise CkptpubError(
+            and_more(
+                f"{as_path(folder, 'folder')}: not what the trusted key signed: {first.path}: {first.detail}",
+                len(check.problems) - 1,
+            )
+        )
+    return check.manifest
 
 
 def verify_signed(
@@ -286,25 +345,11 @@ def verify_signed(
 
 
 def _read_small(root: str, name: str, limit: int) -> bytes | None:
-    """The bytes of the regular file ``root/name`` (never followed if a symlink); None if nothing is there."""
+    """The bytes of the regular file ``root/name`` (``read_bounded``); None when nothing is there."""
     path = os.path.join(root, name)
     try:
-        fd = os.open(path, READ_FLAGS)
-    except OSError as error:
-        if error.errno == errno.ENOENT:
+        return read_bounded(path, limit, path)
+    except OpenError as error:
+        if error.absent:
             return None
-        raise CkptpubError(f"{path}: {open_failure(error)}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CkptpubError(f"{path}: {kind_of(info.st_mode)}, not a regular file")
-        data = os.read(fd, limit + 1)
-        while len(data) <= limit and (more := os.read(fd, limit + 1 - len(data))):
-            data += more
-    except OSError as error:
-        raise CkptpubError(f"{path}: cannot read: {error.strerror or error}") from None
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise CkptpubError(f"{path}: over the {limit}-byte limit")
-    return data
+        raise

@@ -15,7 +15,8 @@ from typing import NamedTuple
 from .._filesystem.model_files import claim_problems, is_shard_path, read_layout
 from .._filesystem.read import read_manifest
 from .._filesystem.scan import FolderEntry, resolve_folder, scan_folder
-from .._format.manifest import MANIFEST_NAME, FileRecord, Manifest, TensorRecord, check_identity
+from .._format.manifest import FileRecord, Manifest, TensorRecord, check_identity
+from .._format.names import MANIFEST_NAME
 from .._format.safetensors import ShardLayout
 from .._hashing.engine import ProgressCallback, Span
 from .._hashing.options import HashOptions, SpanHasher
@@ -38,7 +39,11 @@ class Problem(NamedTuple):
 
 
 class VerifyReport(NamedTuple):
-    """The outcome of ``verify``: every file checked, and every problem found."""
+    """The outcome of ``verify``: the manifest's files that were checked, and every problem found.
+
+    ``checked`` holds the files found in the folder and compared with the manifest; a
+    file the manifest lists but the folder lacks is a ``missing`` problem, not checked.
+    """
 
     manifest: Manifest
     checked: tuple[str, ...]
@@ -109,7 +114,8 @@ def verify(
             )
         )
     problems.sort(key=lambda p: (p.path, p.tensor or ""))
-    return VerifyReport(manifest, tuple(f.path for f in manifest.files), tuple(problems))
+    checked = tuple(f.path for f in manifest.files if f.path in entries)
+    return VerifyReport(manifest, checked, tuple(problems))
 
 
 class _Checks:

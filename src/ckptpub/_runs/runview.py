@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 
 from .._filesystem import run_index
 from .._filesystem.read import read_manifest
-from .._format.manifest import MANIFEST_NAME
-from .._operations.explain import base_of, is_adapter
+from .._format.names import MANIFEST_NAME, RUN_INDEX_NAME
+from .._operations.explain import base_hub_of, base_of, is_adapter
 from ..errors import CkptpubError
 
 #: How deep the scan looks for checkpoint folders (``run/trial/checkpoint-N`` is 2).
@@ -42,6 +42,7 @@ class RunEntry(NamedTuple):
     status: str
     detail: str | None = None
     same_as_previous: bool = False
+    base_hub: str | None = None  # the base by hub id and commit, when the manifest records it
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self._asdict())
@@ -56,8 +57,8 @@ def list_run(run_dir: str) -> list[RunEntry]:
         records = run_index.read(run_dir)
     except CkptpubError as error:
         records = []
-        entries[run_index.INDEX_NAME] = RunEntry(
-            run_index.INDEX_NAME, None, None, None, None, False, "index", "unusable", str(error)
+        entries[RUN_INDEX_NAME] = RunEntry(
+            RUN_INDEX_NAME, None, None, None, None, False, "index", "unusable", str(error)
         )
     for record in records:  # a path published twice keeps its last record
         path = record["path"]
@@ -95,6 +96,9 @@ def lineage(entries: list[RunEntry]) -> list[dict[str, Any]]:
 
     A checkpoint whose base is another checkpoint of this run (a merge of step 40
     published with ``--base``) hangs under that one; bases outside the run are roots.
+    Unusable checkpoints, whose base cannot be known, are the children of one last
+    root marked ``"unusable": true``: no view of a run leaves a checkpoint out
+    silently (rotated ones are left out: ``ls`` lists them).
     """
     nodes: dict[str | None, dict[str, Any]] = {}
     roots: list[dict[str, Any]] = []
@@ -107,10 +111,17 @@ def lineage(entries: list[RunEntry]) -> list[dict[str, Any]]:
         if parent is None:
             parent = outside.get(entry.base_identity)
             if parent is None:
-                parent = outside[entry.base_identity] = {"base_identity": entry.base_identity, "children": []}
+                parent = outside[entry.base_identity] = {
+                    "base_identity": entry.base_identity,
+                    "base_hub": entry.base_hub,
+                    "children": [],
+                }
                 roots.append(parent)
         parent["children"].append(node)
         nodes.setdefault(entry.identity, node)
+    unusable = [{"entry": e.as_dict(), "children": []} for e in entries if e.status == "unusable"]
+    if unusable:
+        roots.append({"base_identity": None, "unusable": True, "children": unusable})
     return roots
 
 
@@ -136,7 +147,15 @@ def _entry(run_dir: str, path: str, step: int | None, source: str, indexed: str 
         step = recorded if type(recorded) is int else _step_from_name(path)
     size = sum(f.size for f in manifest.files)
     entry = RunEntry(
-        path, step, manifest.identity, size, base_of(manifest), is_adapter(manifest), source, "ok"
+        path,
+        step,
+        manifest.identity,
+        size,
+        base_of(manifest),
+        is_adapter(manifest),
+        source,
+        "ok",
+        base_hub=base_hub_of(manifest),
     )
     if indexed is not None and indexed != manifest.identity:
         return entry._replace(

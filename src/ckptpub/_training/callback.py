@@ -17,6 +17,7 @@ has the Trainer facts it relies on):
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.metadata
 import logging
@@ -30,20 +31,22 @@ from typing import Any, TypeGuard
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from .._filesystem import run_index
-from .._filesystem.read import read_manifest
-from .._format.manifest import MANIFEST_NAME, Manifest
+from .._format.manifest import Manifest
+from .._format.names import MANIFEST_NAME, TRAINER_STATE_NAME
 from .._hashing.distributed import DEFAULT_TIMEOUT_S, DistributedHasher, new_group
+from .._hashing.engine import check_file_hash
 from .._operations.publishing import publish, publish_on_ranks
 from .._operations.signing import Signer
+from .._settings import seconds
 from ..errors import CkptpubError
 from .accelerate_helper import publish_accelerate_state
+from .base_model import Base, find_base, named_base, unidentified
 
 __all__ = ["PublishCallback", "Published", "publish_accelerate_state"]
 
 log = logging.getLogger("ckptpub")
 
 _CHECKPOINT_PREFIX = "checkpoint"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
-_DONE_MARKER = "trainer_state.json"  # written last before rotation by the saving rank
 _PRODUCER_PACKAGES = ("transformers", "torch", "accelerate", "peft", "safetensors")
 
 
@@ -64,6 +67,17 @@ class _Job:
     step: int
     provenance: dict[str, Any]
     index_dir: str | None
+    base: Base | None = None  # read when the step is hashed: a base published in the background is known
+
+    def full_provenance(self) -> dict[str, Any]:
+        return {**self.provenance, **(self.base.provenance() if self.base else {"base_identity": None})}
+
+
+@dataclass(frozen=True)
+class _BaseJob:
+    """Publish the run's base (``publish_base``), before any step queued behind it is hashed."""
+
+    base: Base
 
 
 def producer_versions() -> dict[str, str]:
@@ -73,45 +87,6 @@ def producer_versions() -> dict[str, str]:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             out[name] = importlib.metadata.version(name)
     return out
-
-
-def base_identity_of(model: Any) -> str | None:
-    """Identity of the manifest in the folder ``model`` was loaded from, if it has one.
-
-    Looks at ``model.name_or_path``, ``model.config._name_or_path`` and, for PEFT
-    models, each adapter config's ``base_model_name_or_path``.
-    """
-    for cand in _loaded_from(model):
-        if os.path.isfile(os.path.join(cand, MANIFEST_NAME)):
-            try:
-                return read_manifest(cand).identity
-            except CkptpubError as exc:
-                log.warning("ckptpub: base model folder %s has an unreadable manifest: %s", cand, exc)
-    return None
-
-
-def unpublished_base(model: Any) -> str | None:
-    """The local folder ``model`` was loaded from, when it has no manifest (so no base can be recorded).
-
-    Checks the same places as ``base_identity_of``; a hub name or a model built in
-    code has no folder and is not reported.
-    """
-    for cand in _loaded_from(model):
-        if os.path.isdir(cand) and not os.path.lexists(os.path.join(cand, MANIFEST_NAME)):
-            return cand
-    return None
-
-
-def _loaded_from(model: Any) -> list[str]:
-    """Where ``model`` says it was loaded from: its name or path, its config's, each PEFT adapter's base."""
-    candidates = [
-        getattr(model, "name_or_path", None),
-        getattr(getattr(model, "config", None), "_name_or_path", None),
-    ]
-    peft_config = getattr(model, "peft_config", None)
-    if isinstance(peft_config, dict):
-        candidates += [getattr(c, "base_model_name_or_path", None) for c in peft_config.values()]
-    return [c for c in candidates if isinstance(c, str) and c]
 
 
 def checkpoint_folder(
@@ -144,7 +119,7 @@ def checkpoint_folder(
         return direct
 
     def written_at(folder: str) -> float:
-        for probe in (os.path.join(folder, _DONE_MARKER), folder):
+        for probe in (os.path.join(folder, TRAINER_STATE_NAME), folder):
             try:
                 return os.stat(probe).st_mtime
             except OSError:
@@ -178,13 +153,20 @@ class _Publisher:
     """
 
     def __init__(
-        self, *, background: bool, max_pending: int, require: str | None, signer: Signer | None = None
+        self,
+        *,
+        background: bool,
+        max_pending: int,
+        require: str | None,
+        signer: Signer | None = None,
+        sign_hash: str = "sha256",
     ) -> None:
         self.background = background
         self.require = require
         self.signer = signer
+        self.sign_hash = sign_hash
         self.rotation_lock = threading.Lock()
-        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=max(1, max_pending))
+        self._queue: queue.Queue[_Job | _BaseJob | None] = queue.Queue(maxsize=max(1, max_pending))
         self._thread: threading.Thread | None = None
         self._done: list[Published] = []
         self._done_lock = threading.Lock()
@@ -209,19 +191,45 @@ class _Publisher:
 
     def submit(self, job: _Job) -> None:
         if not self.background:
+            self.join()  # a base still being published first: the step records its identity
             self._run_safely(job, locked=False)
             return
+        self._start()
+        self._queue.put(job)
+
+    def submit_base(self, job: _BaseJob) -> None:
+        """Publish the base on the worker thread whatever ``background`` says: training never waits for
+        it, and every step is hashed after it (queued behind it, or inline after ``join``)."""
+        self._start()
+        self._queue.put(job)
+
+    def _start(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._loop, name="ckptpub-publisher", daemon=True)
             self._thread.start()
-        self._queue.put(job)
+            atexit.register(self.join)
 
     def join(self) -> None:
-        """Wait until every submitted save is published (or skipped), then stop the worker."""
+        """Wait until every submitted save is published (or skipped), then stop the worker.
+
+        ``on_train_end`` calls it; so does the interpreter's exit when training ended
+        without it (an exception in ``train()``), so the worker is never cut off
+        inside a collective (or a manifest's write) while the process tears down.
+        """
+        atexit.unregister(self.join)
         if self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
         self._thread = None
+
+    def close_hasher(self) -> None:
+        """End the job-wide hashing group with the other ranks, once no publish runs (``join`` first).
+
+        So the group does not outlive the training: the next ``train()`` makes a new one.
+        """
+        if self.hasher is not None:
+            self.hasher.close()
+            self.hasher = None
 
     def take_done(self) -> list[Published]:
         with self._done_lock:
@@ -234,7 +242,38 @@ class _Publisher:
             job = self._queue.get()
             if job is None:
                 return
-            self._run_safely(job, locked=True)
+            if isinstance(job, _BaseJob):
+                self._publish_base(job.base)
+            else:
+                self._run_safely(job, locked=True)
+
+    def _publish_base(self, base: Base) -> None:
+        """Publish the base's folder (hashed once, by the job's ranks when they share the work)."""
+        hasher = self._working_hasher()
+        if hasher is None and not self.writer:
+            return
+        assert base.folder is not None
+        try:
+            with contextlib.nullcontext() if hasher is None else hasher.taking_part():
+                options: dict[str, Any] = {"allow_no_weights": True}
+                if hasher is None:
+                    manifest = publish(base.folder, **options)
+                else:
+                    manifest = publish_on_ranks(base.folder, hasher, **options)
+        except Exception as exc:  # never let the base end the run: its steps go without a base_identity
+            message = (
+                f"ckptpub: could not publish the base model {base.label}: {exc}; "
+                "this run's checkpoints record no base_identity"
+            )
+            log.warning(message)
+            self.failures.append(message)
+            return
+        base.identity = manifest.identity
+        log.info("ckptpub: published the base model %s: identity %s", base.label, manifest.identity)
+
+    def _working_hasher(self) -> DistributedHasher | None:
+        """The job's hasher over every rank while it works; None when this rank hashes alone."""
+        return self.hasher if self.hasher is not None and self.hasher.broken is None else None
 
     def _run_safely(self, job: _Job, *, locked: bool) -> None:
         try:
@@ -243,7 +282,7 @@ class _Publisher:
             self._fail(job, f"unexpected error: {exc!r}")
 
     def _run(self, job: _Job, *, locked: bool) -> None:
-        hasher = self.hasher if self.hasher is not None and self.hasher.broken is None else None
+        hasher = self._working_hasher()
         if hasher is None and not self.writer:
             return  # no distributed hashing (or it failed earlier): the writing rank publishes alone
         try:
@@ -294,9 +333,10 @@ class _Publisher:
             raise _SkippedError(f"folder is incomplete (no {self.require}); not publishing it")
         # A Trainer checkpoint is the right folder by construction; weights may be .bin or FSDP shards.
         options: dict[str, Any] = {
-            "provenance": job.provenance,
+            "provenance": job.full_provenance(),
             "allow_no_weights": True,
             "sign": self.signer,
+            "sign_hash": self.sign_hash,
         }
         try:
             if hasher is None:
@@ -345,6 +385,16 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
     * ``sign`` (default None): a private key's path (or a ``ckptpub.signing.SigningKey``):
       sign every checkpoint (``model.sig``, see ``docs/security.md``). The key is
       loaded here, so a key that cannot sign fails before training starts.
+    * ``sign_hash`` (default ``"sha256"``): the file digest ``model.sig`` lists,
+      ``"sha256"`` or ``"blake3"`` (as ``ckptpub.publish``'s; ``docs/security.md``).
+    * ``base`` (default None: where the model was loaded from): the model this run
+      fine-tunes, as a folder, a hub id (``org/name``, ``org/name@REVISION``) or an
+      identity; every step records its identity (``base_identity``) and, for a model
+      in the Hugging Face cache, its hub id and commit (``base_hub``).
+    * ``publish_base`` (default False): when the base has no manifest, publish it at
+      train start on the publishing thread (training goes on; it is hashed once, and
+      every step is published after it). Without it such a base is named in one
+      warning, with the command that publishes it.
 
     ``published`` lists what was published (filled on the main thread),
     ``failures`` the skipped saves with their reasons. The final
@@ -359,17 +409,27 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
         sign: object = None,
         distributed: bool = True,
         rank_timeout_s: float = DEFAULT_TIMEOUT_S,
+        sign_hash: str = "sha256",
+        base: object = None,
+        publish_base: bool = False,
     ) -> None:
         self.background = background
+        self.base = None if base is None else named_base(base)  # refused here, before training starts
+        self.publish_base = bool(publish_base)
         self.index = index
         self.distributed = distributed
-        self.rank_timeout_s = rank_timeout_s
+        self.rank_timeout_s = seconds(rank_timeout_s, "rank_timeout_s")
         signer = None if sign is None else Signer.load(sign)
         self._pub = _Publisher(
-            background=background, max_pending=max_pending, require=_DONE_MARKER, signer=signer
+            background=background,
+            max_pending=max_pending,
+            require=TRAINER_STATE_NAME,
+            signer=signer,
+            sign_hash=check_file_hash(sign_hash, "sign_hash"),
         )
         self._holding = False
-        self._base_identity: str | None = None
+        self._base: Base | None = None
+        self._base_submitted: Base | None = None  # hashed once, however many times train() is called
         self._warned_base = False  # once per callback, however many times train() is called
         self._producer: dict[str, str] | None = None
         self._undelivered: list[Published] = []
@@ -405,16 +465,7 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
         if spread and self._pub.hasher is None:
             self._pub.hasher = _rank_hasher(self.rank_timeout_s)
         self._pub.set_writer(bool(args.should_save))
-        self._base_identity = base_identity_of(model) if model is not None else None
-        folder = unpublished_base(model) if model is not None and self._base_identity is None else None
-        if folder is not None and not self._warned_base and args.should_save:
-            self._warned_base = True
-            log.warning(
-                "ckptpub: the base model %s has no ckptpub.json, so this run's checkpoints will record "
-                "no base_identity; publish it before training: ckptpub publish %s",
-                folder,
-                folder,
-            )
+        self._begin_base(args, model)
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -485,12 +536,32 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
     ) -> None:
         self._release()
         self._pub.join()
+        self._pub.close_hasher()  # every rank is here, after its last collective
         self._deliver(state)
         for p in self.published:  # a checkpoint deleted after its publish leaves no manifest behind
-            if not os.path.isfile(os.path.join(p.folder, _DONE_MARKER)):
+            if not os.path.isfile(os.path.join(p.folder, TRAINER_STATE_NAME)):
                 _withdraw(p.folder)
 
     # -- helpers -------------------------------------------------------------
+    def _begin_base(self, args: TrainingArguments, model: Any) -> None:
+        """Find the run's base; publish it in the background if it needs it and the user consented."""
+        found = find_base(model, self.base) if model is not None or self.base is not None else None
+        submitted = self._base_submitted
+        if found is not None and submitted is not None and found.folder == submitted.folder:
+            found = submitted if found.identity is None else found  # still being published by us
+        self._base = found
+        if found is None:
+            return
+        warning = unidentified(found, publishing=self.publish_base)
+        if warning is not None and not self._warned_base and args.should_save:
+            self._warned_base = True
+            log.warning(warning)
+        if self.publish_base and found.identity is None and found.problem is None and found is not submitted:
+            if args.world_size > 1 and self._pub.hasher is not None:
+                _barrier()  # every rank has looked for the base's manifest before any worker writes it
+            self._base_submitted = found
+            self._pub.submit_base(_BaseJob(found))
+
     def _job(self, args: TrainingArguments, state: TrainerState) -> _Job:
         hp_search = getattr(state, "trial_params", None) is not None or bool(
             getattr(state, "trial_name", None)
@@ -507,11 +578,10 @@ class PublishCallback(TrainerCallback):  # type: ignore[misc]  # mypy skips tran
             "step": int(state.global_step),
             "epoch": None if state.epoch is None else float(state.epoch),
             "run_dir": os.path.abspath(os.path.dirname(folder)),
-            "base_identity": self._base_identity,
             "producer": dict(self._producer),
         }
         index_dir = os.path.abspath(args.output_dir) if self.index else None
-        return _Job(os.path.abspath(folder), int(state.global_step), provenance, index_dir)
+        return _Job(os.path.abspath(folder), int(state.global_step), provenance, index_dir, self._base)
 
     def _deliver(self, state: TrainerState) -> None:
         """Report finished publishes on the main thread: log history + next on_log."""

@@ -13,6 +13,9 @@ What it installs (each step is idempotent):
 * ``loader.install``: ``--load-format manifest_cache`` (:class:`ManifestCacheLoader`).
 * ``daemon.install``: ``vllm preload`` spawns its daemons through a wrapper defined
   here, because daemon children never load plugins themselves.
+* ``frontend.install``: in the process that starts an engine, ``manifest_cache``'s
+  options and start checks run at config time, and refusals of its engine processes
+  are raised there in their own words.
 * ``adapter_gate.install`` and ``adapter_frontend.install``: LoRA adapters, checked
   in the workers (``adapters``, installed by the loader once it served a base), are
   admitted by the engine core only once loaded, and a refusal reaches the caller as
@@ -35,7 +38,7 @@ def register() -> None:
     global _warned
     import vllm
 
-    from . import adapter_frontend, adapter_gate, daemon, key, loader
+    from . import adapter_frontend, adapter_gate, daemon, frontend, key, loader
     from .log import logger
 
     if not _warned and not vllm.__version__.startswith(SUPPORTED_VLLM):
@@ -48,5 +51,6 @@ def register() -> None:
     key.install()
     loader.install()
     daemon.install()
+    frontend.install()
     adapter_gate.install()
     adapter_frontend.install()

@@ -132,7 +132,7 @@ def check_adapter(folder: str, name: str, base: ServedBase) -> ckptpub.Manifest 
         options,
         expected=pins[0] if pins else None,
         require=options.adapter_require_manifest,
-        publish=f"ckptpub publish {folder} --base {base.folder}",
+        publish=lambda: f"ckptpub publish {folder} --base {base.folder}",
         opt_out="adapter_require_manifest",
         unverified="vLLM loads it unverified",
         kind=KIND,

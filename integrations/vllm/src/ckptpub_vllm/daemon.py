@@ -12,14 +12,20 @@ over to vLLM's own ``_run_daemon``.
 In the daemon the weights are keyed by the manifest identity, so they must be
 exactly those bytes: when the folder has a manifest and the daemon would load it
 with a plain disk format, the daemon's load format is switched to
-``manifest_cache``, whose ``load_weights`` verifies every tensor while loading.
+``manifest_cache``, whose ``load_weights`` verifies every tensor while loading,
+against the very manifest object the key was computed from (:func:`run_daemon`).
+What the plugin adds to the daemon while it serves (reports, taking over a socket
+path, hand-over) is in :mod:`.daemon_serving`.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable
 from typing import Any
+
+import ckptpub
 
 _ORIGINAL = "_ckptpub_original_run_daemon"
 _PLAIN_FORMATS = ("auto", "safetensors", "hf")
@@ -61,17 +67,12 @@ def _vllm_run_daemon() -> Callable[..., None]:
     return original
 
 
-def _upgrade_load_format(vllm_config: Any) -> None:
-    from vllm.config import VllmConfig
-
+def _upgrade_load_format(vllm_config: Any, folder: str) -> None:
     from . import LOAD_FORMAT
     from .key import has_manifest
     from .log import logger
 
-    if not isinstance(vllm_config, VllmConfig):
-        return
     load_config = vllm_config.load_config
-    folder = vllm_config.model_config.model
     if (
         load_config.load_format in _PLAIN_FORMATS
         and not load_config.model_loader_extra_config
@@ -83,20 +84,96 @@ def _upgrade_load_format(vllm_config: Any) -> None:
         load_config.load_format = LOAD_FORMAT
 
 
+def _daemon_model(
+    original: Callable[..., None], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, Any] | None:
+    """(``VllmConfig``, ``ModelConfig``) of the model ``_run_daemon(*args, **kwargs)`` loads, or None.
+
+    Arguments are bound to vLLM's own signature, so a draft daemon (``is_draft``) names
+    its draft model, whatever the position of the argument in this vLLM version.
+    """
+    try:
+        bound = inspect.signature(original).bind(*args, **kwargs).arguments
+    except TypeError:
+        return None
+    config: Any = bound.get("vllm_config")
+    if type(config).__name__ != "VllmConfig":
+        return None
+    model_config = config.model_config
+    if bound.get("is_draft") and config.speculative_config is not None:
+        model_config = config.speculative_config.draft_model_config
+    return config, model_config
+
+
+def manifest_folder(vllm_config: Any, model: str, revision: str | None) -> str:
+    """Where the daemon of ``model`` reads its manifest (that folder, or a hub id's snapshot), resolved once.
+
+    Found as the key finds it (``key.folder_of``); a folder with a manifest switches a
+    plain load format to ``manifest_cache`` (``_upgrade_load_format``), which, as the
+    engine's loader does, refuses a hub id with no snapshot in the cache
+    (``key.model_folder``). The key and the load take this folder (``key.checked``).
+    """
+    from . import LOAD_FORMAT
+    from .key import folder_of, model_folder
+
+    folder = folder_of(model, revision)
+    _upgrade_load_format(vllm_config, folder)
+    if vllm_config.load_config.load_format == LOAD_FORMAT and folder == model:
+        return model_folder(model, revision)
+    return folder
+
+
+def keyed_manifest(vllm_config: Any, folder: str) -> ckptpub.Manifest | None:
+    """The daemon's one read of ``folder``'s manifest, with every check its load would apply.
+
+    With ``manifest_cache`` these are the engine's start-time checks (pin, signature,
+    engine files); with another load format the key's own read. The object returned
+    keys the daemon, is what its load verifies every tensor against, and is what it
+    reports (``daemon_reports.KEYED``).
+    """
+    from . import LOAD_FORMAT
+    from .key import read_folder_manifest
+    from .options import split_extra_config
+    from .startup import check_before_start
+
+    load_config = vllm_config.load_config
+    if load_config.load_format == LOAD_FORMAT:
+        options, _ = split_extra_config(load_config.model_loader_extra_config)
+        return check_before_start(folder, options)
+    return read_folder_manifest(folder)
+
+
 def run_daemon(*args: Any, **kwargs: Any) -> None:
-    """Install the plugin in this (daemon) process, then run vLLM's ``_run_daemon``."""
-    from . import register
-    from .key import checkpoint_key
-    from .log import logger
+    """Install the plugin in this (daemon) process, then run vLLM's ``_run_daemon`` keyed by one manifest.
+
+    The manifest is read once, here; the key vLLM computes in ``WeightCacheDaemon.__init__``
+    and the verified load in ``load_weights`` both take that object (``key.checked``,
+    in force for the daemon's whole life), so swapping another manifest in between
+    cannot make the daemon load, or report, anything but the identity it is keyed by.
+    """
+    from . import daemon_reports, daemon_serving, register
+    from .errors import refusals_logged
+    from .key import checked
 
     register()
     install(force=True)
-    for value in list(args) + list(kwargs.values()):
-        if type(value).__name__ == "VllmConfig":
-            _upgrade_load_format(value)
-            logger.info(
-                "ckptpub: weight-cache daemon for %s is keyed by checkpoint %s",
-                value.model_config.model,
-                checkpoint_key(value.model_config.model),
-            )
-    return _vllm_run_daemon()(*args, **kwargs)
+    daemon_serving.install()
+    daemon_reports.enable()
+    original = _vllm_run_daemon()
+    found = _daemon_model(original, args, kwargs)
+    if found is None:  # pragma: no cover - another vLLM's signature: run it unchanged
+        return original(*args, **kwargs)
+    vllm_config, model_config = found
+    model = str(model_config.model)
+    with refusals_logged(model):
+        folder = manifest_folder(vllm_config, model, model_config.revision)
+        manifest = keyed_manifest(vllm_config, folder)
+    daemon_reports.report(
+        daemon_reports.KEYED, folder=folder, identity=manifest.identity if manifest is not None else None
+    )
+    with checked(model, manifest, folder):
+        try:
+            return original(*args, **kwargs)
+        except daemon_serving.HandOver as handed:
+            daemon_serving.keep_weights_for_mapped_engines(handed)
+    return None

@@ -90,7 +90,7 @@ def read_published(folder: str, record: ckptpub.FileRecord, manifest: ckptpub.Ma
         raise FileMismatchError(f"{path} has {len(data)} bytes, the manifest says {record.size}")
     if ckptpub.tensor_digest(data) != record.digest:
         raise FileMismatchError(f"{path}: bytes differ from the manifest")
-    if path in manifest.config and _config_meaning(path, data) != manifest.config[path]:
+    if path in manifest.config and _config_meaning(path, data, manifest.version) != manifest.config[path]:
         raise FileMismatchError(f"{path}: the manifest records another config meaning (forged manifest?)")
     return data
 
@@ -118,8 +118,8 @@ def _present_engine_files(folder: str) -> list[str]:
     return sorted(paths)
 
 
-def _config_meaning(path: str, data: bytes) -> str | None:
-    """The config digest of ``data``, or None for a config no manifest can record.
+def _config_meaning(path: str, data: bytes, version: str) -> str | None:
+    """The config digest of ``data`` under format ``version``'s rule; None for a config no manifest records.
 
     Read by the strict reader publishing reads configs with, so that covers text
     that is not a JSON object and what canonical JSON cannot write (NaN, ``1e400``,
@@ -128,6 +128,6 @@ def _config_meaning(path: str, data: bytes) -> str | None:
     """
     try:
         document = loads_strict(data, path, "config")
-        return ckptpub.config_digest(document) if isinstance(document, dict) else None
+        return ckptpub.config_digest(document, version) if isinstance(document, dict) else None
     except (ckptpub.CkptpubError, ValueError, RecursionError):
         return None

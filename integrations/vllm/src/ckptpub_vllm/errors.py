@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 
-from ckptpub.errors import and_more
+from ckptpub.errors import CkptpubError, and_more
 
 from .log import logger
 
@@ -52,14 +52,32 @@ class RefusedError(RuntimeError):
 
 
 @contextlib.contextmanager
-def refusals_logged() -> Iterator[None]:
+def refusals_logged(folder: str | None = None) -> Iterator[None]:
     """Log a refusal once, in its own words, before vLLM wraps it.
 
     vLLM re-raises a loader's error as a worker traceback or a generic "Engine core
-    initialization failed"; this line is what an operator reads in the log.
+    initialization failed"; this line is what an operator reads in the log. It is also
+    relayed to the process that started the engine (``frontend``), which raises it there.
+    With the ``folder`` being served, a ``CkptpubError`` that reaches here from any check
+    (of the manifest, its tables, a shard) is a refusal like every other, in the same
+    words, logged and relayed the same way.
     """
     try:
         yield
     except RefusedError as error:
-        logger.error("%s", error)
+        _tell(error)
         raise
+    except CkptpubError as error:
+        if folder is None:
+            raise
+        refusal = RefusedError(folder, str(error))
+        _tell(refusal)
+        raise refusal from None
+
+
+def _tell(refusal: RefusedError) -> None:
+    """The refusal's one line in the log and to the process that started the engine."""
+    from .frontend import relay
+
+    logger.error("%s", refusal)
+    relay(refusal)

@@ -3,7 +3,8 @@
 The engine-file check and the shard diagnosis read files an attacker may have
 swapped: the open never follows a symlink in its last component and never blocks
 on a FIFO, and what was opened must be a regular file. A symlink is followed only
-to a file inside the folder, the rule ``ckptpub publish`` applies, so a folder that
+to a file inside the folder (or, for a model in the Hugging Face cache, to its blobs),
+the rule ``ckptpub publish`` applies, so a folder that
 published is not refused here for the same layout. The happy path costs one open,
 one ``fstat`` and one read (two for a whole file: the second sees its end); symlinks
 are resolved only when the open says it met one.
@@ -18,6 +19,9 @@ import os
 import stat
 from collections.abc import Iterator
 
+import ckptpub
+from ckptpub.integration import resolve_inside as follow_link
+
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -26,11 +30,12 @@ class UnreadableError(Exception):
 
 
 def resolve_inside(folder: str, path: str) -> str:
-    """Where the symlink ``path`` of ``folder`` leads, refused unless that is inside the folder."""
-    target, root = os.path.realpath(os.path.join(folder, path)), os.path.realpath(folder)
-    if os.path.commonpath([root, target]) != root:
-        raise UnreadableError("is a symlink out of the folder")
-    return target
+    """Where the symlink ``path`` of ``folder`` leads, if publishing follows it there (the core's rule:
+    inside the folder, or into the blobs of the cached model whose snapshot the folder is)."""
+    try:
+        return follow_link(os.path.realpath(folder), os.path.join(folder, path), path)
+    except ckptpub.CkptpubError:
+        raise UnreadableError("is a symlink out of the folder") from None
 
 
 def read_prefix(folder: str, path: str, limit: int) -> tuple[bytes, int]:

@@ -22,33 +22,74 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import ckptpub
+from ckptpub.integration import FORMATS, loads_strict, locate
 
 from .errors import RefusedError
+from .folder_reads import UnreadableError, read_prefix
 from .log import logger
 from .options import REQUIRE_MANIFEST_ENV, require_manifest_from_env
 from .signature import signed_manifest, trusted_from_env
 
 _PATCH_MARK = "_ckptpub_original"
 _logged: set[tuple[str, str]] = set()
-#: Manifests the loader has just checked, by folder, for the key vLLM computes next (see ``checked``).
-_checked: dict[str, ckptpub.Manifest] = {}
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The manifest this process already read and checked for a model (None: it has none), and
+    the folder it was read from (``model_folder``: a hub id's snapshot is resolved once, too)."""
+
+    manifest: ckptpub.Manifest | None
+    folder: str
+
+
+#: Decisions in force, by the model vLLM names (see ``checked``).
+_checked: dict[str, Checked] = {}
 
 
 @contextlib.contextmanager
-def checked(folder: str, manifest: ckptpub.Manifest) -> Iterator[None]:
-    """While the loader asks the daemon, key ``folder`` by the manifest it already checked.
+def checked(model: str, manifest: ckptpub.Manifest | None, folder: str | None = None) -> Iterator[None]:
+    """While the block runs, ``model`` is keyed (and loaded) by the manifest already checked.
 
-    The key then names exactly the manifest whose engine files were checked (no
-    window in which another could be read), and ``ckptpub.json`` is read once per
-    engine start. Outside the block the key reads the file as usual.
+    The key then names exactly the manifest whose checks passed, and nothing reads
+    ``ckptpub.json`` again in between: an engine asks the daemon inside this block,
+    and a daemon runs its whole life inside it (``daemon.run_daemon``), so the key
+    computed in vLLM's ``WeightCacheDaemon.__init__`` and the verified
+    ``load_weights`` use the one object, and the one ``folder`` it was read from
+    (``model`` itself by default; a hub id's snapshot otherwise). ``None`` keeps the
+    decision "no manifest" (vLLM's own key) rather than reading again. Outside the
+    block the key reads the file as usual.
     """
-    _checked[folder] = manifest
+    previous = _checked.get(model)
+    _checked[model] = Checked(manifest, model if folder is None else folder)
     try:
         yield
     finally:
-        _checked.pop(folder, None)
+        if previous is None:
+            _checked.pop(model, None)
+        else:
+            _checked[model] = previous
+
+
+def checked_for(model: str) -> Checked | None:
+    """The decision ``checked`` put in force for ``model``, or None when there is none."""
+    return _checked.get(model)
+
+
+def model_folder(model: str, revision: str | None = None) -> str:
+    """The folder vLLM's ``model`` names: that path when it exists (with ``HF_HUB_OFFLINE=1`` vLLM
+    hands over a hub id's snapshot path), else the hub id's snapshot at ``revision`` in the Hugging
+    Face cache, resolved offline by huggingface_hub (``ckptpub.integration.locate``). A hub id that is
+    not in the cache is refused: nothing there could be checked."""
+    if os.path.lexists(model):
+        return model
+    try:
+        return locate(model, revision)
+    except ckptpub.CkptpubError as error:
+        raise RefusedError(model, str(error)) from None
 
 
 def has_manifest(folder: str) -> bool:
@@ -56,7 +97,9 @@ def has_manifest(folder: str) -> bool:
     return os.path.lexists(os.path.join(folder, ckptpub.MANIFEST_NAME))
 
 
-def read_folder_manifest(folder: str, kind: str = "") -> ckptpub.Manifest | None:
+def read_folder_manifest(
+    folder: str, kind: str = "", *, check_tables: bool = True
+) -> ckptpub.Manifest | None:
     """The folder's validated manifest; None only when nothing is at its manifest path.
 
     The manifest file is read directly (no separate look at the folder first); only
@@ -64,13 +107,15 @@ def read_folder_manifest(folder: str, kind: str = "") -> ckptpub.Manifest | None
     With ``CKPTPUB_PUBLIC_KEY``/``CKPTPUB_CERTIFICATE_CHAIN`` set (daemons, plain
     ``ipc_cache`` engines) only the manifest that key signed is returned. ``kind``
     names what the folder holds in a refusal (``adapter``; a model by default).
+    ``check_tables=False``: the tables are checked when the tensors are first used
+    (the key needs the identity alone, which commits to the model table's bytes).
     """
     public_key, chain = trusted_from_env()
     if public_key is not None or chain:
         return signed_manifest(folder, public_key, chain, kind)
     path = os.path.join(folder, ckptpub.MANIFEST_NAME)
     try:
-        return ckptpub.read_manifest(path)
+        return ckptpub.read_manifest(path, check_tables=check_tables)
     except ckptpub.CkptpubError as error:
         if not os.path.lexists(path):
             return None
@@ -80,8 +125,11 @@ def read_folder_manifest(folder: str, kind: str = "") -> ckptpub.Manifest | None
 def checkpoint_key(model: str) -> str | None:
     """Drop-in replacement for vLLM's ``protocol.hash_checkpoint``."""
     manifest = None
-    if isinstance(model, str):
-        manifest = _checked.get(model) or read_folder_manifest(model)
+    decided = _checked.get(model) if isinstance(model, str) else None
+    if decided is not None:
+        manifest = decided.manifest
+    elif isinstance(model, str):
+        manifest = read_folder_manifest(folder_of(model), check_tables=False)
     if manifest is not None:
         if (model, manifest.identity) not in _logged:
             _logged.add((model, manifest.identity))
@@ -96,6 +144,46 @@ def checkpoint_key(model: str) -> str | None:
             hint=f"publish it with `ckptpub publish {model}`",
         )
     return original_hash_checkpoint()(model)
+
+
+def older_format_keys(folder: str, manifest: ckptpub.Manifest) -> Iterator[str]:
+    """The identities ``manifest``'s model has in the formats before its own, newest first (computed lazily).
+
+    vLLM's daemon computes its key once: one started before its folder was published
+    again in a newer format holds the folder's model under an older format's identity.
+    An engine the daemon answers with a mismatch on ``checkpoint`` alone asks again
+    with these (the loader) and is handed exactly the model its own manifest describes
+    (the same tensors and config meaning, under that format's rules); ``ckptpub
+    preload`` keeps such a daemon exactly when its identity is one of these. Reads the
+    folder's config files (bounded, inside the folder) only, and only then; a format
+    whose identity cannot be computed (a config changed since publishing, a name the
+    format cannot write) is skipped.
+    """
+    sizes = {f.path: f.size for f in manifest.files}
+    configs = {}
+    try:
+        for name in manifest.config:
+            data, _ = read_prefix(folder, name, sizes.get(name, 0) + 1)
+            configs[name] = loads_strict(data, name, "config")
+    except (ckptpub.CkptpubError, UnreadableError):
+        return
+    if not all(isinstance(document, dict) for document in configs.values()):
+        return
+    for version in reversed(FORMATS[: FORMATS.index(manifest.version)]):
+        try:
+            yield manifest.identity_in(version, configs)
+        except (ckptpub.CkptpubError, ValueError, RecursionError):
+            continue
+
+
+def folder_of(model: str, revision: str | None = None) -> str:
+    """The folder whose manifest speaks for ``model``: as ``model_folder`` finds it, or ``model`` itself
+    when that finds none, so an engine or daemon that does not ask for ``manifest_cache`` keeps vLLM's
+    own behaviour (``hash_checkpoint`` is handed the model alone: the default revision)."""
+    try:
+        return model_folder(model, revision)
+    except RefusedError:
+        return model
 
 
 def original_hash_checkpoint() -> Callable[[str], str | None]:
@@ -120,9 +208,3 @@ def install() -> None:
         return
     setattr(_patched, _PATCH_MARK, current)
     protocol.hash_checkpoint = _patched
-
-
-def installed() -> bool:
-    from vllm.model_executor.model_loader.weight_cache import protocol
-
-    return getattr(protocol.hash_checkpoint, _PATCH_MARK, None) is not None

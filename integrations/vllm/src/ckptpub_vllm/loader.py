@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -32,7 +32,7 @@ from vllm.model_executor.model_loader.weight_cache.ipc_loader import IpcModelLoa
 
 import ckptpub
 
-from . import LOAD_FORMAT, adapters, key
+from . import LOAD_FORMAT, adapters, daemon_reports, key, mismatch, node_share
 from .errors import RefusedError, refusals_logged
 from .log import logger
 from .options import Options, split_extra_config
@@ -43,7 +43,9 @@ from .verify_stream import StreamVerifier, check_shards_are_files
 class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is untyped for mypy here
     """vLLM's default disk loader with every tensor of the main checkpoint verified.
 
-    Tensors are hashed on a few threads as vLLM streams them into the model. In a
+    Tensors are hashed on a few threads as vLLM streams them into the model; when
+    several ranks load the model (tensor, context or pipeline parallel: vLLM's groups),
+    the ranks of one node split the hashing and agree on the outcome (``node_share``). In a
     full ``load_model`` the last hashes are awaited only after vLLM's weight
     post-processing, so they overlap it instead of delaying it: on real shapes the
     hashing costs more CPU than the copy it runs beside. The model is returned only
@@ -51,12 +53,15 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
     weight-cache daemon's) waits for its hashes before returning.
     """
 
-    def __init__(self, load_config: LoadConfig, manifest: ckptpub.Manifest | None, options: Options) -> None:
+    def __init__(
+        self, load_config: LoadConfig, manifest: ckptpub.Manifest | None, options: Options, folder: str
+    ) -> None:
         super().__init__(load_config)
         self.manifest = manifest
         self.options = options
+        self.folder = folder  # where the checkpoint is: vLLM's model, or the snapshot its hub id names
         self.verifier: StreamVerifier | None = None
-        self._folder: str | None = None
+        self._source: str | None = None
         self._started = 0.0
         self._finish_after_post_processing = False
 
@@ -82,14 +87,16 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
                 )
             super().load_weights(model, model_config)
             return
-        self._folder = model_config.model
+        self._source = model_config.model
         self._started = time.perf_counter()
-        check_shards_are_files(model_config.model)
+        check_shards_are_files(self.folder)
         self.verifier = StreamVerifier(
-            model_config.model,
+            self.folder,
             self.manifest,
             threads=self.options.hash_threads,
             max_pending_mib=self.options.max_pending_mib,
+            peers=node_share.peers_from_vllm(),
+            share_hashing=self.options.share_hashing,
         )
         try:
             super().load_weights(model, model_config)
@@ -107,12 +114,24 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
         assert verifier is not None
         assert self.manifest is not None
         verifier.finish()
+        daemon_reports.report(
+            daemon_reports.VERIFIED,
+            folder=self.folder,
+            identity=self.manifest.identity,
+            tensors=verifier.verified_tensors,
+            total=verifier.total_tensors,
+            ranks=verifier.helpers,
+        )
+        others = verifier.helpers - 1
         logger.info(
-            "ckptpub: loaded and verified %d tensors (%.2f GiB) of %s from disk in %.2f s; identity %s",
+            "ckptpub: loaded and verified %d of %d tensors (%.2f GiB here) of %s from disk in %.2f s%s; "
+            "identity %s",
             verifier.verified_tensors,
+            verifier.total_tensors,
             verifier.verified_bytes / 2**30,
             model_config.model,
             time.perf_counter() - self._started,
+            f" (the rest by {others} other rank{'s' if others > 1 else ''} of this node)" if others else "",
             self.manifest.identity,
         )
 
@@ -120,7 +139,7 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
         weights: Iterator[tuple[str, torch.Tensor]] = super()._get_weights_iterator(source)
         if self.verifier is None:
             return weights
-        if source.model_or_path != self._folder or source.prefix or source.subfolder:
+        if source.model_or_path != self._source or source.prefix or source.subfolder:
             logger.warning(
                 "ckptpub: weights from %s (prefix %r) are not covered by the manifest",
                 source.model_or_path,
@@ -129,7 +148,25 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
             return weights
         if source.is_unused_weight is not None or self._encoder_only_lm_prefixes is not None:
             self.verifier.mark_partial("vLLM skips shards this model does not use")
+            self.verifier.share(node_share.READS_UNKNOWN)  # which tensors it sees is vLLM's to say
+        elif self.local_expert_ids is not None:
+            self.verifier.share(node_share.READS_LISTED, expert_filter(self.local_expert_ids))
+        else:
+            self.verifier.share(node_share.READS_ALL)
         return self.verifier.wrap(weights)
+
+
+def expert_filter(local_expert_ids: set[int]) -> Callable[[str], bool] | None:
+    """Whether this rank sees a tensor under expert parallelism: vLLM's own filter, or None (unknown)."""
+    try:
+        from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
+    except ImportError:  # another vLLM: this rank hashes all it sees and takes no share
+        return None
+    return lambda name: not should_skip_weight(name, local_expert_ids)
+
+
+#: How vLLM's ``IpcModelLoader._request_state`` words a daemon's mismatch on the checkpoint field alone.
+_CHECKPOINT_ONLY = "mismatch on fields: ['checkpoint']"
 
 
 def ipc_unsupported_reason() -> str | None:
@@ -153,13 +190,15 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         self.options, rest = split_extra_config(load_config.model_loader_extra_config)
         super().__init__(dataclasses.replace(load_config, model_loader_extra_config=rest))
         self._manifest: ckptpub.Manifest | None = None
+        self._folder = ""
 
     def _prepare(self, model_config: ModelConfig) -> ckptpub.Manifest | None:
-        self._manifest = check_before_start(model_config.model, self.options)
+        self._folder = key.model_folder(model_config.model, model_config.revision)
+        self._manifest = check_before_start(self._folder, self.options)
         return self._manifest
 
     def _disk_loader(self, manifest: ckptpub.Manifest | None) -> VerifyingDiskLoader:
-        return VerifyingDiskLoader(self._fallback_load_config(), manifest, self.options)
+        return VerifyingDiskLoader(self._fallback_load_config(), manifest, self.options, self._folder)
 
     # -- vLLM's entry points ---------------------------------------------------------------
     def get_external_weight_memory(self, vllm_config: VllmConfig) -> int:
@@ -169,17 +208,26 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         return memory
 
     def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = "") -> nn.Module:
-        with refusals_logged():
+        with refusals_logged(model_config.model):
             model = self._load_model(vllm_config, model_config, prefix)
         if vllm_config.lora_config is not None:
-            adapters.serve_base(model, model_config.model, self._manifest, self.options)
+            adapters.serve_base(model, self._folder, self._manifest, self.options)
         return model
 
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
-        """Used by the weight-cache daemon (and reloads): always a verified disk load."""
-        with refusals_logged():
-            manifest = self._prepare(model_config)
-            self._disk_loader(manifest).load_weights(model, model_config)
+        """Used by the weight-cache daemon (and reloads): always a verified disk load.
+
+        In a daemon, against the manifest its key was computed from, in the folder it was
+        read from (``daemon.run_daemon`` checked it and keeps it in force), never a second
+        read of ``ckptpub.json`` nor a second resolution of a hub id.
+        """
+        with refusals_logged(model_config.model):
+            decided = key.checked_for(model_config.model)
+            if decided is None:
+                self._prepare(model_config)
+            else:
+                self._folder, self._manifest = decided.folder, decided.manifest
+            self._disk_loader(self._manifest).load_weights(model, model_config)
 
     def _load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:
         manifest = self._prepare(model_config)
@@ -198,21 +246,51 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
             return self._disk_loader(manifest).load_model(
                 vllm_config=vllm_config, model_config=model_config, prefix=prefix
             )
-        if manifest is None:
-            return super().load_model(vllm_config, model_config, prefix)
-        with key.checked(model_config.model, manifest):
+        with key.checked(model_config.model, manifest, self._folder):
             return super().load_model(vllm_config, model_config, prefix)
 
     def _request_state(self, cache_key: protocol.WeightCacheKey, **kwargs: Any) -> protocol.WeightCacheState:
-        """Log the request and its answer; ``kwargs`` carries what newer vLLMs add (0.33: ``is_reload``)."""
+        """Ask the daemon; on a mismatch on ``checkpoint`` alone, ask again by the older-format identities.
+
+        A daemon started before the folder was published again in a newer format
+        holds this very model under its identity in that older format
+        (``key.older_format_keys``). ``kwargs`` carries what newer vLLMs add (0.33: ``is_reload``).
+        """
         logger.info("ckptpub: asking the weight-cache daemon for checkpoint %s", cache_key.checkpoint)
         try:
             state = super()._request_state(cache_key, **kwargs)
-        except protocol.CacheConfigMismatchError as e:
-            logger.warning("ckptpub: the daemon holds something else (%s); it will not be mapped", e)
+        except protocol.CacheConfigMismatchError as error:
+            older = self._older_keys() if _CHECKPOINT_ONLY in str(error) else iter(())
+            for checkpoint in older:
+                logger.info(
+                    "ckptpub: %s; asking again by this model's identity %s in an older format",
+                    error,
+                    checkpoint,
+                )
+                try:
+                    state = super()._request_state(
+                        dataclasses.replace(cache_key, checkpoint=checkpoint), **kwargs
+                    )
+                except protocol.CacheConfigMismatchError:
+                    continue
+                logger.info(
+                    "ckptpub: the daemon holds this model under its older-format identity %s: mapping its "
+                    "weights",
+                    checkpoint,
+                )
+                return state
+            what = mismatch.describe(cache_key, mismatch.ask_held(self), str(error))
+            if not self.fallback:
+                raise RefusedError(self._folder, f"{what}; fallback is false, so nothing is loaded") from None
+            logger.warning("ckptpub: %s: not mapped; falling back to a verified disk load", what)
             raise
         logger.info("ckptpub: the daemon holds %s: mapping its weights", cache_key.checkpoint)
         return state
+
+    def _older_keys(self) -> Iterator[str]:
+        if self._manifest is None or not self._folder:
+            return iter(())
+        return key.older_format_keys(self._folder, self._manifest)
 
     def _fallback_load(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:
         manifest = self._manifest if self._manifest is not None else self._prepare(model_config)

@@ -50,6 +50,9 @@ class Options:
     ``adapter_identities``: ``{name or path: identity}`` in the extra config (kept as
     sorted pairs), an expected identity per adapter, matched by the adapter's name
     and by its folder; checked like ``expect_identity``.
+    ``share_hashing``: when several ranks of one node load the model, each hashes a
+    share of the tensors (``node_share``); false: every rank hashes every tensor it
+    reads itself (the ranks still agree on the outcome).
     """
 
     verify: bool = True
@@ -62,6 +65,7 @@ class Options:
     adapter_require_manifest: bool = True
     adapter_base_check: bool = True
     adapter_identities: tuple[tuple[str, str], ...] = ()
+    share_hashing: bool = True
 
     @property
     def trusted(self) -> tuple[str | None, tuple[str, ...]] | None:

@@ -19,7 +19,11 @@ nothing else. On the disk path every tensor is verified while vLLM streams it.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 import ckptpub
+from ckptpub.integration import cached_model
 
 from .engine_files import check_engine_files
 from .errors import RefusedError
@@ -40,7 +44,7 @@ def check_before_start(folder: str, options: Options) -> ckptpub.Manifest | None
         options,
         expected=options.expect_identity,
         require=options.require_manifest,
-        publish=f"ckptpub publish {folder}",
+        publish=lambda: publish_command(folder),
         opt_out="require_manifest",
         unverified="vLLM's own key and an unverified load apply",
     )
@@ -52,13 +56,21 @@ def check_before_start(folder: str, options: Options) -> ckptpub.Manifest | None
     return manifest
 
 
+def publish_command(folder: str) -> str:
+    """The command that publishes ``folder``: by hub id and commit for a model in the Hugging Face cache."""
+    cached = cached_model(os.path.realpath(folder))
+    if cached is None:
+        return f"ckptpub publish {folder}"
+    return f"ckptpub publish {cached.repo_id} --revision {cached.revision}"
+
+
 def checked_manifest(
     folder: str,
     options: Options,
     *,
     expected: str | None,
     require: bool,
-    publish: str,
+    publish: Callable[[], str],
     opt_out: str,
     unverified: str,
     kind: str = "",
@@ -68,7 +80,7 @@ def checked_manifest(
     With a trusted key in ``options`` only the manifest it signed is returned. A
     folder without a manifest is refused when an identity is ``expected`` (a pin a
     deleted manifest could bypass would pin nothing) or when ``require`` is set,
-    with ``publish`` as the command to run and ``opt_out`` as the option that serves
+    with ``publish()`` as the command to run and ``opt_out`` as the option that serves
     it anyway; otherwise a warning says what happens instead (``unverified``) and
     None is returned.
     """
@@ -85,7 +97,7 @@ def checked_manifest(
             raise RefusedError(
                 folder,
                 f"no {ckptpub.MANIFEST_NAME}",
-                hint=f"publish it with `{publish}`, or set {opt_out} to false to serve it unverified",
+                hint=f"publish it with `{publish()}`, or set {opt_out} to false to serve it unverified",
                 kind=kind,
             )
         subject = f"{kind} {folder}" if kind else folder

@@ -24,10 +24,12 @@ from dataclasses import dataclass
 
 from ckptpub import CkptpubError
 from ckptpub.cli import Command, ExitCode, UsageError
+from ckptpub.integration import PRELOAD_STATE_DIR_ENV
 
 from ..signature import CERTIFICATE_CHAIN_ENV, PUBLIC_KEY_ENV, read_trusted_manifest
+from . import start_checks
 from . import status as st
-from .daemon_process import DEFAULT_COMMAND, IDENTITY_PATTERN, READY_PATTERN
+from .daemon_process import DEFAULT_COMMAND, READY_PATTERN
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,10 @@ class PreloadArguments:
     ready_timeout: float
     stop_timeout: float
     retry_delay: float
-    identity_pattern: str
     ready_pattern: str
     quiet: bool
     status: bool
+    history: bool
     json: bool
     extra: list[str]
 
@@ -98,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--state-dir",
         metavar="DIR",
         help=f"status, decision log, daemon logs (default: "
-        f"${st.STATE_DIR_ENV} or ~/.local/state/ckptpub/preload)",
+        f"${PRELOAD_STATE_DIR_ENV} or ~/.local/state/ckptpub/preload)",
     )
     p.add_argument(
         "--interval", type=float, default=5.0, metavar="S", help="seconds between polls (default 5)"
@@ -111,8 +113,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--socket-dir",
         metavar="DIR",
-        help="fixed weight-cache socket directory for every daemon (implies --one-at-a-time); "
-        "default: a fresh directory per daemon under the state directory",
+        help="weight-cache socket directory of every daemon (engines then need the same socket_dir); "
+        "default: vLLM's own, which engines use when given no socket option",
     )
     p.add_argument(
         "--ready-timeout",
@@ -136,12 +138,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="first back-off after a failed preload, doubled per failure (default 30)",
     )
     p.add_argument(
-        "--identity-pattern",
-        default=IDENTITY_PATTERN,
-        metavar="REGEX",
-        help="log line by which a daemon reports its identity (group 'identity')",
-    )
-    p.add_argument(
         "--ready-pattern",
         default=READY_PATTERN,
         metavar="REGEX",
@@ -150,12 +146,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="do not echo decisions on stderr")
     p.add_argument("--status", action="store_true", help="print what the supervisor holds and why, then exit")
     p.add_argument(
-        "--json", action="store_true", help="with --status: print status.json (plus supervisor_alive)"
+        "--history", action="store_true", help="print every decision and outcome, oldest first, then exit"
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="with --status: print status.json (plus supervisor_alive); with --history: the log's JSON lines",
     )
 
 
 def run(args: PreloadArguments) -> int:
     """Run the supervisor until SIGTERM/SIGINT, or with ``--status`` report what it holds."""
+    if args.status and args.history:
+        raise UsageError("give --status or --history, not both")
+    if args.history:
+        return _history(args)
     return _status(args) if args.status else _supervise(args)
 
 
@@ -191,27 +196,26 @@ def _supervise(args: PreloadArguments) -> int:
     for name in ("interval", "ready_timeout", "stop_timeout", "retry_delay"):
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
-    for name in ("identity_pattern", "ready_pattern"):
-        try:
-            compiled = re.compile(getattr(args, name))
-        except re.error as error:
-            raise UsageError(f"--{name.replace('_', '-')}: {error}") from None
-        if name == "identity_pattern" and not compiled.groups:
-            raise UsageError("--identity-pattern needs a group that captures the identity: (?P<identity>...)")
+    try:
+        re.compile(args.ready_pattern)
+    except re.error as error:
+        raise UsageError(f"--ready-pattern: {error}") from None
     _trust(args)
+    socket_dir = os.path.abspath(args.socket_dir) if args.socket_dir else None
     if args.follow:
         if not os.path.isdir(args.follow):
             raise UsageError(f"--follow {args.follow}: not a directory")
     elif args.model_dir:
         if not os.path.isdir(args.model_dir):
             raise UsageError(f"{args.model_dir}: not a directory")
-        read_trusted_manifest(args.model_dir)  # CkptpubError: no/invalid (or unsigned) manifest -> exit 2
-    if "{folder}" not in args.daemon_cmd:
-        raise UsageError("--daemon-cmd must contain {folder}")
+        # CkptpubError: no/invalid (or unsigned) manifest -> exit 2
+        start_checks.check_is_a_model(args.model_dir, read_trusted_manifest(args.model_dir))
     if any(
         a == "--weight-cache-socket-dir" or a.startswith("--weight-cache-socket-dir=") for a in args.extra
     ):
         raise UsageError("pass the socket directory as --socket-dir (before '--'), not to vllm preload")
+    start_checks.check_daemon_command(args.daemon_cmd, args.extra, socket_dir)
+    start_checks.probe_vllm(args.daemon_cmd, socket_dir)
     config = Config(
         model_dir=os.path.abspath(args.model_dir) if args.model_dir else None,
         follow=os.path.abspath(args.follow) if args.follow else None,
@@ -221,11 +225,10 @@ def _supervise(args: PreloadArguments) -> int:
         state_dir=args.state_dir or st.default_state_dir(),
         interval=args.interval,
         one_at_a_time=args.one_at_a_time,
-        socket_dir=os.path.abspath(args.socket_dir) if args.socket_dir else None,
+        socket_dir=socket_dir,
         ready_timeout=args.ready_timeout,
         stop_timeout=args.stop_timeout,
         retry_delay=args.retry_delay,
-        identity_pattern=args.identity_pattern,
         ready_pattern=args.ready_pattern,
         quiet=args.quiet,
     )
@@ -250,6 +253,15 @@ def supervisor_alive(state_dir: str) -> bool:
     return False
 
 
+def _history(args: PreloadArguments) -> int:
+    state_dir = args.state_dir or st.default_state_dir()
+    if not os.path.isfile(os.path.join(state_dir, st.DECISIONS)):
+        raise CkptpubError(f"{state_dir}: no decision log (has a supervisor run with this --state-dir?)")
+    for entry in st.read_decisions(state_dir):
+        print(json.dumps(entry, sort_keys=True) if args.json else st.format_entry(entry))
+    return ExitCode.OK
+
+
 def _status(args: PreloadArguments) -> int:
     state_dir = args.state_dir or st.default_state_dir()
     data = st.read_json(os.path.join(state_dir, st.STATUS))
@@ -271,6 +283,9 @@ def _status(args: PreloadArguments) -> int:
         and data.get("state") == "ready"
         and held.get("alive", True)
         and held.get("identity")
-        and held.get("identity") == target.get("identity")
+        and (
+            held.get("identity") == target.get("identity")
+            or (data.get("last_decision") or {}).get("why") == "same-model-new-format"  # engines map it
+        )
     )
     return ExitCode.OK if good else ExitCode.MISMATCH

@@ -1,29 +1,35 @@
-"""Start, confirm, stop and adopt one daemon command (``vllm preload`` or a wrapper of it).
+"""Start, confirm, hand over, stop and adopt one daemon command (``vllm preload`` or a wrapper of it).
 
 **Command.** A template split like a shell line (``shlex``), with placeholders
-substituted per launch: ``{folder}`` (the checkpoint's real path), ``{socket_dir}``
-(the weight-cache socket directory of this generation), ``{identity}`` and
-``{python}`` (the supervisor's interpreter); the user's extra arguments (after
+substituted per launch: ``{folder}`` (the checkpoint's real path), ``{identity}``,
+``{python}`` (the supervisor's interpreter) and ``{socket_dir}`` (``--socket-dir``,
+for wrappers that must place it themselves); the user's extra arguments (after
 ``--``) are appended. The default is :data:`DEFAULT_COMMAND`, ``vllm preload`` run
-through :mod:`.vllm_launcher`. Operators wrap it (``numactl ... vllm preload ...``,
-``docker exec ...``); tests substitute a stand-in.
+through :mod:`.vllm_launcher`, on vLLM's default socket path (the one engines use
+when they are given no socket option). Operators wrap it (``numactl ... vllm
+preload ...``, ``docker exec ...``); tests substitute a stand-in.
 
 **Process.** Each daemon command runs in a session (and process group) of its own,
 with stdin from ``/dev/null`` and stdout/stderr to ``logs/daemon-G.log`` in the state
 directory, not a pipe: it keeps running and logging when the supervisor dies, which
 is what lets a restarted supervisor adopt it. Its environment carries
 ``CKPTPUB_PRELOAD_IDENTITY`` (the identity it was started for, checked again on
-adoption through ``/proc/PID/environ``) and ``CKPTPUB_REQUIRE_MANIFEST=1`` (the
-plugin then refuses, in the daemon, a folder without a manifest).
+adoption through ``/proc/PID/environ``), ``CKPTPUB_REQUIRE_MANIFEST=1`` (the plugin
+then refuses, in the daemon, a folder without a manifest) and, in overlap mode,
+``CKPTPUB_PRELOAD_TAKEOVER=1`` (wait for the socket path instead of failing).
 
-**Confirmation.** The identity a daemon holds is what the daemon process itself
-reports, not what the supervisor expects: the ckptpub plugin's daemon wrapper
-(:func:`ckptpub_vllm.daemon.run_daemon`) logs, in each spawned daemon process,
-``ckptpub: weight-cache daemon for DIR is keyed by checkpoint IDENTITY``; vLLM's
-launcher logs ``Weight cache daemon READY`` once every rank has bound its socket.
-A daemon is confirmed when the READY line has appeared, at least one identity line
-has, every identity line names the expected identity, and the process is alive.
-Both patterns are options, for wrappers that log differently.
+**Confirmation.** The identity a daemon holds is what the daemon's processes report
+(``ckptpub_vllm.daemon_reports``, written by the plugin inside each of them), not what
+the supervisor expects: the manifest each one was keyed by (read once), the identity
+its load verified every tensor against, and the ``checkpoint`` field of the key it
+serves with; vLLM's launcher logs ``Weight cache daemon READY`` once every rank has
+bound its socket. A daemon is confirmed when READY has appeared, every process that
+reported was keyed by and verified the expected identity and nothing else, and the
+process is alive.
+
+**Hand-over.** A daemon that is replaced is asked, on its socket, to give up the
+socket path (``ckptpub_hand_over``); it keeps its weights (engines in ``zero_copy``
+mode map them) until it is stopped.
 
 **Stop.** ``SIGTERM`` to the process group (``vllm preload`` terminates its daemon
 children on ``SIGTERM``), ``SIGKILL`` to the group after ``stop_timeout``.
@@ -37,33 +43,44 @@ import os
 import re
 import shlex
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptpub.integration import PRELOAD_IDENTITY_ENV, PRELOAD_TAKEOVER_ENV
+
+from .. import daemon_reports
+from . import failures
+
 #: ``vllm preload`` through :mod:`.vllm_launcher` (vLLM's own CLI, plus logging in the daemon children).
-DEFAULT_COMMAND = (
-    "{python} -m ckptpub_vllm.preload.vllm_launcher preload --model {folder} "
-    "--weight-cache-socket-dir {socket_dir}"
-)
-IDENTITY_PATTERN = r"ckptpub: weight-cache daemon for .* is keyed by checkpoint (?P<identity>\S+)"
+DEFAULT_COMMAND = "{python} -m ckptpub_vllm.preload.vllm_launcher preload --model {folder}"
 READY_PATTERN = r"Weight cache daemon READY"
-IDENTITY_ENV = "CKPTPUB_PRELOAD_IDENTITY"
 
 
-def build_argv(template: str, extra: list[str], *, folder: str, socket_dir: str, identity: str) -> list[str]:
-    """The daemon's argv: ``template`` split like a shell line, placeholders filled, ``extra`` appended."""
+def build_argv(
+    template: str, extra: list[str], *, folder: str, socket_dir: str | None, identity: str
+) -> list[str]:
+    """The daemon's argv: ``template`` split like a shell line, placeholders filled, ``extra`` appended.
+
+    With a ``socket_dir`` (``--socket-dir``), ``--weight-cache-socket-dir DIR`` comes
+    before ``extra`` unless the template places ``{socket_dir}`` itself; without one
+    the daemon uses vLLM's default socket path, the one engines find with no option.
+    """
     try:
         tokens = shlex.split(template)
     except ValueError as error:
         raise ValueError(f"--daemon-cmd: {error}") from None
     if not tokens:
         raise ValueError("--daemon-cmd is empty")
+    if socket_dir is None and "{socket_dir}" in template:
+        raise ValueError("--daemon-cmd uses {socket_dir}: give the directory with --socket-dir")
     values = {
         "{folder}": folder,
-        "{socket_dir}": socket_dir,
+        "{socket_dir}": socket_dir or "",
         "{identity}": identity,
         "{python}": sys.executable,
     }
@@ -72,6 +89,8 @@ def build_argv(template: str, extra: list[str], *, folder: str, socket_dir: str,
         for placeholder, value in values.items():
             token = token.replace(placeholder, value)
         argv.append(token)
+    if socket_dir is not None and "{socket_dir}" not in template:
+        argv += ["--weight-cache-socket-dir", socket_dir]
     return argv + list(extra)
 
 
@@ -139,15 +158,25 @@ def group_alive(pgid: int) -> bool:
 
 @dataclass
 class LogWatch:
-    """Follows a daemon's log file: identities it reported, whether it said READY, last lines."""
+    """Follows a daemon's log file: its reports (``daemon_reports``), vLLM's READY line, the last lines.
+
+    Reports are kept per daemon process (``pid``): a daemon of several ranks has one
+    process, and one set of reports, per rank.
+    """
 
     path: str
-    identity_re: re.Pattern[str]
     ready_re: re.Pattern[str]
     offset: int = 0
     partial: bytes = b""
-    identities: list[str] = field(default_factory=list)
+    keyed: dict[int, str | None] = field(default_factory=dict)  # pid -> identity (None: no manifest)
+    verified: dict[int, str] = field(default_factory=dict)  # pid -> identity
+    waiting: dict[int, str] = field(default_factory=dict)  # pid -> socket path
+    serving: dict[int, str] = field(default_factory=dict)  # pid -> socket path
+    reported: dict[int, str] = field(default_factory=dict)  # pid -> the key's identity (waiting/serving)
+    handed_over: dict[int, str] = field(default_factory=dict)  # pid -> socket path given up
+    clients: dict[int, int | None] = field(default_factory=dict)  # engine pid -> its start ticks
     ready: bool = False
+    last_exception: str | None = None
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=5))
 
     def poll(self) -> None:
@@ -161,16 +190,55 @@ class LogWatch:
         lines = (self.partial + data).split(b"\n")
         self.partial = lines.pop()
         for raw in lines:
-            line = raw.decode("utf-8", "replace").rstrip("\r")
-            if line.strip():
-                self.tail.append(line.strip()[-300:])
-            match = self.identity_re.search(line)
-            if match:
-                self.identities.append(
-                    match.group("identity") if "identity" in match.groupdict() else match.group(1)
-                )
-            if self.ready_re.search(line):
-                self.ready = True
+            self._line(raw.decode("utf-8", "replace").rstrip("\r"))
+
+    def _line(self, line: str) -> None:
+        report = daemon_reports.parse(line)
+        if report is not None:
+            self._report(report)
+            return
+        if line.strip():
+            self.tail.append(line.strip()[-300:])
+        exception = failures.exception_line(line)
+        if exception is not None:
+            self.last_exception = exception
+        if self.ready_re.search(line):
+            self.ready = True
+
+    def _report(self, report: dict[str, Any]) -> None:
+        pid, event = report.get("pid"), report["event"]
+        if not isinstance(pid, int):
+            return
+        identity = report.get("identity")
+        if event == daemon_reports.KEYED:
+            self.keyed[pid] = identity if isinstance(identity, str) else None
+        elif event == daemon_reports.VERIFIED and isinstance(identity, str):
+            self.verified[pid] = identity
+        elif event in (daemon_reports.WAITING, daemon_reports.SERVING):
+            self.reported[pid] = identity if isinstance(identity, str) else "?"
+            target = self.waiting if event == daemon_reports.WAITING else self.serving
+            target[pid] = str(report.get("socket"))
+            if event == daemon_reports.SERVING:
+                self.waiting.pop(pid, None)
+        elif event == daemon_reports.HANDED_OVER:
+            self.handed_over[pid] = str(report.get("socket"))
+            self.serving.pop(pid, None)
+        elif event == daemon_reports.CLIENT and isinstance(report.get("client_pid"), int):
+            start = report.get("client_start")
+            self.clients[report["client_pid"]] = start if isinstance(start, int) else None
+        elif event == daemon_reports.RELEASED and isinstance(report.get("client_pid"), int):
+            self.clients.pop(report["client_pid"], None)
+
+    def identities(self) -> list[str | None]:
+        """Every identity the daemon's processes reported holding, in key, load and socket reports."""
+        return [*self.keyed.values(), *self.verified.values(), *self.reported.values()]
+
+    def live_clients(self) -> list[int]:
+        """Engine processes that were handed this daemon's weights and are still running."""
+        return sorted(pid for pid, start in self.clients.items() if same_process(pid, start))
+
+    def sockets(self) -> list[str]:
+        return sorted(set(self.serving.values()))
 
     def last_line(self) -> str:
         return self.tail[-1] if self.tail else "(no output)"
@@ -186,7 +254,7 @@ class Daemon:
     stamp: list[int] | None
     argv: list[str]
     log_path: str
-    socket_dir: str
+    socket_dir: str | None  # --socket-dir; None: vLLM's default socket path
     pid: int
     start_ticks: int | None
     since: float
@@ -206,17 +274,22 @@ class Daemon:
         stamp: Any,
         argv: list[str],
         log_path: str,
-        socket_dir: str,
-        identity_re: re.Pattern[str],
+        socket_dir: str | None,
         ready_re: re.Pattern[str],
-        env: dict[str, str] | None = None,
+        takeover: bool,
     ) -> Daemon:
-        """Start ``argv`` in its own session with output to ``log_path``."""
+        """Start ``argv`` in its own session with output to ``log_path``.
+
+        ``takeover``: the daemon waits for the socket path's lock when another daemon
+        holds it, instead of failing (``daemon_serving``).
+        """
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
-        child_env = dict(os.environ if env is None else env)
-        child_env[IDENTITY_ENV] = identity
+        child_env = dict(os.environ)
+        child_env[PRELOAD_IDENTITY_ENV] = identity
         child_env.setdefault("CKPTPUB_REQUIRE_MANIFEST", "1")
         child_env.setdefault("PYTHONUNBUFFERED", "1")
+        if takeover:
+            child_env[PRELOAD_TAKEOVER_ENV] = "1"
         with open(log_path, "ab") as log:
             offset = log.tell()
             popen = subprocess.Popen(
@@ -229,8 +302,7 @@ class Daemon:
                 close_fds=True,
             )
         info = proc_stat(popen.pid)
-        watch = LogWatch(log_path, identity_re, ready_re, offset=offset)
-        daemon = cls(
+        return cls(
             generation=generation,
             identity=identity,
             folder=folder,
@@ -241,11 +313,10 @@ class Daemon:
             pid=popen.pid,
             start_ticks=info[1] if info else None,
             since=time.time(),
-            watch=watch,
+            watch=LogWatch(log_path, ready_re, offset=offset),
             popen=popen,
+            log_offset=offset,
         )
-        daemon.log_offset = offset
-        return daemon
 
     # -- liveness -----------------------------------------------------------
 
@@ -261,25 +332,65 @@ class Daemon:
     # -- confirmation -------------------------------------------------------
 
     def check(self) -> tuple[str, str]:
-        """``("loading" | "ready" | "failed", detail)`` from the log and the process."""
+        """``(verdict, detail)`` from the daemon's reports, its log and the process.
+
+        Verdicts: ``loading``; ``waiting`` (every process that reported loaded and
+        verified the expected identity, and some wait to take over a socket path);
+        ``ready``; ``failed`` (worth retrying); ``permanent`` (cannot succeed on retry).
+        """
         self.watch.poll()
-        wrong = [i for i in self.watch.identities if i != self.identity]
+        watch = self.watch
+        wrong = [i for i in watch.identities() if i != self.identity]
         if wrong:
+            if wrong[0] is None:
+                return "failed", "the daemon found no ckptpub.json to key by (its key is vLLM's header hash)"
             return "failed", f"the daemon reported identity {wrong[0]}, expected {self.identity}"
         if not self.alive():
-            self.watch.poll()
+            watch.poll()
             code = f" with code {self.exit_code}" if self.exit_code is not None else ""
-            return "failed", f"daemon command exited{code} before it was ready: {self.watch.last_line()}"
-        if self.watch.ready:
-            if not self.watch.identities:
+            reason = watch.last_exception or watch.last_line()
+            permanent = failures.permanent_reason(watch.last_exception, self.exit_code)
+            if permanent is not None:
+                return "permanent", f"{permanent} (daemon command exited{code}; log {self.log_path})"
+            return "failed", f"daemon command exited{code} before it was ready: {reason}"
+        processes = set(watch.keyed)
+        unverified = sorted(processes - set(watch.verified))
+        if watch.ready:
+            if not processes:
                 return "failed", (
-                    "the daemon reported READY but no manifest-keyed identity (is the ckptpub plugin "
-                    "loaded in the daemon? check VLLM_PLUGINS and --identity-pattern)"
+                    "the daemon reported READY but nothing from the ckptpub plugin (is the plugin loaded "
+                    "in the daemon? check VLLM_PLUGINS)"
+                )
+            if unverified:
+                return "failed", (
+                    f"daemon process {unverified[0]} loaded without verifying every tensor against the "
+                    "manifest (a load format other than manifest_cache, or verify false)"
                 )
             if self.ready_at is None:
                 self.ready_at = time.time()
-            return "ready", f"daemon pid {self.pid} reported identity {self.identity} and READY"
+            return "ready", f"daemon pid {self.pid} reported identity {self.identity}, verified, and READY"
+        if watch.waiting and not unverified and processes <= set(watch.waiting) | set(watch.serving):
+            sockets = ", ".join(sorted(set(watch.waiting.values())))
+            return "waiting", f"daemon pid {self.pid} verified {self.identity} and waits for {sockets}"
         return "loading", "loading"
+
+    # -- hand-over ----------------------------------------------------------
+
+    def hand_over(self) -> list[str]:
+        """Ask each of the daemon's processes to give its socket path up (``ckptpub_hand_over``).
+
+        Returns the paths asked. The daemon keeps running, with its weights, for the
+        engines that mapped them; ``watch.handed_over`` fills as each process reports it.
+        """
+        asked = []
+        for path in self.watch.sockets():
+            if send_command(path, daemon_reports.HAND_OVER_COMMAND):
+                asked.append(path)
+        return asked
+
+    def handed_over(self) -> bool:
+        self.watch.poll()
+        return not self.watch.serving
 
     # -- stop ---------------------------------------------------------------
 
@@ -341,14 +452,15 @@ class Daemon:
 
     @classmethod
     def adopt(
-        cls, record: dict[str, Any], identity_re: re.Pattern[str], ready_re: re.Pattern[str]
+        cls, record: dict[str, Any], ready_re: re.Pattern[str], retired: bool = False
     ) -> tuple[Daemon | None, str]:
         """Re-attach to the daemon described by ``record`` if the live process proves it is that daemon.
 
         Checked with the live process: the pid is alive and started at the recorded
         clock tick (not a reused pid), its command line is the recorded argv, its
         environment names the recorded identity, and its log (from the start) shows
-        READY and only that identity. Returns ``(daemon, "")`` or ``(None, why not)``.
+        READY and only that identity (for a ``retired`` daemon, one that handed its
+        socket path over, only that identity). Returns ``(daemon, "")`` or ``(None, why not)``.
         """
         try:
             pid = int(record["pid"])
@@ -362,10 +474,10 @@ class Daemon:
         if proc_cmdline(pid) != argv:
             return None, f"pid {pid} is running another command (pid reused?)"
         env = proc_environ(pid)
-        if env is not None and env.get(IDENTITY_ENV) != identity:
+        if env is not None and env.get(PRELOAD_IDENTITY_ENV) != identity:
             return None, f"pid {pid} was not started for {identity}"
         offset = int(record.get("log_offset") or 0)
-        watch = LogWatch(str(record.get("log")), identity_re, ready_re, offset=offset)
+        socket_dir = record.get("socket_dir")
         daemon = cls(
             generation=int(record.get("generation", 0)),
             identity=identity,
@@ -373,18 +485,45 @@ class Daemon:
             stamp=record.get("stamp"),
             argv=argv,
             log_path=str(record.get("log")),
-            socket_dir=str(record.get("socket_dir")),
+            socket_dir=str(socket_dir) if socket_dir else None,
             pid=pid,
             start_ticks=start_ticks,
             since=float(record.get("since") or time.time()),
-            watch=watch,
+            watch=LogWatch(str(record.get("log")), ready_re, offset=offset),
             ready_at=record.get("ready_at"),
+            log_offset=offset,
         )
-        daemon.log_offset = offset
         state, detail = daemon.check()
+        if retired:
+            wrong = state == "failed" and "reported identity" in detail
+            return (daemon, f"pid {pid} is ours but {detail}") if wrong else (daemon, "")
         if state != "ready":
             return (
                 daemon,
                 f"pid {pid} is ours but not confirmed: {detail if state == 'failed' else 'still loading'}",
             )
         return daemon, ""
+
+
+def send_command(socket_path: str, command: str, timeout: float = 5.0) -> bool:
+    """Send one of ckptpub's own requests to a daemon's socket; whether it was sent.
+
+    Only to a socket owned by this user (not a symlink), as vLLM's engines check
+    before they connect. The answer is read and discarded: what the daemon did is
+    in its reports.
+    """
+    try:
+        info = os.lstat(socket_path)
+    except OSError:
+        return False
+    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.getuid():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        try:
+            conn.connect(socket_path)
+            conn.sendall(daemon_reports.command_frame(command))
+            conn.recv(4096)
+        except OSError:
+            return False
+    return True

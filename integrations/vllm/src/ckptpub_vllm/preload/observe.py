@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ckptpub
-from ckptpub.errors import and_more
+from ckptpub.errors import and_more, one_line
 
+from ..key import older_format_keys
 from ..signature import read_trusted_manifest
+from . import adapter_runs
 from .decide import Held, Stamp, Target
 
 #: Run-index lines that are not records are named, up to this many, then counted.
@@ -34,7 +36,17 @@ class ManifestCache:
 
     manifests: dict[tuple[str, Stamp | None], ckptpub.Manifest] = field(default_factory=dict)
     verdicts: dict[tuple[str, Stamp], str | None] = field(default_factory=dict)
+    #: Published manifests the supervisor could not use (``reject``), with why: skipped until re-published.
+    rejected: dict[tuple[str, Stamp], str] = field(default_factory=dict)
+    #: ``same_model_in_newer_format``'s answers, by (target folder, manifest stamp, held identity).
+    older: dict[tuple[str, Stamp | None, str], bool] = field(default_factory=dict)
     verify: Callable[[str], Any] = ckptpub.verify
+
+    def reject(self, folder: str, stamp: Stamp, why: str) -> None:
+        """Skip ``folder`` as published at ``stamp`` from now on (a new publish is looked at afresh)."""
+        if len(self.rejected) > 1024:
+            self.rejected.clear()
+        self.rejected[(folder, stamp)] = why
 
     def manifest(self, folder: str, stamp: Stamp | None) -> ckptpub.Manifest:
         """The manifest of ``folder`` as published at ``stamp`` (read once)."""
@@ -69,6 +81,11 @@ def _first_problem(report: Any) -> str:
     return and_more(text, len(problems) - 1)
 
 
+def unusable(error: BaseException) -> str:
+    """Why a candidate's manifest cannot be used, from what reading or comparing it raised (one line)."""
+    return _cut(one_line(f"its {ckptpub.MANIFEST_NAME} cannot be used ({type(error).__name__}: {error})"))
+
+
 def _cut(text: str) -> str:
     return text if len(text) <= MAX_NOTE_CHARS else text[: MAX_NOTE_CHARS - 3] + "..."
 
@@ -91,12 +108,17 @@ def observe_folder(
     folder = os.path.realpath(path)
     try:
         stamp = manifest_stamp(folder)
+        rejected = cache.rejected.get((folder, stamp))
+        if rejected is not None:
+            return Target(folder=folder, step=step, error=f"{path}: {rejected}", notes=notes)
         manifest = cache.manifest(folder, stamp)
     except FileNotFoundError:
         kind = "no such folder" if not os.path.isdir(folder) else f"no {ckptpub.MANIFEST_NAME}"
         return Target(folder=folder, step=step, error=f"{path}: {kind}", notes=notes)
     except (OSError, ckptpub.CkptpubError) as error:
         return Target(folder=folder, step=step, error=f"{path}: {error}", notes=notes)
+    except Exception as error:  # noqa: BLE001 - whatever one candidate's files make a reader raise: skip it
+        return Target(folder=folder, step=step, error=f"{path}: {unusable(error)}", notes=notes)
     if verified_only:
         problem = cache.verify_problem(folder, stamp)
         if problem is not None:
@@ -119,6 +141,8 @@ def observe_run(run_dir: str, cache: ManifestCache, *, verified_only: bool = Fal
     or (with ``verified_only``) that fails ``ckptpub verify`` is skipped and noted.
     Index lines that are not records (``"step": 1e999``, wrong types, an unsafe
     path) are skipped and listed in ``skipped`` (the supervisor warns about each).
+    When the newest usable step is an adapter, the target is the base it records
+    (``adapter_runs``; ``BaseNotFoundError`` when no folder holds it).
     """
     skips: list[str] = []
     try:
@@ -148,13 +172,15 @@ def observe_run(run_dir: str, cache: ManifestCache, *, verified_only: bool = Fal
                     f"step {record['step']}: index says {record.get('identity')}, "
                     f"the folder's manifest says {target.identity} (the manifest wins)"
                 )
-            return Target(
-                folder=target.folder,
-                identity=target.identity,
-                stamp=target.stamp,
-                step=target.step,
-                notes=tuple(notes[-5:]),
-                skipped=tuple(skipped),
+            chosen = replace(target, notes=tuple(notes[-5:]), skipped=tuple(skipped))
+            if not adapter_runs.is_adapter_target(chosen, cache.manifest):
+                return chosen
+            return adapter_runs.base_target(
+                run_dir,
+                chosen,
+                records,
+                cache.manifest,
+                lambda folder: observe_folder(folder, cache, verified_only=verified_only),
             )
         notes.append(f"skipped step {record['step']}: {target.error}")
     return Target(
@@ -177,10 +203,34 @@ def manifests_to_compare(
     return _cached(cache, held.folder, held.stamp), _cached(cache, target.folder, target.stamp)
 
 
+def same_model_in_newer_format(held: Held | None, target: Target, cache: ManifestCache) -> bool:
+    """Whether the target is the held daemon's model, published again in a newer manifest format.
+
+    True exactly when the held identity is the target's identity in an older format
+    (``key.older_format_keys``: what an engine asks the daemon by after a mismatch), so
+    a kept daemon is one the target's engines map. Computed once per published target
+    manifest and held identity (at 100k tensors it decodes every entry).
+    """
+    if held is None or not held.alive or target.error is not None or target.folder is None:
+        return False
+    if held.identity == target.identity:
+        return False
+    key = (target.folder, target.stamp, held.identity)
+    if key not in cache.older:
+        if len(cache.older) > 64:
+            cache.older.clear()
+        try:
+            manifest = cache.manifest(target.folder, target.stamp)
+        except (OSError, ckptpub.CkptpubError):
+            return False
+        cache.older[key] = held.identity in older_format_keys(target.folder, manifest)
+    return cache.older[key]
+
+
 def _cached(cache: ManifestCache, folder: str | None, stamp: Stamp | None) -> ckptpub.Manifest | None:
     if folder is None:
         return None
     try:
         return cache.manifest(folder, stamp)
-    except (OSError, ckptpub.CkptpubError):
+    except Exception:  # noqa: BLE001 - the held folder's manifest, however broken: nothing to compare
         return None

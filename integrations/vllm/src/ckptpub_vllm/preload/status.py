@@ -6,12 +6,12 @@ Layout of ``--state-dir`` (one supervisor per directory, enforced by a lock)::
     decisions.jsonl    the decision log, one JSON object a line, appended
     daemon.json        the daemon that holds the weights now (pid, identity, command)
     loading.json       a daemon being loaded and not yet confirmed (absent otherwise)
+    retired.json       replaced daemons kept running for the engines that still map their weights
     supervisor.lock    flock held by the running supervisor
     logs/daemon-G.log  stdout and stderr of generation G's daemon command
-    sockets/gG/        generation G's weight-cache socket directory (overlap mode)
 
 Every JSON file is replaced atomically and the decision log appended a whole line
-at a time, both by :mod:`ckptpub.jsonfiles` (the manifest's and the run index's
+at a time, both by :mod:`ckptpub.integration.jsonfiles` (the manifest's and the run index's
 writer): a reader (``ckptpub preload --status``, a health check, the next
 supervisor) never sees half a file, and a crash leaves at worst a torn last log
 line, which readers skip.
@@ -26,16 +26,16 @@ import os
 import time
 from typing import Any
 
-from ckptpub.errors import CkptpubError
-from ckptpub.integration import jsonfiles
+from ckptpub.errors import CkptpubError, one_line
+from ckptpub.integration import PRELOAD_STATE_DIR_ENV, jsonfiles
 
 STATUS = "status.json"
 DECISIONS = "decisions.jsonl"
 DAEMON = "daemon.json"
 LOADING = "loading.json"
+RETIRED = "retired.json"
 LOCK = "supervisor.lock"
 
-STATE_DIR_ENV = "CKPTPUB_PRELOAD_STATE_DIR"
 #: A status or daemon record larger than this is treated as unusable (it holds notes, not data).
 MAX_FILE_BYTES = 64 << 20
 #: A decision log larger than this is refused unread by :func:`read_decisions`.
@@ -44,7 +44,7 @@ MAX_LOG_BYTES = 256 << 20
 
 def default_state_dir() -> str:
     """``$CKPTPUB_PRELOAD_STATE_DIR``, else ``$XDG_STATE_HOME/ckptpub/preload`` (``~/.local/state/...``)."""
-    env = os.environ.get(STATE_DIR_ENV)
+    env = os.environ.get(PRELOAD_STATE_DIR_ENV)
     if env:
         return env
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
@@ -129,11 +129,23 @@ def _ago(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m ago"
 
 
+def _clock(stamp: object) -> str:
+    if not isinstance(stamp, int | float) or isinstance(stamp, bool) or not stamp:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
 def _when(stamp: float | None, now: float) -> str:
     if not stamp:
         return "-"
-    text = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
-    return f"{text} ({_ago(now - stamp)})"
+    return f"{_clock(stamp)} ({_ago(now - stamp)})"
+
+
+def format_entry(entry: dict[str, Any]) -> str:
+    """One decision-log entry as one line (``ckptpub preload --history``): when, what, why, in words."""
+    kind = "decision" if entry.get("event") == "decision" else "outcome "
+    text = f"{kind} {entry.get('action')} [{entry.get('why')}] {entry.get('reason', '')}"
+    return f"{_clock(entry.get('time'))}  {one_line(text)}"
 
 
 def format_status(status: dict[str, Any], now: float | None = None) -> str:
@@ -155,8 +167,15 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
             f"  since:    {_when(held.get('since'), now)}",
             f"  folder:   {held.get('folder')}",
             f"  pid:      {held.get('pid')}" + ("" if held.get("alive", True) else " (exited)"),
-            f"  sockets:  {held.get('socket_dir')}",
+            f"  sockets:  {', '.join(held.get('sockets') or []) or held.get('socket_dir')}",
         ]
+        if held.get("engines"):
+            lines.append(f"  engines:  pid {', '.join(map(str, held['engines']))} (mapped its weights)")
+    for old in status.get("retired") or []:
+        engines = ", ".join(map(str, old.get("engines") or [])) or "none"
+        lines.append(
+            f"retired:    {old.get('identity')} (pid {old.get('pid')}), kept for engine pid(s) {engines}"
+        )
     if loading:
         lines.append(
             f"loading:    {loading.get('identity')} from {loading.get('folder')} (pid {loading.get('pid')})"

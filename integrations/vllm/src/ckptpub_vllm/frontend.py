@@ -1,0 +1,152 @@
+"""What the plugin does in the process that starts an engine (``LLM(...)``, the OpenAI server).
+
+vLLM builds its configuration there (``EngineArgs.create_engine_config``) and only then
+starts the engine core and workers, which load the weights a minute later and report
+any failure as "Engine core initialization failed. See root cause above." So, for
+``--load-format manifest_cache``, at config time, in this process:
+
+* **options** are checked by building the loader (ours and vLLM's ``ipc_cache`` keys):
+  a bad value of ``--model-loader-extra-config`` is a ``ValueError`` before any engine
+  process starts;
+* **the start checks** run (``startup.check_before_start``: the manifest, its
+  signature, the pin, the engine files): a refusal is raised here, in one line, as the
+  last thing the start prints;
+* **the identity** it checked is pinned for the workers (``expect_identity``, unless the
+  user pinned one), so what this process reports serving is what the workers serve, or
+  they refuse (a re-publish between the two reads);
+* a **refusal made in a worker** while loading (a tensor that differs, a daemon holding
+  another identity with ``fallback: false``) is written by the worker to a file this
+  process names in ``CKPTPUB_REFUSAL_FILE`` (``errors.refusals_logged``), and raised here
+  instead of vLLM's generic startup error;
+* the **served identity** is recorded for tools (``served``: ``/metrics`` and
+  ``/v1/models`` of the OpenAI server).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import tempfile
+from typing import Any
+
+from ckptpub.integration import REFUSAL_FILE_ENV
+
+from .errors import RefusedError
+
+#: A refusal is one line; a relay file larger than this is not read further.
+MAX_RELAY_BYTES = 64 << 10
+_PATCH_MARK = "_ckptpub_frontend"
+
+
+def install() -> None:
+    """Wrap ``EngineArgs.create_engine_config`` (idempotent); the rest is installed when it first runs."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    original = EngineArgs.create_engine_config
+    if getattr(original, _PATCH_MARK, False):
+        return
+
+    def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        vllm_config = original(self, *args, **kwargs)
+        check_at_config_time(vllm_config)
+        return vllm_config
+
+    setattr(create_engine_config, _PATCH_MARK, True)
+    EngineArgs.create_engine_config = create_engine_config
+
+
+def check_at_config_time(vllm_config: Any) -> None:
+    """For ``manifest_cache``: options, start checks, the pin for the workers, the relay, the record."""
+    from . import LOAD_FORMAT, served
+    from .errors import refusals_logged
+    from .key import model_folder
+    from .loader import ManifestCacheLoader
+    from .startup import check_before_start
+
+    load_config = vllm_config.load_config
+    if load_config.load_format != LOAD_FORMAT:
+        return
+    loader = ManifestCacheLoader(load_config)  # ValueError for a bad option, ours or vLLM's
+    model_config = vllm_config.model_config
+    with refusals_logged(model_config.model):
+        # a hub id's snapshot as the workers' loader finds it (``ManifestCacheLoader._prepare``)
+        manifest = check_before_start(model_folder(model_config.model, model_config.revision), loader.options)
+    if manifest is None:
+        return
+    extra = load_config.model_loader_extra_config
+    if isinstance(extra, dict):
+        extra.setdefault("expect_identity", manifest.identity)
+    _relay_refusals_from_workers()
+    served.record_model(vllm_config.model_config, manifest)
+
+
+def _relay_refusals_from_workers() -> None:
+    """Name a relay file for this process's engine processes, and raise what they write to it."""
+    from vllm.v1.engine import utils as engine_utils
+
+    path = os.environ.get(REFUSAL_FILE_ENV)
+    if path is None or not os.path.isfile(path):
+        fd, path = tempfile.mkstemp(prefix="ckptpub-refusal-", suffix=".jsonl")
+        os.close(fd)
+        os.environ[REFUSAL_FILE_ENV] = path
+        atexit.register(_remove, path)
+    with open(path, "wb"):  # a new engine start: what an earlier one relayed is over
+        pass
+    original = engine_utils.wait_for_engine_startup
+    if getattr(original, _PATCH_MARK, False):
+        return
+
+    def wait_for_engine_startup(*args: Any, **kwargs: Any) -> Any:
+        try:
+            started = original(*args, **kwargs)
+        except RuntimeError as error:
+            refusal = relayed_refusal()
+            if refusal is None:
+                raise
+            raise refusal from error
+        _remove(os.environ.get(REFUSAL_FILE_ENV, ""))  # started: later refusals (adapters) are the requests'
+        return started
+
+    setattr(wait_for_engine_startup, _PATCH_MARK, True)
+    engine_utils.wait_for_engine_startup = wait_for_engine_startup
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def relay(error: RefusedError) -> None:
+    """In an engine process: hand ``error`` to the process that started the engine, if it asked."""
+    path = os.environ.get(REFUSAL_FILE_ENV)
+    if not path:
+        return
+    line = json.dumps({"message": str(error)}) + "\n"
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.write(fd, line.encode("utf-8", "backslashreplace"))
+        finally:
+            os.close(fd)
+
+
+def relayed_refusal() -> RefusedError | None:
+    """The first refusal an engine process relayed since this engine started, if any."""
+    path = os.environ.get(REFUSAL_FILE_ENV)
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_RELAY_BYTES)
+    except OSError:
+        return None
+    for raw in data.splitlines():
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("message"), str):
+            return RefusedError.relayed(entry["message"])
+    return None

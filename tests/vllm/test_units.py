@@ -49,6 +49,17 @@ def test_options_are_taken_out_and_the_rest_is_left_for_vllm(monkeypatch):
         split_extra_config({"hash_threads": 0})
 
 
+def test_a_require_manifest_flag_neither_on_nor_off_is_refused_by_the_options_parser(monkeypatch):
+    """An engine with ``CKPTPUB_REQUIRE_MANIFEST=maybe`` refuses to start, in the core's words."""
+    monkeypatch.setenv("CKPTPUB_REQUIRE_MANIFEST", "maybe")
+    with pytest.raises(
+        ValueError, match=r"^CKPTPUB_REQUIRE_MANIFEST: 'maybe' is neither on .* nor off .*\)$"
+    ):
+        split_extra_config({})
+    monkeypatch.setenv("CKPTPUB_REQUIRE_MANIFEST", "off")
+    assert split_extra_config({})[0] == Options()
+
+
 @pytest.mark.parametrize(
     "identity",
     [

@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import ckptpub
+from ckptpub.integration import REQUIRE_MANIFEST_ENV
 
 from .errors import RefusedError
 from .log import logger
-from .options import REQUIRE_MANIFEST_ENV, require_manifest_from_env
+from .options import require_manifest_from_env
 from .signature import signed_manifest, trusted_from_env
 
 _PATCH_MARK = "_ckptpub_original"
@@ -119,7 +120,11 @@ def checkpoint_key(model: str) -> str | None:
                 "ckptpub: weight-cache key for %s is its manifest identity %s", model, manifest.identity
             )
         return manifest.identity
-    if require_manifest_from_env():
+    try:
+        required = require_manifest_from_env()
+    except ckptpub.CkptpubError as error:  # fail closed: a flag that is neither on nor off
+        raise RefusedError(model, str(error)) from None
+    if required:
         raise RefusedError(
             model,
             f"no {ckptpub.MANIFEST_NAME} and {REQUIRE_MANIFEST_ENV}=1",

@@ -14,20 +14,21 @@ The ``adapter_*`` options apply to the LoRA adapters the engine serves (``adapte
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from ckptpub import CkptpubError
-from ckptpub.integration import check_identity
-
-REQUIRE_MANIFEST_ENV = "CKPTPUB_REQUIRE_MANIFEST"
+from ckptpub.integration import REQUIRE_MANIFEST_ENV, check_identity, env_flag
 
 
 def require_manifest_from_env() -> bool:
-    """Whether ``CKPTPUB_REQUIRE_MANIFEST`` asks every process to refuse folders without a manifest."""
-    return os.environ.get(REQUIRE_MANIFEST_ENV, "").strip().lower() in ("1", "true", "yes")
+    """Whether ``CKPTPUB_REQUIRE_MANIFEST`` asks every process to refuse folders without a manifest.
+
+    The core's flag rule (``env_flag``): a value that is neither on nor off is a
+    ``CkptpubError``, so a typo fails closed instead of serving unverified folders.
+    """
+    return env_flag(REQUIRE_MANIFEST_ENV)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ _KEYS = {f.name: f.type for f in fields(Options)}
 
 def split_extra_config(extra: Mapping[str, Any] | None) -> tuple[Options, dict[str, Any]]:
     """Return (our options, the remaining keys for vLLM's IPC loader)."""
+    try:  # an engine with a CKPTPUB_REQUIRE_MANIFEST it cannot read refuses to start, as for a bad option
+        require_manifest_from_env()
+    except CkptpubError as error:
+        raise ValueError(str(error)) from None
     rest = dict(extra or {})
     values: dict[str, Any] = {}
     for name in _KEYS:

@@ -20,12 +20,9 @@ from __future__ import annotations
 import os
 
 import ckptpub
+from ckptpub.integration import CERTIFICATE_CHAIN_ENV, PUBLIC_KEY_ENV
 
 from .errors import RefusedError
-
-PUBLIC_KEY_ENV = "CKPTPUB_PUBLIC_KEY"
-#: PEM files, separated by ``os.pathsep`` (``:``).
-CERTIFICATE_CHAIN_ENV = "CKPTPUB_CERTIFICATE_CHAIN"
 
 
 def trusted_from_env() -> tuple[str | None, tuple[str, ...]]:

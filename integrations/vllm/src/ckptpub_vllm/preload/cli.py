@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 from ckptpub import CkptpubError
 from ckptpub.cli import Command, ExitCode, UsageError
-from ckptpub.integration import PRELOAD_STATE_DIR_ENV
+from ckptpub.integration import CERTIFICATE_CHAIN_ENV, PRELOAD_STATE_DIR_ENV, PUBLIC_KEY_ENV
 
-from ..signature import CERTIFICATE_CHAIN_ENV, PUBLIC_KEY_ENV, read_trusted_manifest
+from ..signature import read_trusted_manifest
 from . import start_checks
 from . import status as st
 from .daemon_process import DEFAULT_COMMAND, READY_PATTERN

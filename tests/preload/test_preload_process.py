@@ -460,6 +460,10 @@ def test_sigterm_while_loading_and_cli_errors(tmp_path):
         ["--history", "--state-dir", tmp_path / "nothing"],
         ["--history", "--status"],
         [m, "--interval", "0"],
+        [m, "--interval", "-1"],
+        [m, "--interval", "nan"],  # busy-polled before the core's duration rule
+        [m, "--interval", "inf"],  # ended as "internal error: OverflowError"
+        [m, "--ready-timeout", "1e400"],
         [m, "--daemon-cmd", "echo hi"],
         [m, "--", "--weight-cache-socket-dir", "/x"],
         [m, "--daemon-cmd", "wrap {socket_dir} {folder}"],

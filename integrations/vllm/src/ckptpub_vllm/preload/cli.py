@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from ckptpub import CkptpubError
-from ckptpub.cli import Command, ExitCode, UsageError
+from ckptpub.cli import Command, ExitCode, UsageError, seconds_argument
 from ckptpub.integration import CERTIFICATE_CHAIN_ENV, PRELOAD_STATE_DIR_ENV, PUBLIC_KEY_ENV
 
 from ..signature import read_trusted_manifest
@@ -103,7 +103,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"${PRELOAD_STATE_DIR_ENV} or ~/.local/state/ckptpub/preload)",
     )
     p.add_argument(
-        "--interval", type=float, default=5.0, metavar="S", help="seconds between polls (default 5)"
+        "--interval",
+        type=seconds_argument,
+        default=5.0,
+        metavar="S",
+        help="seconds between polls (default 5)",
     )
     p.add_argument(
         "--one-at-a-time",
@@ -118,21 +122,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--ready-timeout",
-        type=float,
+        type=seconds_argument,
         default=1800.0,
         metavar="S",
         help="give up on a daemon not ready after S seconds (default 1800)",
     )
     p.add_argument(
         "--stop-timeout",
-        type=float,
+        type=seconds_argument,
         default=60.0,
         metavar="S",
         help="SIGKILL a daemon still running S seconds after SIGTERM (default 60)",
     )
     p.add_argument(
         "--retry-delay",
-        type=float,
+        type=seconds_argument,
         default=30.0,
         metavar="S",
         help="first back-off after a failed preload, doubled per failure (default 30)",
@@ -193,9 +197,6 @@ def _supervise(args: PreloadArguments) -> int:
 
     if bool(args.model_dir) == bool(args.follow):
         raise UsageError("give exactly one of MODEL_DIR or --follow RUN_DIR")
-    for name in ("interval", "ready_timeout", "stop_timeout", "retry_delay"):
-        if getattr(args, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive")
     try:
         re.compile(args.ready_pattern)
     except re.error as error:

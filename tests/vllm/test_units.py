@@ -236,6 +236,18 @@ def test_every_refusal_is_one_line_of_one_shape_and_keeps_paths_exact():
     assert str(RefusedError.for_problems("/c", ["a", "b"])) == "ckptpub: refusing to serve /c: a (and 1 more)"
 
 
+def test_no_refusal_or_log_line_of_the_plugin_lets_a_control_character_through(caplog):
+    """A terminal escape in a folder or tensor name is escaped (``one_line``), in a refusal and in the log."""
+    from ckptpub_vllm.log import logger
+
+    error = RefusedError("/ckpt/\x1b[2J", "tensor 'a\tb' differs")
+    assert str(error) == "ckptpub: refusing to serve /ckpt/\\x1b[2J: tensor 'a\\tb' differs"
+    assert str(RefusedError.relayed("relayed \x1b[2J\r")) == "relayed \\x1b[2J\\r"
+    with caplog.at_level("INFO", logger="vllm.ckptpub"):
+        logger.info("ckptpub: requested %s, identity %s", "/m\x1b[2J\nx", "blake3:0")
+    assert caplog.records[-1].getMessage() == "ckptpub: requested /m\\x1b[2J\\nx, identity blake3:0"
+
+
 def test_any_ckptpub_error_in_the_loader_is_a_refusal_in_the_same_words():
     """The loader's entry points let no bare ``CkptpubError`` through (a check that raises one
     directly, a table decoded late): each becomes the one refusal line, logged once."""

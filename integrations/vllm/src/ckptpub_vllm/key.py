@@ -93,9 +93,9 @@ def read_folder_manifest(
     ``check_tables=False``: the tables are checked when the tensors are first used
     (the key needs the identity alone, which commits to the model table's bytes).
     """
-    public_key, chain = trusted_from_env()
-    if public_key is not None or chain:
-        return signed_manifest(folder, public_key, chain, kind)
+    trusted = trusted_from_env(folder, kind)
+    if trusted is not None:
+        return signed_manifest(folder, trusted, kind)
     path = os.path.join(folder, ckptpub.MANIFEST_NAME)
     try:
         return ckptpub.read_manifest(path, check_tables=check_tables)

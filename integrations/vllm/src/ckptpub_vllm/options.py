@@ -20,6 +20,7 @@ from typing import Any
 
 from ckptpub import CkptpubError
 from ckptpub.integration import REQUIRE_MANIFEST_ENV, check_identity, env_flag
+from ckptpub.signing import TrustedKey
 
 
 def require_manifest_from_env() -> bool:
@@ -69,11 +70,9 @@ class Options:
     share_hashing: bool = True
 
     @property
-    def trusted(self) -> tuple[str | None, tuple[str, ...]] | None:
-        """``(public_key, certificate_chain)`` to check signatures with, or None when neither is set."""
-        if self.public_key is None and not self.certificate_chain:
-            return None
-        return self.public_key, self.certificate_chain
+    def trusted(self) -> TrustedKey | None:
+        """The key to check signatures with, or None when neither option is set (``TrustedKey.of``)."""
+        return TrustedKey.of(self.public_key, self.certificate_chain)
 
 
 _KEYS = {f.name: f.type for f in fields(Options)}

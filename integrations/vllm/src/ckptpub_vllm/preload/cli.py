@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from ckptpub import CkptpubError
 from ckptpub.cli import Command, ExitCode, UsageError, seconds_argument
 from ckptpub.integration import CERTIFICATE_CHAIN_ENV, PRELOAD_STATE_DIR_ENV, PUBLIC_KEY_ENV
+from ckptpub.signing import TrustedKey, read_trusted_manifest
 
-from ..signature import read_trusted_manifest
 from . import start_checks
 from . import status as st
 from .daemon_process import DEFAULT_COMMAND, READY_PATTERN
@@ -210,7 +210,9 @@ def _supervise(args: PreloadArguments) -> int:
         if not os.path.isdir(args.model_dir):
             raise UsageError(f"{args.model_dir}: not a directory")
         # CkptpubError: no/invalid (or unsigned) manifest -> exit 2
-        start_checks.check_is_a_model(args.model_dir, read_trusted_manifest(args.model_dir))
+        start_checks.check_is_a_model(
+            args.model_dir, read_trusted_manifest(args.model_dir, TrustedKey.from_environment())
+        )
     if any(
         a == "--weight-cache-socket-dir" or a.startswith("--weight-cache-socket-dir=") for a in args.extra
     ):

@@ -460,6 +460,10 @@ def test_sigterm_while_loading_and_cli_errors(tmp_path):
         ["--history", "--state-dir", tmp_path / "nothing"],
         ["--history", "--status"],
         [m, "--interval", "0"],
+        [m, "--interval", "-1"],
+        [m, "--interval", "nan"],  # busy-polled before the core's duration rule
+        [m, "--interval", "inf"],  # ended as "internal error: OverflowError"
+        [m, "--ready-timeout", "1e400"],
         [m, "--daemon-cmd", "echo hi"],
         [m, "--", "--weight-cache-socket-dir", "/x"],
         [m, "--daemon-cmd", "wrap {socket_dir} {folder}"],
@@ -690,3 +694,38 @@ def test_a_malformed_step_is_skipped_and_the_held_daemon_kept(tmp_path):
         assert sup.terminate() == 0
     finally:
         sup.cleanup()
+
+
+def test_a_folder_named_with_a_terminal_escape_and_a_newline_never_reaches_the_terminal_raw(tmp_path):
+    """Every line ``ckptpub preload`` prints about such a folder (its start, ``--status``, ``--history``, a
+    refusal at start and while supervising) is ``one_line``'s: no control character but the line ends."""
+    model = tmp_path / "m\x1b[2J\nx"
+    identity = make_checkpoint(model, seed=1)
+    printed = []
+    bare = tmp_path / "bare\x1b[2J\nfolder"
+    bare.mkdir()
+    refused = subprocess.run(
+        [sys.executable, "-m", "ckptpub", "preload", str(bare)], capture_output=True, timeout=60
+    )
+    assert refused.returncode == 2, refused
+    printed.append(refused.stdout + refused.stderr)
+    sup = SupervisorProc(tmp_path, [str(model)]).start()
+    try:
+        wait_for(ready_with(sup, identity), 30, "ready", sup)
+        (model / "ckptpub.json").write_bytes(b"{not json\n")  # refused while supervising: target unusable
+        wait_for(lambda: (sup.status().get("target") or {}).get("error"), 30, "target unusable", sup)
+        for extra in ([], ["--history"]):
+            shown = subprocess.run(
+                [sys.executable, "-m", "ckptpub", "preload", "--state-dir", str(sup.state_dir)]
+                + (extra or ["--status"]),
+                capture_output=True,
+                timeout=60,
+            )
+            printed.append(shown.stdout + shown.stderr)
+        assert sup.terminate() == 0
+    finally:
+        sup.cleanup()
+    printed.append(sup.stderr_path.read_bytes())
+    for output in printed:
+        assert not {byte for byte in output if byte < 0x20 and byte != 0x0A} | ({0x7F} & set(output)), output
+    assert all(b"\\x1b[2J\\n" in output for output in printed), printed  # named, escaped

@@ -43,6 +43,8 @@ def run(job):
     from vllm import LLM, SamplingParams
 
     llm = None
+    saved = {name: os.environ.get(name) for name in job.get("env", {})}
+    os.environ.update(job.get("env", {}))  # this job's variables, for its engine start only
     try:
         llm = LLM(
             model=job["model"],
@@ -59,6 +61,11 @@ def run(job):
     except Exception as e:  # report, the test decides
         return {"error": " ".join(f"{type(e).__name__}: {e}".split())}
     finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         if llm is not None:
             with contextlib.suppress(Exception):
                 llm.llm_engine.engine_core.shutdown()

@@ -37,10 +37,15 @@ OTHER = "blake3:" + "1" * 64
 
 @pytest.fixture(scope="module")
 def offline(models):
-    """One process, three engine starts with the engine core in its own process (vLLM's default)."""
+    """One process, four engine starts with the engine core in its own process (vLLM's default)."""
     jobs = [  # the engine process of the last one is the only one started
         {"model": models["v1"], "load_format": "manifest_cache", "extra": {"expect_identity": OTHER}},
         {"model": models["v1"], "load_format": "manifest_cache", "extra": {"hash_threads": 0}},
+        {
+            "model": models["v1"],
+            "load_format": "manifest_cache",
+            "env": {"CKPTPUB_REQUIRE_MANIFEST": "maybe"},
+        },
         {
             "model": models["tampered"],
             "load_format": "manifest_cache",
@@ -51,15 +56,15 @@ def offline(models):
 
 
 def test_offline_refusal_in_the_worker_is_what_the_caller_gets(offline, models):
-    (_, _, tampered), logs = offline
+    (*_, tampered), logs = offline
     assert tampered["error"].startswith(
         f"RefusedError: ckptpub: refusing to serve {models['tampered']}: tensor 'model.norm.weight' differs"
     ), tampered
-    assert "WorkerProc initialization failed" in logs[2]  # it happened in the engine's own processes
+    assert "WorkerProc initialization failed" in logs[-1]  # it happened in the engine's own processes
 
 
 def test_offline_refusals_at_config_time_come_before_any_engine_process(offline, models):
-    (pinned, bad_option, _), logs = offline
+    (pinned, bad_option, bad_flag, _), logs = offline
     identity = ckptpub.read_manifest(models["v1"]).identity
     assert pinned["error"] == (
         f"RefusedError: ckptpub: refusing to serve {models['v1']}: its identity {identity} is not the "
@@ -69,7 +74,10 @@ def test_offline_refusals_at_config_time_come_before_any_engine_process(offline,
         bad_option["error"]
         == "ValueError: manifest_cache option 'hash_threads' must be a positive integer, got 0"
     )
-    for log in logs[:2]:
+    assert bad_flag["error"] == (  # fail closed: a flag neither on nor off is the core's refusal, in one line
+        "ValueError: CKPTPUB_REQUIRE_MANIFEST: 'maybe' is neither on (1/true/yes/on) nor off (0/false/no/off)"
+    )
+    for log in logs[:3]:
         assert "EngineCore" not in log, log[-2000:]  # no engine process was started
 
 

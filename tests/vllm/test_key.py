@@ -86,10 +86,19 @@ def test_without_manifest_vllm_key_is_kept(models):
     assert key.checkpoint == original_hash_checkpoint()(models["nomanifest"])
 
 
-def test_fail_closed_on_missing_manifest_when_asked(models, monkeypatch):
-    monkeypatch.setenv("CKPTPUB_REQUIRE_MANIFEST", "1")
-    with pytest.raises(RefusedError, match="no ckptpub.json"):
+@pytest.mark.parametrize(
+    ("value", "refusal"),
+    [
+        ("1", "no ckptpub.json"),
+        ("on", "no ckptpub.json"),  # the core's flag words, as for every CKPTPUB_* flag
+        ("maybe", "CKPTPUB_REQUIRE_MANIFEST: 'maybe' is neither on"),  # fail closed, not "off"
+    ],
+)
+def test_fail_closed_on_missing_manifest_when_asked(models, monkeypatch, value, refusal):
+    monkeypatch.setenv("CKPTPUB_REQUIRE_MANIFEST", value)
+    with pytest.raises(RefusedError, match=refusal) as raised:
         key_of(models["nomanifest"])
+    assert "\n" not in str(raised.value)
 
 
 def test_invalid_manifest_is_an_error_not_a_fallback(models, tmp_path):

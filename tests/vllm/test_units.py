@@ -49,6 +49,17 @@ def test_options_are_taken_out_and_the_rest_is_left_for_vllm(monkeypatch):
         split_extra_config({"hash_threads": 0})
 
 
+def test_a_require_manifest_flag_neither_on_nor_off_is_refused_by_the_options_parser(monkeypatch):
+    """An engine with ``CKPTPUB_REQUIRE_MANIFEST=maybe`` refuses to start, in the core's words."""
+    monkeypatch.setenv("CKPTPUB_REQUIRE_MANIFEST", "maybe")
+    with pytest.raises(
+        ValueError, match=r"^CKPTPUB_REQUIRE_MANIFEST: 'maybe' is neither on .* nor off .*\)$"
+    ):
+        split_extra_config({})
+    monkeypatch.setenv("CKPTPUB_REQUIRE_MANIFEST", "off")
+    assert split_extra_config({})[0] == Options()
+
+
 @pytest.mark.parametrize(
     "identity",
     [
@@ -223,6 +234,18 @@ def test_every_refusal_is_one_line_of_one_shape_and_keeps_paths_exact():
     )
     assert (error.folder, error.reason) == ("/ckpt/step  1\n2", "tensor 'x' differs")
     assert str(RefusedError.for_problems("/c", ["a", "b"])) == "ckptpub: refusing to serve /c: a (and 1 more)"
+
+
+def test_no_refusal_or_log_line_of_the_plugin_lets_a_control_character_through(caplog):
+    """A terminal escape in a folder or tensor name is escaped (``one_line``), in a refusal and in the log."""
+    from ckptpub_vllm.log import logger
+
+    error = RefusedError("/ckpt/\x1b[2J", "tensor 'a\tb' differs")
+    assert str(error) == "ckptpub: refusing to serve /ckpt/\\x1b[2J: tensor 'a\\tb' differs"
+    assert str(RefusedError.relayed("relayed \x1b[2J\r")) == "relayed \\x1b[2J\\r"
+    with caplog.at_level("INFO", logger="vllm.ckptpub"):
+        logger.info("ckptpub: requested %s, identity %s", "/m\x1b[2J\nx", "blake3:0")
+    assert caplog.records[-1].getMessage() == "ckptpub: requested /m\\x1b[2J\\nx, identity blake3:0"
 
 
 def test_any_ckptpub_error_in_the_loader_is_a_refusal_in_the_same_words():

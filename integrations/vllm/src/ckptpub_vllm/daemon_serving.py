@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import signal
 import socket
 import struct
@@ -34,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ckptpub.integration import PRELOAD_TAKEOVER_ENV
+from ckptpub.integration import PRELOAD_TAKEOVER_ENV, env_flag
 
 from . import daemon_reports
 from .daemon_reports import CLIENT, HAND_OVER_COMMAND, HANDED_OVER, HELD_COMMAND, RELEASED, SERVING, WAITING
@@ -59,7 +58,8 @@ class HandOver(BaseException):
 
 
 def takeover_from_env() -> bool:
-    return os.environ.get(PRELOAD_TAKEOVER_ENV, "") == "1"
+    """Whether ``ckptpub preload`` started this daemon to take over a socket path (the core's flag rule)."""
+    return env_flag(PRELOAD_TAKEOVER_ENV)
 
 
 def held_key(daemon: Any) -> Any:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 
 import ckptpub
-from ckptpub.integration import loads_strict
+from ckptpub.integration import SAFETENSORS_INDEX_NAME, TRAINER_STATE_NAME, loads_strict
 
 from .errors import RefusedError
 from .folder_reads import UnreadableError, read_prefix
@@ -39,7 +39,7 @@ _PREFIXES = (
 _SUFFIXES = (".json", ".jinja", ".model", ".tiktoken")
 #: Not read by an engine: the manifest (read and validated on its own), the shard index (read only
 #: on the disk path, whose shards stream verified anyway) and training state, ``ckptpub verify``'s business.
-_NOT_READ = frozenset({ckptpub.MANIFEST_NAME, "model.safetensors.index.json", "trainer_state.json"})
+_NOT_READ = frozenset({ckptpub.MANIFEST_NAME, SAFETENSORS_INDEX_NAME, TRAINER_STATE_NAME})
 #: Subfolder of extra chat templates that transformers lists and reads.
 TEMPLATES_FOLDER = "additional_chat_templates"
 

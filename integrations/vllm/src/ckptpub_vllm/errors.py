@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 
-from ckptpub.errors import CkptpubError, and_more
+from ckptpub.errors import CkptpubError, and_more, one_line
 
 from .log import logger
 
@@ -29,8 +29,8 @@ class RefusedError(RuntimeError):
         text = and_more(f"ckptpub: refusing to serve {subject}: {reason}", more)
         if hint:
             text += f"; {hint}"
-        # One line whatever a path holds; everything else is kept exactly.
-        super().__init__(text.replace("\r", "\\r").replace("\n", "\\n"))
+        # One line whatever a path holds, no control character reaching a terminal; the rest kept exactly.
+        super().__init__(one_line(text))
 
     @classmethod
     def for_problems(
@@ -46,7 +46,7 @@ class RefusedError(RuntimeError):
         Its ``reason`` is that whole line; its ``folder`` is not known here (empty).
         """
         error = cls.__new__(cls)
-        RuntimeError.__init__(error, line)
+        RuntimeError.__init__(error, one_line(line))
         error.folder, error.reason, error.kind = "", line, ""
         return error
 

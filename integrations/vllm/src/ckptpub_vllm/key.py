@@ -25,12 +25,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import ckptpub
-from ckptpub.integration import FORMATS, loads_strict, locate
+from ckptpub.integration import FORMATS, REQUIRE_MANIFEST_ENV, loads_strict, locate
 
 from .errors import RefusedError
 from .folder_reads import UnreadableError, read_prefix
 from .log import logger
-from .options import REQUIRE_MANIFEST_ENV, require_manifest_from_env
+from .options import require_manifest_from_env
 from .signature import signed_manifest, trusted_from_env
 
 _PATCH_MARK = "_ckptpub_original"
@@ -110,9 +110,9 @@ def read_folder_manifest(
     ``check_tables=False``: the tables are checked when the tensors are first used
     (the key needs the identity alone, which commits to the model table's bytes).
     """
-    public_key, chain = trusted_from_env()
-    if public_key is not None or chain:
-        return signed_manifest(folder, public_key, chain, kind)
+    trusted = trusted_from_env(folder, kind)
+    if trusted is not None:
+        return signed_manifest(folder, trusted, kind)
     path = os.path.join(folder, ckptpub.MANIFEST_NAME)
     try:
         return ckptpub.read_manifest(path, check_tables=check_tables)
@@ -137,7 +137,11 @@ def checkpoint_key(model: str) -> str | None:
                 "ckptpub: weight-cache key for %s is its manifest identity %s", model, manifest.identity
             )
         return manifest.identity
-    if require_manifest_from_env():
+    try:
+        required = require_manifest_from_env()
+    except ckptpub.CkptpubError as error:  # fail closed: a flag that is neither on nor off
+        raise RefusedError(model, str(error)) from None
+    if required:
         raise RefusedError(
             model,
             f"no {ckptpub.MANIFEST_NAME} and {REQUIRE_MANIFEST_ENV}=1",

@@ -14,20 +14,22 @@ The ``adapter_*`` options apply to the LoRA adapters the engine serves (``adapte
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from ckptpub import CkptpubError
-from ckptpub.integration import check_identity
-
-REQUIRE_MANIFEST_ENV = "CKPTPUB_REQUIRE_MANIFEST"
+from ckptpub.integration import REQUIRE_MANIFEST_ENV, check_identity, env_flag
+from ckptpub.signing import TrustedKey
 
 
 def require_manifest_from_env() -> bool:
-    """Whether ``CKPTPUB_REQUIRE_MANIFEST`` asks every process to refuse folders without a manifest."""
-    return os.environ.get(REQUIRE_MANIFEST_ENV, "").strip().lower() in ("1", "true", "yes")
+    """Whether ``CKPTPUB_REQUIRE_MANIFEST`` asks every process to refuse folders without a manifest.
+
+    The core's flag rule (``env_flag``): a value that is neither on nor off is a
+    ``CkptpubError``, so a typo fails closed instead of serving unverified folders.
+    """
+    return env_flag(REQUIRE_MANIFEST_ENV)
 
 
 @dataclass(frozen=True)
@@ -68,11 +70,9 @@ class Options:
     share_hashing: bool = True
 
     @property
-    def trusted(self) -> tuple[str | None, tuple[str, ...]] | None:
-        """``(public_key, certificate_chain)`` to check signatures with, or None when neither is set."""
-        if self.public_key is None and not self.certificate_chain:
-            return None
-        return self.public_key, self.certificate_chain
+    def trusted(self) -> TrustedKey | None:
+        """The key to check signatures with, or None when neither option is set (``TrustedKey.of``)."""
+        return TrustedKey.of(self.public_key, self.certificate_chain)
 
 
 _KEYS = {f.name: f.type for f in fields(Options)}
@@ -80,6 +80,10 @@ _KEYS = {f.name: f.type for f in fields(Options)}
 
 def split_extra_config(extra: Mapping[str, Any] | None) -> tuple[Options, dict[str, Any]]:
     """Return (our options, the remaining keys for vLLM's IPC loader)."""
+    try:  # an engine with a CKPTPUB_REQUIRE_MANIFEST it cannot read refuses to start, as for a bad option
+        require_manifest_from_env()
+    except CkptpubError as error:
+        raise ValueError(str(error)) from None
     rest = dict(extra or {})
     values: dict[str, Any] = {}
     for name in _KEYS:

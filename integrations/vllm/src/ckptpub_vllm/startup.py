@@ -85,7 +85,7 @@ def checked_manifest(
     None is returned.
     """
     trusted = options.trusted
-    manifest = signed_manifest(folder, *trusted, kind=kind) if trusted else read_folder_manifest(folder, kind)
+    manifest = signed_manifest(folder, trusted, kind) if trusted else read_folder_manifest(folder, kind)
     if manifest is None:
         if expected is not None:
             raise RefusedError(

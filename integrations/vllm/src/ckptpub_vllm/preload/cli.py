@@ -23,10 +23,10 @@ import re
 from dataclasses import dataclass
 
 from ckptpub import CkptpubError
-from ckptpub.cli import Command, ExitCode, UsageError
-from ckptpub.integration import PRELOAD_STATE_DIR_ENV
+from ckptpub.cli import Command, ExitCode, UsageError, seconds_argument
+from ckptpub.integration import CERTIFICATE_CHAIN_ENV, PRELOAD_STATE_DIR_ENV, PUBLIC_KEY_ENV
+from ckptpub.signing import TrustedKey, read_trusted_manifest
 
-from ..signature import CERTIFICATE_CHAIN_ENV, PUBLIC_KEY_ENV, read_trusted_manifest
 from . import start_checks
 from . import status as st
 from .daemon_process import DEFAULT_COMMAND, READY_PATTERN
@@ -103,7 +103,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"${PRELOAD_STATE_DIR_ENV} or ~/.local/state/ckptpub/preload)",
     )
     p.add_argument(
-        "--interval", type=float, default=5.0, metavar="S", help="seconds between polls (default 5)"
+        "--interval",
+        type=seconds_argument,
+        default=5.0,
+        metavar="S",
+        help="seconds between polls (default 5)",
     )
     p.add_argument(
         "--one-at-a-time",
@@ -118,21 +122,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--ready-timeout",
-        type=float,
+        type=seconds_argument,
         default=1800.0,
         metavar="S",
         help="give up on a daemon not ready after S seconds (default 1800)",
     )
     p.add_argument(
         "--stop-timeout",
-        type=float,
+        type=seconds_argument,
         default=60.0,
         metavar="S",
         help="SIGKILL a daemon still running S seconds after SIGTERM (default 60)",
     )
     p.add_argument(
         "--retry-delay",
-        type=float,
+        type=seconds_argument,
         default=30.0,
         metavar="S",
         help="first back-off after a failed preload, doubled per failure (default 30)",
@@ -193,9 +197,6 @@ def _supervise(args: PreloadArguments) -> int:
 
     if bool(args.model_dir) == bool(args.follow):
         raise UsageError("give exactly one of MODEL_DIR or --follow RUN_DIR")
-    for name in ("interval", "ready_timeout", "stop_timeout", "retry_delay"):
-        if getattr(args, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive")
     try:
         re.compile(args.ready_pattern)
     except re.error as error:
@@ -209,7 +210,9 @@ def _supervise(args: PreloadArguments) -> int:
         if not os.path.isdir(args.model_dir):
             raise UsageError(f"{args.model_dir}: not a directory")
         # CkptpubError: no/invalid (or unsigned) manifest -> exit 2
-        start_checks.check_is_a_model(args.model_dir, read_trusted_manifest(args.model_dir))
+        start_checks.check_is_a_model(
+            args.model_dir, read_trusted_manifest(args.model_dir, TrustedKey.from_environment())
+        )
     if any(
         a == "--weight-cache-socket-dir" or a.startswith("--weight-cache-socket-dir=") for a in args.extra
     ):

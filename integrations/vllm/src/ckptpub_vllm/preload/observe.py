@@ -14,9 +14,9 @@ from typing import Any
 
 import ckptpub
 from ckptpub.errors import and_more, one_line
+from ckptpub.signing import TrustedKey, read_trusted_manifest
 
 from ..key import older_format_keys
-from ..signature import read_trusted_manifest
 from . import adapter_runs
 from .decide import Held, Stamp, Target
 
@@ -56,7 +56,7 @@ class ManifestCache:
                 self.manifests.clear()
             # With CKPTPUB_PUBLIC_KEY (ckptpub preload --public-key): only what the key signed; a failure
             # is not cached, so a signature that lands after its manifest is seen at the next poll.
-            self.manifests[key] = read_trusted_manifest(folder)
+            self.manifests[key] = read_trusted_manifest(folder, TrustedKey.from_environment())
         return self.manifests[key]
 
     def verify_problem(self, folder: str, stamp: Stamp) -> str | None:

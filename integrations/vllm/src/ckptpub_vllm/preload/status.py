@@ -191,4 +191,4 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
         lines.append(f"  because:  {last.get('reason')}")
     if status.get("last_error"):
         lines.append(f"error:      {status['last_error']}")
-    return "\n".join(lines)
+    return "\n".join(one_line(line) for line in lines)  # a folder's or a daemon's text: no control character

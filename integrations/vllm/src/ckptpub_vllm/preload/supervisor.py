@@ -38,6 +38,7 @@ from types import FrameType
 from typing import Any
 
 from ckptpub import CkptpubError
+from ckptpub.errors import one_line
 
 from . import adapter_runs
 from . import status as st
@@ -649,7 +650,7 @@ class Supervisor:
     def _say(self, line: str) -> None:
         if not self.cfg.quiet:
             try:
-                print(f"ckptpub preload: {line}", file=sys.stderr, flush=True)
+                print(f"ckptpub preload: {one_line(line)}", file=sys.stderr, flush=True)
             except (
                 OSError,
                 ValueError,

@@ -289,7 +289,8 @@ def test_the_vllm_plugin_command_joins_the_parser() -> None:
     result = run_cli("preload", "--interval", "soon")
     assert (result.returncode, result.stderr) == (
         2,
-        "ckptpub preload: error: argument --interval: invalid float value: 'soon' "
+        "ckptpub preload: error: argument --interval: 'soon' is not a positive number of seconds "
+        "(at most 10000000) "
         "(see 'ckptpub preload --help')\n",
     )
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 
 import ckptpub
-from ckptpub.integration import SAFETENSORS_INDEX_NAME, TRAINER_STATE_NAME, loads_strict
+from ckptpub.integration import SAFETENSORS_INDEX_NAME, TRAINER_STATE_NAME, config_meaning
 
 from .errors import RefusedError
 from .folder_reads import UnreadableError, read_prefix
@@ -121,13 +121,13 @@ def _present_engine_files(folder: str) -> list[str]:
 def _config_meaning(path: str, data: bytes, version: str) -> str | None:
     """The config digest of ``data`` under format ``version``'s rule; None for a config no manifest records.
 
-    Read by the strict reader publishing reads configs with, so that covers text
-    that is not a JSON object and what canonical JSON cannot write (NaN, ``1e400``,
-    duplicate keys, nesting too deep): a forged manifest may list such a config
-    with matching bytes, and it must be refused like any other mismatch.
+    The core's one config reader (``ckptpub.integration.config_meaning``, the one
+    publish and verify use), so text that is not a JSON object or that canonical JSON
+    cannot write (NaN, ``1e400``, duplicate keys, nesting too deep) has no meaning: a
+    forged manifest may list such a config with matching bytes, and it must be
+    refused like any other mismatch.
     """
     try:
-        document = loads_strict(data, path, "config")
-        return ckptpub.config_digest(document, version) if isinstance(document, dict) else None
-    except (ckptpub.CkptpubError, ValueError, RecursionError):
+        return config_meaning(data, path, version)[1]
+    except ckptpub.CkptpubError:
         return None

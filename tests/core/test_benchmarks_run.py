@@ -49,9 +49,12 @@ def test_bench_scale_times_every_command(tmp_path: Path) -> None:
         "ls (2 checkpoints)",
         "log (2 checkpoints)",
     )
-    for command in (*timed, "engine key (in process)"):
+    for command in timed:  # a subprocess each: never under the table's 1 ms resolution
         assert float(rows[command][0]) > 0, rows  # wall
         assert float(rows[command][2]) > 0, rows  # CPU
+    # In process, at this toy size the key can take under 0.5 ms and print as 0.000: timed, as a number.
+    assert float(rows["engine key (in process)"][0]) >= 0, rows
+    assert float(rows["engine key (in process)"][2]) >= 0, rows
 
 
 def test_bench_hash_compares_with_b3sum(tmp_path: Path) -> None:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+from math import prod
 from pathlib import Path
 
 from checkpoints import write_checkpoint
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ckptpub
+from ckptpub._format.manifest import FileRecord, Manifest, TensorRecord, compute_identity
+from ckptpub._format.safetensors import DTYPE_BITS
 from ckptpub._operations.explain import group_tensors
 
 
@@ -93,3 +98,45 @@ def test_a_pattern_stays_one_line_however_many_names_it_covers() -> None:
         "changed", [(f"block.{i}.sub.{j}.w", "bytes") for i in range(4) for j in range(12)]
     )
     assert (nested.pattern, nested.where) == ("block.*.sub.{0-11}.w", "in block 0-3")
+
+
+_NAMES = st.sampled_from([f"t{i}" for i in range(8)])
+#: A tensor's dtype, shape, and a letter standing for its bytes (its digest is the letter 64 times).
+_ENTRY = st.tuples(
+    st.sampled_from(["F32", "BF16"]), st.sampled_from([(2,), (1, 2), (4,)]), st.sampled_from("abc")
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    before=st.dictionaries(_NAMES, _ENTRY, min_size=1),
+    after=st.dictionaries(_NAMES, _ENTRY, min_size=1),
+    same_names=st.booleans(),
+)
+def test_diff_names_every_changed_added_and_removed_tensor(
+    before: dict, after: dict, same_names: bool
+) -> None:
+    """Manifests with the same tensor names are compared column by column, others by name: one answer."""
+    if same_names:  # the common case of two steps of one run: every name on both sides
+        after = {name: after.get(name, entry) for name, entry in before.items()}
+    a, b = _manifest(before), _manifest(after)
+    difference = ckptpub.diff_manifests(a, b)
+    model_a, model_b = a.model(), b.model()
+    changed = sorted(n for n in model_a.keys() & model_b.keys() if model_a[n] != model_b[n])
+    assert difference.changed == tuple(changed)
+    assert difference.added == tuple(sorted(model_b.keys() - model_a.keys()))
+    assert difference.removed == tuple(sorted(model_a.keys() - model_b.keys()))
+    assert [change.name for change in difference.tensor_changes] == list(difference.changed)
+
+
+def _manifest(entries: dict[str, tuple[str, tuple[int, ...], str]]) -> Manifest:
+    """A one-shard manifest of these tensors (name: dtype, shape, a letter standing for its bytes)."""
+    tensors, position = [], 0
+    for name, (dtype, shape, letter) in sorted(entries.items()):
+        end = position + prod(shape) * DTYPE_BITS[dtype] // 8
+        digest = "blake3:" + letter * 64
+        tensors.append(TensorRecord(name, dtype, shape, "w.safetensors", (position, end), digest))
+        position = end
+    files = (FileRecord("w.safetensors", 8 + position, "blake3:" + "0" * 64, 8),)
+    identity = compute_identity(tuple(tensors), files, ("w.safetensors",), {})
+    return Manifest(identity, tuple(tensors), files, ("w.safetensors",), {}, {})

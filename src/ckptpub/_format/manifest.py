@@ -32,7 +32,7 @@ from .canonical import canonical_json
 from .config_meaning import meaning, same_rule
 from .digest import DIGEST_PREFIX, digest_bytes
 from .names import CONFIG_FILES, MANIFEST_NAME
-from .records import FileRecord, ModelEntry, TensorRecord
+from .records import Decoded, FileRecord, ModelEntry, TensorRecord, decoded_from_records, model_entries
 from .regions import (
     BETWEEN,
     END,
@@ -94,8 +94,9 @@ def check_identity(value: object, what: str) -> str:
 class Manifest:
     """A parsed, validated manifest. Build one with ``publish``/``build_manifest`` or ``parse_manifest``.
 
-    ``tensors`` is decoded from a ``ckptpub/3`` manifest's regions (or a ``/2``
-    manifest's tables) on first use, raising ``CkptpubError`` if they break a rule;
+    The entries of a ``ckptpub/3`` manifest's regions (or a ``/2`` manifest's tables)
+    are decoded on first use (``check``, ``decoded``, ``tensors``), once, raising
+    ``CkptpubError`` if they break a rule;
     ``identity``, ``files``, ``weights``, ``config`` and ``provenance`` are checked
     when the manifest is parsed. ``version`` is the format whose rules ``identity``
     and ``config`` follow.
@@ -109,6 +110,7 @@ class Manifest:
         "provenance",
         "version",
         "_tensors",
+        "_decoded",
         "_source",
         "_name",
     )
@@ -131,6 +133,7 @@ class Manifest:
         self.config = config
         self.provenance = provenance
         self._tensors: tuple[TensorRecord, ...] | None = tensors
+        self._decoded: Decoded | None = None
         #: The encoded entries: ckptpub/3 regions (read, or encoded once), or the ckptpub/2 tables read.
         self._source: Regions | Tables | None = None
         self._name = MANIFEST_NAME
@@ -168,13 +171,25 @@ class Manifest:
     def tensors(self) -> tuple[TensorRecord, ...]:
         """Every tensor, in file then offset order."""
         if self._tensors is None:
+            self._tensors = self.decoded().records()
+        return self._tensors
+
+    def decoded(self) -> Decoded:
+        """Every entry as columns, once every rule holds: the model part, and each shard's tensors.
+
+        Decoded once, on first use; what ``verify`` and ``diff`` work with at 100k
+        tensors instead of a record per tensor.
+        """
+        if self._decoded is None:
             source = self._source
             if isinstance(source, Regions):
-                self._tensors = decode_regions(source, self.files, self.weights, self._name)
+                self._decoded = decode_regions(source, self.files, self.weights, self._name)
+            elif isinstance(source, Tables):
+                self._decoded = decode_tables(source, self.files, self.weights, self._name)
             else:
-                assert source is not None
-                self._tensors = decode_tables(source, self.files, self.weights, self._name)
-        return self._tensors
+                assert self._tensors is not None
+                self._decoded = decoded_from_records(self._tensors, self.files, self.weights)
+        return self._decoded
 
     @property
     def regions(self) -> Regions:
@@ -199,6 +214,8 @@ class Manifest:
     @property
     def model_tensor_count(self) -> int:
         """How many tensors the weight files hold (without decoding them)."""
+        if self._decoded is not None:
+            return len(self._decoded.model.names)
         if self._tensors is not None:
             return len(self.weight_tensors())
         if isinstance(self._source, Regions):
@@ -214,7 +231,7 @@ class Manifest:
         ``diff``, an engine's start) gives the same answer; only a reader that needs
         the identity alone (a weight-cache key) skips it, as ``docs/format.md`` allows.
         """
-        _ = self.tensors
+        self.decoded()
         return self
 
     def model(self) -> dict[str, ModelEntry]:
@@ -223,6 +240,8 @@ class Manifest:
         For a manifest read from a file this decodes the model region (or table)
         alone, far faster than ``weight_tensors`` at 100k tensors.
         """
+        if self._decoded is not None:
+            return model_entries(self._decoded.model)
         if self._tensors is None and isinstance(self._source, Regions):
             return decode_model_region(self._source.model, self._name)
         if self._tensors is None and isinstance(self._source, Tables):

@@ -11,10 +11,10 @@ by its size without parsing anything in it:
 * the *layout region*: each safetensors file's tensors in offset order (the order of
   ``files``, ``tensors`` entries per file). A weight file's entry is ``["name"]`` (its
   dtype, shape and digest are in the model region); another file's entry has the four
-  model-region fields. Offsets are not stored (``records.place``).
+  model-region fields. Offsets are not stored (``records.Decoded.shards`` places the tensors).
 
 Entries are canonical JSON joined by ``,\\n``: one byte form per region, which
-``decode_regions`` checks (and every other rule) before returning records. The
+``decode_regions`` checks (and every other rule) before returning the entries. The
 decoding is whole-region work in C (``json``, ``map``, ``zip``), not a Python call per
 tensor, so 100k tensors decode in a few tenths of a second.
 """
@@ -33,11 +33,11 @@ from ..errors import CkptpubError
 from .digest import DIGEST_PREFIX
 from .records import (
     Columns,
+    Decoded,
     Fail,
     FileRecord,
     ModelEntry,
-    TensorRecord,
-    assemble,
+    check_layout,
     failure_in,
     is_hex,
     model_entries,
@@ -159,12 +159,12 @@ def entry_count(region: bytes | memoryview) -> int:
 
 def decode_regions(
     regions: Regions, files: Sequence[FileRecord], weights: Sequence[str], display_name: str
-) -> tuple[TensorRecord, ...]:
-    """Every tensor record, in file then offset order, after checking every rule of the two regions."""
+) -> Decoded:
+    """The entries of the two regions, once every rule of both holds."""
     try:
-        return _records(regions, files, weights, display_name, quoted=True)
+        return _decoded(regions, files, weights, display_name, quoted=True)
     except _NotQuotable:  # the JSON reader says exactly what is wrong (or, if nothing is, decodes it)
-        return _records(regions, files, weights, display_name, quoted=False)
+        return _decoded(regions, files, weights, display_name, quoted=False)
 
 
 def decode_model(model: bytes | memoryview, display_name: str) -> dict[str, ModelEntry]:
@@ -176,9 +176,9 @@ def decode_model(model: bytes | memoryview, display_name: str) -> dict[str, Mode
         return model_entries(_model_columns(model, display_name, fail, quoted=False))
 
 
-def _records(
+def _decoded(
     regions: Regions, files: Sequence[FileRecord], weights: Sequence[str], display_name: str, quoted: bool
-) -> tuple[TensorRecord, ...]:
+) -> Decoded:
     fail = failure_in(display_name)
     model = _model_columns(regions.model, display_name, fail, quoted)
     layout = _reader(regions.layout, "layout region", display_name, fail, quoted)
@@ -190,9 +190,9 @@ def _records(
             where = f"layout region: {shard.path}"
             yield shard, layout.names(count, where) if holds_weights else layout.full(count, where)
 
-    records = assemble(model, blocks(), fail)
+    decoded = Decoded(model, check_layout(model, blocks(), fail))
     layout.finish()
-    return records
+    return decoded
 
 
 def _model_columns(model: bytes | memoryview, display_name: str, fail: Fail, quoted: bool) -> Columns:
@@ -250,13 +250,12 @@ class _Quoted:
             raise _NotQuotable
 
     def names(self, count: int, where: str) -> list[str]:
-        taken = self._take(2 * count)
-        self._separators(taken[1::2])
-        return _raw_names(taken[0::2])
+        names, separators = self._take(count, 2)
+        self._separators(separators)
+        return _raw_names(names)
 
     def full(self, count: int, where: str) -> Columns:
-        taken = self._take(6 * count)
-        names, commas, dtypes, shapes, hexes, separators = (taken[i::6] for i in range(6))
+        names, commas, dtypes, shapes, hexes, separators = self._take(count, 6)
         self._separators(separators)
         if set(commas) - {","} or not all(map(_SHAPE.fullmatch, set(shapes))):
             raise _NotQuotable
@@ -271,17 +270,19 @@ class _Quoted:
         if self.at != len(self.pieces):
             raise _NotQuotable
 
-    def _take(self, pieces: int) -> list[str]:
-        taken = self.pieces[self.at : self.at + pieces]
-        self.at += pieces
-        if len(taken) != pieces:
+    def _take(self, count: int, width: int) -> list[list[str]]:
+        """The next ``count`` entries of ``width`` pieces each, as ``width`` columns of pieces."""
+        start, end = self.at, self.at + count * width
+        if end > len(self.pieces):
             raise _NotQuotable
-        return taken
+        self.at = end
+        return [self.pieces[start + column : end : width] for column in range(width)]
 
     def _separators(self, separators: list[str]) -> None:
         """Between entries ``],\\n[``; after the region's last one (where the pieces end) ``]``."""
         last = "]" if self.at == len(self.pieces) else _SEPARATOR
-        if set(separators[:-1]) - {_SEPARATOR} or (separators and separators[-1] != last):
+        between = separators[:-1]  # counted, not put in a set: 100k equal strings need no hashing
+        if separators and (separators[-1] != last or between.count(_SEPARATOR) != len(between)):
             raise _NotQuotable
 
 

@@ -14,7 +14,7 @@ two UTF-8 tables after a one-line JSON header (``docs/format.md``):
   begins where the one before ends and is as long as its dtype and shape say.
 
 A name holding a tab or a newline cannot be written (publishing refuses it), so
-every line splits one way. ``decode_tables`` checks every rule before returning records.
+every line splits one way. ``decode_tables`` checks every rule before returning the entries.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from ..errors import CkptpubError
 from .digest import DIGEST_PREFIX
 from .records import (
     Columns,
+    Decoded,
     Fail,
     FileRecord,
     ModelEntry,
-    TensorRecord,
-    assemble,
+    check_layout,
     failure_in,
     is_hex,
     model_entries,
@@ -79,11 +79,11 @@ def model_table(entries: list[tuple[str, str]]) -> bytes:
 
 def decode_tables(
     tables: Tables, files: Sequence[FileRecord], weights: Sequence[str], display_name: str
-) -> tuple[TensorRecord, ...]:
-    """Every tensor record, in file then offset order, after checking every rule of the two tables.
+) -> Decoded:
+    """The entries of the two tables, once every rule of both holds.
 
     The work is whole-table string operations and ``map`` over columns, not a
-    Python loop per tensor (``records.assemble``).
+    Python loop per tensor (``records.check_layout``).
     """
     fail = failure_in(display_name)
     model = _model_columns(tables.model, fail)
@@ -102,7 +102,7 @@ def decode_tables(
                 lines if holds_weights else _columns("\n".join(lines) + "\n" if lines else "", where, fail),
             )
 
-    return assemble(model, blocks(), fail)
+    return Decoded(model, check_layout(model, blocks(), fail))
 
 
 def decode_model(model: bytes, display_name: str) -> dict[str, ModelEntry]:

@@ -7,10 +7,13 @@ returns data (``ManifestDiff``); a difference is a result, never an exception.
 from __future__ import annotations
 
 import os
+from itertools import compress
+from operator import ne
 from typing import NamedTuple
 
 from .._filesystem.scan import as_path
-from .._format.manifest import Manifest, ModelEntry
+from .._format.manifest import Manifest
+from .._format.records import Columns, model_entries
 from ..errors import CkptpubError
 from .explain import (
     ConfigChange,
@@ -74,25 +77,22 @@ def diff_manifests(
             raise CkptpubError(
                 f"diff_manifests: {name} must be a Manifest (see read_manifest), got {type(value).__name__}"
             )
-    tensors_a, tensors_b = _model_tensors(a), _model_tensors(b)
-    changed = sorted(n for n in tensors_a.keys() & tensors_b.keys() if tensors_a[n] != tensors_b[n])
-    added = sorted(tensors_b.keys() - tensors_a.keys())
-    removed = sorted(tensors_a.keys() - tensors_b.keys())
+    changes, added, removed = _tensor_differences(_model_tensors(a), _model_tensors(b))
+    changed = [change.name for change in changes]
     configs = compare_configs(
         a, b, *(None if f is None else as_path(f, "folder") for f in (folder_a, folder_b))
     )
-    changes = tuple(tensor_change(n, tensors_a[n], tensors_b[n]) for n in changed)
     groups = (
         group_tensors("changed", [(c.name, c.what) for c in changes])
-        + group_tensors("added", [(n, tensors_b[n].dtype) for n in added])
-        + group_tensors("removed", [(n, tensors_a[n].dtype) for n in removed])
+        + group_tensors("added", added)
+        + group_tensors("removed", removed)
     )
     return ManifestDiff(
         identity_a=a.identity,
         identity_b=b.identity,
         changed=tuple(changed),
-        added=tuple(added),
-        removed=tuple(removed),
+        added=tuple(name for name, _ in added),
+        removed=tuple(name for name, _ in removed),
         config_changed=configs.changed,
         tensor_changes=changes,
         groups=groups,
@@ -108,8 +108,29 @@ def diff_manifests(
     )
 
 
-def _model_tensors(manifest: Manifest) -> dict[str, ModelEntry]:
-    """Model tensors by name; for a folder without weight files, every tensor by ``file:name``."""
+def _model_tensors(manifest: Manifest) -> Columns:
+    """Model tensors sorted by name; for a folder without weight files, every tensor by ``file:name``."""
     if manifest.weights:
-        return manifest.model()
-    return {f"{t.file}:{t.name}": ModelEntry(t.dtype, t.shape, t.digest) for t in manifest.tensors}
+        return manifest.decoded().model
+    tensors = sorted((f"{t.file}:{t.name}", t.dtype, t.shape, t.digest) for t in manifest.tensors)
+    return Columns(*map(list, zip(*tensors, strict=True))) if tensors else Columns([], [], [], [])
+
+
+def _tensor_differences(
+    a: Columns, b: Columns
+) -> tuple[tuple[TensorChange, ...], list[tuple[str, str]], list[tuple[str, str]]]:
+    """Each changed tensor's change, and the added and removed tensors' names and dtypes.
+
+    Two steps of one run list the same tensors: their columns are compared row by
+    row, in C, which at 100k tensors is far cheaper than a lookup by name per tensor.
+    """
+    if a.names == b.names:
+        rows_a = zip(a.dtypes, a.shapes, a.digests, strict=True)
+        different = map(ne, rows_a, zip(b.dtypes, b.shapes, b.digests, strict=True))
+        rows = compress(range(len(a.names)), different)
+        return tuple(tensor_change(a.names[row], a.entry(row), b.entry(row)) for row in rows), [], []
+    entries_a, entries_b = model_entries(a), model_entries(b)
+    changed = sorted(n for n in entries_a.keys() & entries_b.keys() if entries_a[n] != entries_b[n])
+    added = [(n, entries_b[n].dtype) for n in sorted(entries_b.keys() - entries_a.keys())]
+    removed = [(n, entries_a[n].dtype) for n in sorted(entries_a.keys() - entries_b.keys())]
+    return tuple(tensor_change(n, entries_a[n], entries_b[n]) for n in changed), added, removed

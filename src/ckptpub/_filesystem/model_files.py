@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from itertools import chain, repeat
+from operator import attrgetter, itemgetter
 from typing import Any
 
-from .._format.manifest import Manifest, TensorRecord, config_meaning
+from .._format.manifest import Manifest, config_meaning
 from .._format.names import CONFIG_FILES, MANIFEST_NAME, SAFETENSORS_INDEX_NAME
+from .._format.records import ShardTensors
 from .._format.safetensors import ShardLayout, header_length, parse_header
 from .._format.strict_json import loads_strict, loads_two_level
 from ..errors import CkptpubError
@@ -82,11 +85,10 @@ def claim_problems(
             problems.append(
                 (record.path, "a safetensors file listed as a plain file (its tensors are not listed)")
             )
-    recorded: dict[str, list[TensorRecord]] = {}
-    for t in manifest.tensors:
-        recorded.setdefault(t.file, []).append(t)
+    recorded = {tensors.shard.path: tensors for tensors in manifest.decoded().shards()}
     for path, layout in sorted(layouts.items()):
-        if not _same_entries(recorded.get(path, []), layout):
+        tensors = recorded.get(path)
+        if not (same_entries(tensors, layout) if tensors is not None else not layout.tensors):
             problems.append((path, "tensor entries do not match the file's header"))
     try:
         actual_weights = weight_files(entries, layouts)
@@ -104,31 +106,47 @@ def claim_problems(
     return problems
 
 
-def _same_entries(recorded: list[TensorRecord], layout: ShardLayout) -> bool:
+def same_entries(listed: ShardTensors, layout: ShardLayout) -> bool:
     """Whether the manifest's entries for a shard are its header's, one for one.
 
-    Compared one shard at a time, so a 100k-tensor check holds one shard's tuples at most.
+    Compared as whole columns: a header read back unchanged lists its tensors in the
+    order the manifest recorded them. Zero-size tensors share an offset, in whatever
+    order a writer put them, so entries in another order are compared sorted.
     """
-    if len(recorded) != len(layout.tensors):
-        return False
-    # Both sorted the same way: zero-size tensors share an offset, in whatever order a writer put them.
-    listed = sorted((t.data_offsets, t.name, t.dtype, t.shape) for t in recorded)
-    return listed == sorted(((t.begin, t.end), t.name, t.dtype, t.shape) for t in layout.tensors)
+    names, dtypes, shapes, _ = listed.columns
+    entries = list(zip(names, dtypes, shapes, listed.begins(), listed.ends, strict=True))
+    header = list(layout.tensors)
+    return entries == header or sorted(entries, key=_PLACE) == sorted(header, key=_PLACE)
+
+
+#: Where an entry lies first, then what it is: equal for equal entries whatever their order.
+_PLACE = itemgetter(3, 4, 0, 1, 2)
 
 
 def weight_files(entries: Mapping[str, FolderEntry], layouts: Mapping[str, ShardLayout]) -> tuple[str, ...]:
     """The weight files, sorted; each tensor name must occur in only one of them."""
-    top_level = sorted(p for p in layouts if "/" not in p)
     index = entries.get(SAFETENSORS_INDEX_NAME)
     if index is not None:
-        top_level = _files_named_by_index(index, layouts)
-    owner: dict[str, str] = {}
-    for path in top_level:
-        for tensor in layouts[path].tensors:
-            if tensor.name in owner:
-                raise CkptpubError(f"{path}: tensor {tensor.name!r} is also in {owner[tensor.name]}")
-            owner[tensor.name] = path
+        return tuple(_files_named_by_index(index, layouts))
+    top_level = sorted(p for p in layouts if "/" not in p)
+    _owners(top_level, layouts)
     return tuple(top_level)
+
+
+def _owners(files: list[str], layouts: Mapping[str, ShardLayout]) -> dict[str, str]:
+    """The file of ``files`` that holds each tensor name; ``CkptpubError`` for a name held by two."""
+    owner = dict(chain.from_iterable(zip(map(_NAME, layouts[path].tensors), repeat(path)) for path in files))
+    if len(owner) != sum(len(layouts[path].tensors) for path in files):
+        seen: dict[str, str] = {}
+        for path in files:
+            for tensor in layouts[path].tensors:
+                if tensor.name in seen:
+                    raise CkptpubError(f"{path}: tensor {tensor.name!r} is also in {seen[tensor.name]}")
+                seen[tensor.name] = path
+    return owner
+
+
+_NAME = attrgetter("name")
 
 
 def config_digests(entries: Mapping[str, FolderEntry], version: str) -> dict[str, str]:
@@ -152,23 +170,22 @@ def read_config(
 
 
 def _files_named_by_index(index: FolderEntry, layouts: Mapping[str, ShardLayout]) -> list[str]:
+    """The files the index names, sorted, once each is a top-level shard holding the tensors mapped to it."""
     data = read_bounded(index.real_path, MAX_SAFETENSORS_INDEX_BYTES, SAFETENSORS_INDEX_NAME, index.file_id)
     # {"metadata": {...}, "weight_map": {...}}: an object of objects, like a safetensors header
     document = loads_two_level(data) or loads_strict(data, SAFETENSORS_INDEX_NAME, "index")
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+    if not isinstance(weight_map, dict) or not set(map(type, weight_map.values())) <= {str}:
         raise CkptpubError(f"{SAFETENSORS_INDEX_NAME}: weight_map must map tensor names to file names")
-    names_by_file: dict[str, list[str]] = {}
-    for tensor, file in weight_map.items():
-        names_by_file.setdefault(file, []).append(tensor)
-    for file, tensors in sorted(names_by_file.items()):
-        layout = layouts.get(file) if "/" not in file else None
-        if layout is None:
+    files = sorted(set(weight_map.values()))
+    for file in files:
+        if "/" in file or file not in layouts:
             raise CkptpubError(f"{SAFETENSORS_INDEX_NAME}: names {file!r}, which is missing from the folder")
-        held = {t.name for t in layout.tensors}  # one file's names at a time: 100k-tensor indexes
-        absent = [name for name in tensors if name not in held]
-        if absent:
-            raise CkptpubError(
-                f"{SAFETENSORS_INDEX_NAME}: maps tensor {min(absent)!r} to {file}, which does not hold it"
-            )
-    return sorted(names_by_file)
+    owner = _owners(files, layouts)
+    if not weight_map.items() <= owner.items():  # one lookup per entry, in C: 100k-tensor indexes
+        absent = min(name for name, file in weight_map.items() if owner.get(name) != file)
+        file = weight_map[absent]
+        raise CkptpubError(
+            f"{SAFETENSORS_INDEX_NAME}: maps tensor {absent!r} to {file}, which does not hold it"
+        )
+    return files

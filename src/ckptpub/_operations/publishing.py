@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from .._filesystem.hub_cache import HUB_KEY, CachedModel, cached_model, locate
@@ -30,7 +31,7 @@ from .._format.names import MANIFEST_NAME, RUN_INDEX_NAME, SIGNATURE_NAME
 from .._format.records import FileRecord
 from .._format.regions import Entry, check_shapes, encode_regions, entries_of
 from .._format.safetensors import ShardLayout
-from .._hashing.engine import ProgressCallback, Span, check_file_hash
+from .._hashing.engine import ProgressCallback, Span, check_file_hash, tensor_spans
 from .._hashing.options import HashOptions, SpanHasher
 from .._version import __version__
 from ..errors import CkptpubError
@@ -332,14 +333,15 @@ def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]) -> It
     """Per file: the whole file, or for a shard its header then each tensor (the records' order)."""
     for entry in entries:
         layout = layouts.get(entry.path)
-        identity = entry.file_id
         if layout is None:
-            yield Span(entry.real_path, 0, entry.size, entry.path, identity)
+            yield Span(entry.real_path, 0, entry.size, entry.path, entry.file_id)
             continue
-        yield Span(entry.real_path, 0, layout.header_size, entry.path, identity)
-        base = layout.header_size
-        for t in layout.tensors:
-            yield Span(entry.real_path, base + t.begin, base + t.end, entry.path, identity, t.name)
+        yield Span(entry.real_path, 0, layout.header_size, entry.path, entry.file_id)
+        places = (map(_NAME, layout.tensors), map(_BEGIN, layout.tensors), map(_END, layout.tensors))
+        yield from tensor_spans(entry.real_path, entry.path, entry.file_id, layout.header_size, places)
+
+
+_NAME, _BEGIN, _END = attrgetter("name"), attrgetter("begin"), attrgetter("end")
 
 
 def _provenance(extra: Mapping[str, Any] | None, cached: CachedModel | None) -> dict[str, Any]:

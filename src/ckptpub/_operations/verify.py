@@ -15,10 +15,11 @@ from typing import NamedTuple
 from .._filesystem.model_files import claim_problems, is_shard_path, read_layout
 from .._filesystem.read import read_manifest
 from .._filesystem.scan import FolderEntry, resolve_folder, scan_folder
-from .._format.manifest import FileRecord, Manifest, TensorRecord, check_identity
+from .._format.manifest import Manifest, check_identity
 from .._format.names import MANIFEST_NAME
+from .._format.records import ShardTensors
 from .._format.safetensors import ShardLayout
-from .._hashing.engine import ProgressCallback, Span
+from .._hashing.engine import ProgressCallback, Span, tensor_spans
 from .._hashing.options import HashOptions, SpanHasher
 from ..errors import CkptpubError
 
@@ -82,9 +83,7 @@ def verify(
     problems: list[Problem] = []
     checks = _Checks()
     layouts: dict[str, ShardLayout] = {}
-    by_file: dict[str, list[TensorRecord]] = {}
-    for tensor in manifest.tensors:
-        by_file.setdefault(tensor.file, []).append(tensor)
+    listed = {tensors.shard.path: tensors for tensors in manifest.decoded().shards()}
     for record in manifest.files:
         entry = entries.get(record.path)
         if entry is None:
@@ -95,7 +94,7 @@ def verify(
             span = Span(entry.real_path, 0, entry.size, record.path, entry.file_id)
             checks.add(span, record.digest, Problem(record.path, "changed", "content differs"))
         else:
-            checks.add_shard(record, by_file.get(record.path, []), entry)
+            checks.add_shard(listed[record.path], entry)
             try:
                 layouts[record.path] = read_layout(entry.real_path, record.path, entry.file_id)
             except CkptpubError as error:
@@ -121,50 +120,44 @@ def verify(
 class _Checks:
     """What ``verify`` hashes, and what each digest must be; a ``Problem`` is made only for a mismatch.
 
-    A 100k-tensor checkpoint has 100k checks: each holds its span and the manifest's
-    own record (no copy of names or digests), so memory stays near the manifest's.
+    A 100k-tensor checkpoint has 100k checks: a shard's spans are made from the
+    manifest's columns in one pass (``add_shard``), and its expected digests are the
+    manifest's own, so memory stays near the manifest's.
     """
 
     def __init__(self) -> None:
         self.spans: list[Span] = []
         self._expected: list[str] = []
-        self._subjects: list[Problem | TensorRecord] = []  # a TensorRecord: "tensor bytes differ"
+        self._problems: dict[int, Problem] = {}  # by span index; any other span is a tensor's
 
     def add(self, span: Span, digest: str, problem: Problem) -> None:
+        self._problems[len(self.spans)] = problem
         self.spans.append(span)
         self._expected.append(digest)
-        self._subjects.append(problem)
 
-    def add_shard(self, record: FileRecord, tensors: list[TensorRecord], entry: FolderEntry) -> None:
+    def add_shard(self, tensors: ShardTensors, entry: FolderEntry) -> None:
         """The shard's header, then each tensor where the manifest places it.
 
         ``verify`` parses the header too, so a manifest that places tensors where the
         header does not is caught even when every hashed range matches.
         """
-        path, header_size = record.path, record.header_size or 0
+        path, header_size = tensors.shard.path, tensors.shard.header_size or 0
         self.add(
             Span(entry.real_path, 0, header_size, path, entry.file_id),
-            record.digest,
+            tensors.shard.digest,
             Problem(path, "header", "safetensors header differs"),
         )
-        for tensor in tensors:
-            begin, end = tensor.data_offsets
-            self.spans.append(
-                Span(
-                    entry.real_path, header_size + begin, header_size + end, path, entry.file_id, tensor.name
-                )
-            )
-            self._expected.append(tensor.digest)
-            self._subjects.append(tensor)
+        places = (tensors.columns.names, tensors.begins(), tensors.ends)
+        self.spans += tensor_spans(entry.real_path, path, entry.file_id, header_size, places)
+        self._expected += tensors.columns.digests
 
     def mismatches(self, digests: list[str]) -> Iterator[Problem]:
-        for got, want, subject in zip(digests, self._expected, self._subjects, strict=True):
+        if digests == self._expected:
+            return
+        for index, (got, want) in enumerate(zip(digests, self._expected, strict=True)):
             if got != want:
-                yield subject if isinstance(subject, Problem) else _tensor_differs(subject)
-
-
-def _tensor_differs(tensor: TensorRecord) -> Problem:
-    return Problem(tensor.file, "tensor", "bytes differ", tensor.name)
+                span = self.spans[index]
+                yield self._problems.get(index) or Problem(span.name, "tensor", "bytes differ", span.tensor)
 
 
 def _claims(

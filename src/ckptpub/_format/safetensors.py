@@ -107,14 +107,10 @@ def parse_header(header: bytes, file_size: int, display_name: str) -> ShardLayou
     ]
     tensors.sort(key=_BY_OFFSETS)
     data_size = file_size - header_size
-    position = 0
-    for tensor in tensors:
-        if tensor.begin != position:
-            problem = (
-                "overlaps the tensor before it" if tensor.begin < position else "leaves a hole before it"
-            )
-            raise CkptpubError(f"{display_name}: tensor {tensor.name!r} at offset {tensor.begin} {problem}")
-        position = tensor.end
+    begins, ends = list(map(_BEGIN, tensors)), list(map(_END, tensors))
+    if begins[:1] not in ([], [0]) or begins[1:] != ends[:-1]:  # each begins where the one before ends
+        raise CkptpubError(f"{display_name}: {_first_gap(tensors)}")
+    position = ends[-1] if ends else 0
     if position > data_size:
         raise CkptpubError(
             f"{display_name}: tensors end at data offset {position}, "
@@ -125,7 +121,21 @@ def parse_header(header: bytes, file_size: int, display_name: str) -> ShardLayou
     return ShardLayout(header_size=header_size, tensors=tuple(tensors))
 
 
+def _first_gap(tensors: list[TensorSlice]) -> str:
+    """What is wrong where the first tensor (in offset order) does not begin where the one before ends."""
+    position = 0
+    for tensor in tensors:
+        if tensor.begin != position:
+            problem = (
+                "overlaps the tensor before it" if tensor.begin < position else "leaves a hole before it"
+            )
+            return f"tensor {tensor.name!r} at offset {tensor.begin} {problem}"
+        position = tensor.end
+    return "tensors do not tile the data region"
+
+
 _BY_OFFSETS = attrgetter("begin", "end")
+_BEGIN, _END = attrgetter("begin"), attrgetter("end")
 _ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
 
 
@@ -138,23 +148,23 @@ def _parse_tensors_at_once(document: dict[str, Any]) -> list[TensorSlice] | None
     every entry to name the first bad one; it refuses exactly what this refuses.
     """
     entries = list(document.values())
-    if "" in document or not all(type(e) is dict for e in entries):
+    if "" in document or not set(map(type, entries)) <= {dict}:
         return None
     if not all(map(operator.eq, map(dict.keys, entries), repeat(_ENTRY_KEYS))):
         return None
     dtypes = list(map(itemgetter("dtype"), entries))
     shapes = list(map(itemgetter("shape"), entries))
     offsets = list(map(itemgetter("data_offsets"), entries))
-    if not {type(d) for d in dtypes} <= {str} or not set(dtypes) <= DTYPE_BITS.keys():
+    if not set(map(type, dtypes)) <= {str} or not set(dtypes) <= DTYPE_BITS.keys():
         return None
-    if {type(s) for s in shapes} - {list} or {type(o) for o in offsets} - {list}:
+    if set(map(type, shapes)) - {list} or set(map(type, offsets)) - {list}:
         return None
     if set(map(len, offsets)) - {2}:
         return None
     begins, ends = list(map(itemgetter(0), offsets)), list(map(itemgetter(1), offsets))
     shape_tuples = list(map(tuple, shapes))
     dims = [d for shape in set(shape_tuples) for d in shape] + begins + ends
-    if {type(d) for d in dims} - {int} or (dims and (min(dims) < 0 or max(dims) >= 2**63)):
+    if set(map(type, dims)) - {int} or (dims and (min(dims) < 0 or max(dims) >= 2**63)):
         return None
     sizes = {}
     for key in set(zip(dtypes, shape_tuples, strict=True)):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import chain
 from typing import Any, NoReturn
 
 from ..errors import CkptpubError
@@ -63,11 +64,11 @@ def loads_two_level(data: bytes) -> dict[str, Any] | None:
         return None
     if type(document) is not dict or not all(type(v) is dict for v in document.values()):
         return None
-    keys = len(document) + sum(map(len, document.values()))
-    inner_strings = [k for v in document.values() for k in v] + [
-        s for v in document.values() for s in v.values() if type(s) is str
-    ]
-    colons_in_strings = "".join(document).count(":") + "".join(inner_strings).count(":")
+    objects = list(document.values())
+    keys = len(document) + sum(map(len, objects))
+    inner_keys = chain.from_iterable(objects)  # iterating an object gives its keys
+    inner_strings = [s for s in chain.from_iterable(map(dict.values, objects)) if type(s) is str]
+    colons_in_strings = "".join(chain(document, inner_keys, inner_strings)).count(":")
     return document if text.count(":") == keys + colons_in_strings else None
 
 

@@ -343,7 +343,11 @@ class _Publisher:
                 return publish(job.folder, **options), before
             return publish_on_ranks(job.folder, hasher, **options), before
         except (CkptpubError, OSError) as exc:
-            gone = not os.path.isdir(job.folder)
+            # Rotation removes a folder's files before the folder itself: a file that was there
+            # when hashing began and is gone now says the same as the folder gone.
+            gone = not os.path.isdir(job.folder) or not all(
+                os.path.lexists(os.path.join(job.folder, path)) for path in before
+            )
             raise _SkippedError(
                 ("folder was rotated away while hashing: " if gone else "") + str(exc)
             ) from None

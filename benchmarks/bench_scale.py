@@ -14,7 +14,7 @@ verification adds to a vLLM load that streams the same tensors. Peak RSS is ``wa
 ``ru_maxrss``, which counts the mapped shards' pages too (file-backed: the page cache,
 not the process's own); peak anonymous memory (``RssAnon``, what the process itself
 allocated) is sampled every 2 ms in one more run of each command. Ratios are to
-``b3sum`` on the same shards.
+``b3sum`` on the same shards. ckptpub's bytecode is compiled first, as ``pip install`` does.
 
     python benchmarks/bench_scale.py [--work /tmp/bench-scale] [--folder /tmp/moe] [--repeat 5]
 
@@ -24,6 +24,8 @@ Set PYTHONPATH to another checkout's ``src`` to measure that code instead.
 from __future__ import annotations
 
 import argparse
+import compileall
+import importlib.util
 import json
 import os
 import shutil
@@ -157,6 +159,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    # Bytecode as a pip install leaves it (an editable install, or PYTHONDONTWRITEBYTECODE, has none):
+    # without it every command would compile each module it imports, about 0.1 s here, on every run.
+    for package in ("ckptpub", "ckptpub_vllm"):
+        compileall.compile_dir(os.path.dirname(importlib.util.find_spec(package).origin), quiet=1)
     base, changed, run = prepare(args.work, args.folder)
     shards = sorted(str(p) for p in base.glob("*.safetensors"))
     commands: dict[str, tuple[list[str], tuple[int, ...]]] = {

@@ -57,6 +57,20 @@ def test_bench_scale_times_every_command(tmp_path: Path) -> None:
     assert float(rows["engine key (in process)"][2]) >= 0, rows
 
 
+def test_bench_floor_times_the_floor_beside_publish(tmp_path: Path) -> None:
+    moe = tmp_path / "moe"
+    run("make_moe_checkpoint.py", str(moe), "--layers", "2", "--experts", "16", "--shards", "3")
+    rows = table_rows(run("bench_floor.py", "--folder", str(moe), "--repeat", "1"))
+    for name in (
+        "floor: decode, hash, encode; one process",
+        "floor: the same over two processes",
+        "ckptpub publish",
+    ):
+        assert float(rows[name][0]) > 0, rows  # wall
+        assert float(rows[name][2]) > 0, rows  # CPU
+    assert (moe / "ckptpub.json").exists()  # the publish beside the floor really ran
+
+
 def test_bench_hash_compares_with_b3sum(tmp_path: Path) -> None:
     output = run(
         "bench_hash.py",

@@ -12,12 +12,13 @@ both, and ``Decoded.shards`` places each file's tensors that way.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from itertools import accumulate, chain, repeat
+from itertools import accumulate, chain, pairwise, repeat
 from math import prod
 from operator import attrgetter, mul
 from typing import NamedTuple, TypeVar
 
 from ..errors import CkptpubError
+from .digest import DIGEST_PREFIX
 from .safetensors import DTYPE_BITS
 
 #: Makes the error for a broken rule of one manifest (``failure_in``).
@@ -102,23 +103,32 @@ def parts(
 
 
 class Columns(NamedTuple):
-    """Decoded entries as columns (``digests`` with their ``blake3:`` prefix)."""
+    """Decoded entries as columns; ``hexes``: each digest's 64 hex digits, without the ``blake3:`` prefix.
+
+    The prefix is added where a digest is shown or compared with a computed one
+    (``entry``, ``records``, ``verify``): 100k prefixed copies cost a reader that only
+    checks the entries (``show``, ``ls``) a few tens of milliseconds for nothing.
+    """
 
     names: list[str]
     dtypes: list[str]
     shapes: list[tuple[int, ...]]
-    digests: list[str]
+    hexes: list[str]
+
+    def digests(self) -> Iterator[str]:
+        """Each digest as ckptpub writes it elsewhere: ``blake3:<64 hex>``."""
+        return map(DIGEST_PREFIX.__add__, self.hexes)
 
     def entry(self, row: int) -> ModelEntry:
         """What the columns say of the tensor in ``row``: its dtype, shape and digest."""
-        return ModelEntry(self.dtypes[row], self.shapes[row], self.digests[row])
+        return ModelEntry(self.dtypes[row], self.shapes[row], DIGEST_PREFIX + self.hexes[row])
 
     def take(self, rows: list[int]) -> Columns:
         return Columns(
             list(map(self.names.__getitem__, rows)),
             list(map(self.dtypes.__getitem__, rows)),
             list(map(self.shapes.__getitem__, rows)),
-            list(map(self.digests.__getitem__, rows)),
+            list(map(self.hexes.__getitem__, rows)),
         )
 
 
@@ -149,10 +159,10 @@ class ShardTensors(NamedTuple):
         return [0, *self.ends[:-1]]
 
     def records(self) -> list[TensorRecord]:
-        names, dtypes, shapes, digests = self.columns
+        names, dtypes, shapes, _ = self.columns
         offsets = zip(self.begins(), self.ends, strict=True)
         path = repeat(self.shard.path)  # endless: zip stops at the columns' end
-        rows = zip(names, dtypes, shapes, path, offsets, digests, strict=False)
+        rows = zip(names, dtypes, shapes, path, offsets, self.columns.digests(), strict=False)
         return list(map(tuple.__new__, repeat(TensorRecord), rows))  # TensorRecord._make, no call per row
 
 
@@ -190,31 +200,56 @@ def check_layout(
     over columns, not a Python call per tensor, and no column is copied per file:
     this keeps ``show``, ``ls`` and ``diff`` of 100k tensors well under a second.
     """
-    position = dict(zip(model.names, range(len(model.names)), strict=True))
+    listed = list(blocks)
+    weight_blocks = [(shard, block) for shard, block in listed if not isinstance(block, Columns)]
+    weight_rows = _rows_in(model.names, [names for _, names in weight_blocks])
+    if weight_rows is None:
+        raise _misplaced(model.names, weight_blocks, fail)
     model_sizes = _sizes(model, "model", fail)
     layout: list[Block] = []
-    used: list[int] = []
-    for shard, block in blocks:
+    for shard, block in listed:
         if isinstance(block, Columns):
+            if len(set(block.names)) != len(block.names):
+                raise fail(f"{shard.path}: a tensor name occurs twice")
             tensors: list[int] | Columns = block
-            names, total = block.names, sum(_sizes(block, shard.path, fail))
+            total = sum(_sizes(block, shard.path, fail))
         else:
-            try:
-                rows = list(map(position.__getitem__, block))
-            except KeyError as error:
-                raise fail(
-                    f"layout: {shard.path}: {error.args[0][:200]!r} is not the name of a model tensor"
-                ) from None
-            used += rows
-            tensors, names, total = rows, block, sum(map(model_sizes.__getitem__, rows))
-        if len(set(names)) != len(names):
-            raise fail(f"{shard.path}: a tensor name occurs twice")
+            tensors = next(weight_rows)
+            total = sum(map(model_sizes.__getitem__, tensors))
         if shard.header_size is None or shard.header_size < 8 or shard.header_size + total != shard.size:
             raise fail(f"{shard.path}: header_size and tensors do not add up to the file size")
         layout.append((shard, tensors))
-    if len(used) != len(model.names) or len(set(used)) != len(used):
-        raise fail("layout: the weight files do not hold each model tensor exactly once")
     return tuple(layout)
+
+
+def _rows_in(names: list[str], blocks: list[list[str]]) -> Iterator[list[int]] | None:
+    """Each block's names as rows of ``names`` (sorted, unique); None unless each name is in one block, once.
+
+    Proved by sorting: the blocks' names, sorted, are ``names`` exactly when each is
+    listed once. A safetensors file lists its tensors mostly sorted already, so the
+    sort merges runs, several times cheaper at 100k tensors than a lookup per name.
+    """
+    listed = list(chain.from_iterable(blocks))
+    order = sorted(range(len(listed)), key=listed.__getitem__)
+    if list(map(listed.__getitem__, order)) != names:
+        return None
+    rows = [0] * len(order)
+    for row, at in enumerate(order):
+        rows[at] = row
+    bounds = [0, *accumulate(map(len, blocks))]
+    return (rows[start:end] for start, end in pairwise(bounds))
+
+
+def _misplaced(names: list[str], blocks: list[tuple[FileRecord, list[str]]], fail: Fail) -> CkptpubError:
+    """Why the weight files do not list each model tensor exactly once, naming the first entry at fault."""
+    known = set(names)
+    for shard, block in blocks:
+        unknown = next((name for name in block if name not in known), None)
+        if unknown is not None:
+            return fail(f"layout: {shard.path}: {unknown[:200]!r} is not the name of a model tensor")
+        if len(set(block)) != len(block):
+            return fail(f"{shard.path}: a tensor name occurs twice")
+    return fail("layout: the weight files do not hold each model tensor exactly once")
 
 
 def decoded_from_records(
@@ -235,8 +270,8 @@ def decoded_from_records(
 
 
 def _columns_of(tensors: Sequence[TensorRecord]) -> Columns:
-    names = [t.name for t in tensors]
-    return Columns(names, [t.dtype for t in tensors], [t.shape for t in tensors], [t.digest for t in tensors])
+    hexes = [t.digest.removeprefix(DIGEST_PREFIX) for t in tensors]
+    return Columns([t.name for t in tensors], [t.dtype for t in tensors], [t.shape for t in tensors], hexes)
 
 
 _NAME, _OFFSETS = attrgetter("name"), attrgetter("data_offsets")
@@ -258,5 +293,5 @@ def _sizes(columns: Columns, where: str, fail: Fail) -> list[int]:
 
 def model_entries(columns: Columns) -> dict[str, ModelEntry]:
     """The model part by tensor name: what ``diff`` needs, without placing any tensor."""
-    entries = zip(columns.dtypes, columns.shapes, columns.digests, strict=True)
+    entries = zip(columns.dtypes, columns.shapes, columns.digests(), strict=True)
     return dict(zip(columns.names, map(tuple.__new__, repeat(ModelEntry), entries), strict=True))

@@ -30,7 +30,6 @@ from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple, Protocol
 
 from ..errors import CkptpubError
-from .digest import DIGEST_PREFIX
 from .records import (
     Columns,
     Decoded,
@@ -54,7 +53,7 @@ END = b"\n]}\n"
 MAX_DIMENSION = 2**53
 #: What separates two entries once a region is split at its quotes: ``"],\n["``.
 _SEPARATOR = "],\n["
-#: Bytes a JSON string holds only escaped (so never in a region without backslashes, where they are refused).
+#: Bytes a JSON string holds only escaped: a region without backslashes holds none but its line breaks.
 _CONTROL = bytes(range(32))
 #: A shape between dtype and digest: ``,[`` canonical non-negative integers ``],`` (below 2**53: 16 digits).
 _SHAPE = re.compile(r",\[(?:(?:0|[1-9][0-9]{0,15})(?:,(?:0|[1-9][0-9]{0,15}))*)?\],")
@@ -222,7 +221,7 @@ def _reader(region: bytes | memoryview, what: str, display_name: str, fail: Fail
     except UnicodeDecodeError:
         raise fail(f"{what} is not valid UTF-8") from None
     if quoted and "\\" not in text:
-        return _Quoted(text, fail)
+        return _Quoted(text, bytes(region), fail)
     return _Decoded(region, what, display_name, fail)
 
 
@@ -238,12 +237,16 @@ class _Quoted:
     after a first ``[``; checking every piece of that grammar with whole-column string
     work (no JSON decoding, no object per tensor) is checking the canonical text.
     Without backslashes a name can hold no quote, no escape and, once raw control
-    characters are refused, no line break: its JSON is ``"N"`` exactly.
+    characters are refused, no line break: its JSON is ``"N"`` exactly. The only raw
+    control characters a region may hold are the line breaks between its entries,
+    which is checked once over the region's bytes (``data``).
     """
 
-    def __init__(self, text: str, fail: Fail) -> None:
+    def __init__(self, text: str, data: bytes, fail: Fail) -> None:
         self.fail = fail
         self.entries = text.count("\n") + 1 if text else 0
+        if len(data) - len(data.translate(None, _CONTROL)) != max(self.entries - 1, 0):
+            raise _NotQuotable
         self.pieces = text.split('"') if text else ["[", "]"]
         self.at = 1
         if self.pieces[0] != "[":
@@ -252,7 +255,7 @@ class _Quoted:
     def names(self, count: int, where: str) -> list[str]:
         names, separators = self._take(count, 2)
         self._separators(separators)
-        return _raw_names(names)
+        return names
 
     def full(self, count: int, where: str) -> Columns:
         names, commas, dtypes, shapes, hexes, separators = self._take(count, 6)
@@ -262,9 +265,7 @@ class _Quoted:
         parsed = {
             text: tuple(map(int, text[2:-2].split(","))) if text != ",[]," else () for text in set(shapes)
         }
-        return _checked(
-            _raw_names(names), dtypes, list(map(parsed.__getitem__, shapes)), hexes, where, self.fail
-        )
+        return _checked(names, dtypes, list(map(parsed.__getitem__, shapes)), hexes, where, self.fail)
 
     def finish(self) -> None:
         if self.at != len(self.pieces):
@@ -284,14 +285,6 @@ class _Quoted:
         between = separators[:-1]  # counted, not put in a set: 100k equal strings need no hashing
         if separators and (separators[-1] != last or between.count(_SEPARATOR) != len(between)):
             raise _NotQuotable
-
-
-def _raw_names(names: list[str]) -> list[str]:
-    """``names`` when none holds a control character (a line break among them), which JSON writes escaped."""
-    text = "".join(names).encode()
-    if len(text.translate(None, _CONTROL)) != len(text):
-        raise _NotQuotable
-    return names
 
 
 class _Decoded:
@@ -356,4 +349,4 @@ def _checked(
         raise fail(f"{where}: a shape dimension is 2**53 or more")
     if not is_hex("".join(hexes), 64 * len(hexes)):
         raise fail(f"{where}: a digest is not 64 lowercase hex digits")
-    return Columns(names, dtypes, shapes, list(map(DIGEST_PREFIX.__add__, hexes)))
+    return Columns(names, dtypes, shapes, hexes)

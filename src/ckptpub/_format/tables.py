@@ -25,7 +25,6 @@ from operator import itemgetter
 from typing import NamedTuple
 
 from ..errors import CkptpubError
-from .digest import DIGEST_PREFIX
 from .records import (
     Columns,
     Decoded,
@@ -145,9 +144,7 @@ def _columns(text: str, where: str, fail: Fail) -> Columns:
     parsed = {shape: _shape(shape, where, fail) for shape in set(shapes)}
     if not is_hex("".join(hexes), 64 * len(hexes)):
         raise fail(f"{where}: a digest is not 64 lowercase hex digits")
-    return Columns(
-        names, dtypes, list(map(parsed.__getitem__, shapes)), list(map(DIGEST_PREFIX.__add__, hexes))
-    )
+    return Columns(names, dtypes, list(map(parsed.__getitem__, shapes)), hexes)
 
 
 def _shape(text: str, where: str, fail: Fail) -> tuple[int, ...]:

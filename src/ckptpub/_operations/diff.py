@@ -112,7 +112,7 @@ def _model_tensors(manifest: Manifest) -> Columns:
     """Model tensors sorted by name; for a folder without weight files, every tensor by ``file:name``."""
     if manifest.weights:
         return manifest.decoded().model
-    tensors = sorted((f"{t.file}:{t.name}", t.dtype, t.shape, t.digest) for t in manifest.tensors)
+    tensors = sorted((f"{t.file}:{t.name}", t.dtype, t.shape, t.digest[-64:]) for t in manifest.tensors)
     return Columns(*map(list, zip(*tensors, strict=True))) if tensors else Columns([], [], [], [])
 
 
@@ -125,8 +125,8 @@ def _tensor_differences(
     row, in C, which at 100k tensors is far cheaper than a lookup by name per tensor.
     """
     if a.names == b.names:
-        rows_a = zip(a.dtypes, a.shapes, a.digests, strict=True)
-        different = map(ne, rows_a, zip(b.dtypes, b.shapes, b.digests, strict=True))
+        rows_a = zip(a.dtypes, a.shapes, a.hexes, strict=True)
+        different = map(ne, rows_a, zip(b.dtypes, b.shapes, b.hexes, strict=True))
         rows = compress(range(len(a.names)), different)
         return tuple(tensor_change(a.names[row], a.entry(row), b.entry(row)) for row in rows), [], []
     entries_a, entries_b = model_entries(a), model_entries(b)

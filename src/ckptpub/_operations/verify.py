@@ -149,7 +149,7 @@ class _Checks:
         )
         places = (tensors.columns.names, tensors.begins(), tensors.ends)
         self.spans += tensor_spans(entry.real_path, path, entry.file_id, header_size, places)
-        self._expected += tensors.columns.digests
+        self._expected += tensors.columns.digests()
 
     def mismatches(self, digests: list[str]) -> Iterator[Problem]:
         if digests == self._expected:

@@ -16,9 +16,12 @@ not the process's own); peak anonymous memory (``RssAnon``, what the process its
 allocated) is sampled every 2 ms in one more run of each command. Ratios are to
 ``b3sum`` on the same shards. ckptpub's bytecode is compiled first, as ``pip install`` does.
 
-    python benchmarks/bench_scale.py [--work /tmp/bench-scale] [--folder /tmp/moe] [--repeat 5]
+    python benchmarks/bench_scale.py [--work DIR] [--folder DIR] [--repeat 5] [--against CHECKOUT]
 
-Set PYTHONPATH to another checkout's ``src`` to measure that code instead.
+Set PYTHONPATH to another checkout's ``src`` to measure that code instead, or pass
+``--against`` another checkout to run each command with both, one right after the
+other, and print their ratio: on a virtual machine whose speed drifts by a fifth
+within minutes (this one), only runs that close together compare.
 """
 
 from __future__ import annotations
@@ -77,11 +80,11 @@ class Run(NamedTuple):
     stdout: str
 
 
-def timed(command: list[str], ok: tuple[int, ...] = (0,)) -> Run:
+def timed(command: list[str], ok: tuple[int, ...] = (0,), env: dict[str, str] | None = None) -> Run:
     """Run ``command`` in a fresh process; wall time, CPU time and ``ru_maxrss`` from ``wait4``."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        process = subprocess.Popen(command, stdout=out, stderr=err)
+        process = subprocess.Popen(command, stdout=out, stderr=err, env=env)
         _, status, usage = os.wait4(process.pid, 0)
         elapsed = time.perf_counter() - start
         code = os.waitstatus_to_exitcode(status)
@@ -157,12 +160,18 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bench-scale")
     parser.add_argument("--folder", type=Path, help="an existing synthetic checkpoint (copied, not changed)")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="another checkout of ckptpub: each command runs with its code too, right after this one's",
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     # Bytecode as a pip install leaves it (an editable install, or PYTHONDONTWRITEBYTECODE, has none):
     # without it every command would compile each module it imports, about 0.1 s here, on every run.
     for package in ("ckptpub", "ckptpub_vllm"):
         compileall.compile_dir(os.path.dirname(importlib.util.find_spec(package).origin), quiet=1)
+    other = None if args.against is None else checkout_environment(args.against)
     base, changed, run = prepare(args.work, args.folder)
     shards = sorted(str(p) for p in base.glob("*.safetensors"))
     commands: dict[str, tuple[list[str], tuple[int, ...]]] = {
@@ -177,9 +186,12 @@ def main() -> None:
         "engine load check (in process)": ([sys.executable, "-c", STREAM_SNIPPET, str(base)], (0,)),
     }
     runs: dict[str, list[Run]] = {name: [] for name in commands}
-    for _ in range(args.repeat):  # interleaved, so a burst of load hits every command alike
+    against: dict[str, list[Run]] = {name: [] for name in commands if name != "b3sum (shards)"}
+    for _ in range(args.repeat):  # interleaved, so a burst of load hits every command (and checkout) alike
         for name, (command, ok) in commands.items():
             runs[name].append(timed(command, ok))
+            if other is not None and name in against:
+                against[name].append(timed(command, ok, other))
     anonymous = {name: peak_anonymous_mib(command, ok) for name, (command, ok) in commands.items()}
     manifest_mb = (base / "ckptpub.json").stat().st_size / 1e6
     tensors = json.loads((base / "model.safetensors.index.json").read_text())["weight_map"]
@@ -193,16 +205,41 @@ def main() -> None:
     print("| command | median wall (s) | x b3sum | median CPU (s) | peak RSS (MiB) | peak anonymous (MiB) |")
     print("|---|---|---|---|---|---|")
     for name, results in runs.items():
-        if name.startswith("engine"):  # timed inside the process: its own two figures
-            wall = statistics.median(float(r.stdout.split()[0]) for r in results)
-            cpu = statistics.median(float(r.stdout.split()[1]) for r in results)
-            ratio = "-"
-        else:
-            wall = statistics.median(r.wall for r in results)
-            cpu = statistics.median(r.cpu for r in results)
-            ratio = f"{wall / reference:.1f}"
+        wall, cpu = medians(name, results)
+        ratio = "-" if name.startswith("engine") else f"{wall / reference:.1f}"
         peak = max(r.peak_mib for r in results)
         print(f"| {name} | {wall:.3f} | {ratio} | {cpu:.3f} | {peak:.0f} | {anonymous[name]:.0f} |")
+    if other is not None:
+        print(f"\nThis checkout against {args.against}, each command's runs right after this one's:\n")
+        print("| command | this: median wall (s) | other (s) | this / other | this / other, CPU |")
+        print("|---|---|---|---|---|")
+        for name, results in against.items():
+            (wall, cpu), (was, was_cpu) = medians(name, runs[name]), medians(name, results)
+            print(f"| {name} | {wall:.3f} | {was:.3f} | {ratio_of(wall, was)} | {ratio_of(cpu, was_cpu)} |")
+
+
+def ratio_of(now: float, before: float) -> str:
+    """``now / before``, or a dash where ``before`` printed as zero (a toy run of the in-process key)."""
+    return f"{now / before:.2f}" if before else "-"
+
+
+def medians(name: str, results: list[Run]) -> tuple[float, float]:
+    """Median wall and CPU seconds; an engine row's are the figures its process printed (timed inside it)."""
+    if name.startswith("engine"):
+        return (
+            statistics.median(float(r.stdout.split()[0]) for r in results),
+            statistics.median(float(r.stdout.split()[1]) for r in results),
+        )
+    return statistics.median(r.wall for r in results), statistics.median(r.cpu for r in results)
+
+
+def checkout_environment(checkout: Path) -> dict[str, str]:
+    """The environment that runs another checkout's ckptpub and plugin (its bytecode compiled first)."""
+    sources = [checkout / "src", checkout / "integrations" / "vllm" / "src"]
+    for source in sources:
+        if not (source.is_dir() and compileall.compile_dir(str(source), quiet=1)):
+            sys.exit(f"bench: {source}: not a ckptpub checkout's sources, or they do not compile")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, sources)))
 
 
 if __name__ == "__main__":

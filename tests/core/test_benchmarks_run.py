@@ -38,9 +38,21 @@ def table_rows(output: str) -> dict[str, list[str]]:
 def test_bench_scale_times_every_command(tmp_path: Path) -> None:
     moe = tmp_path / "moe"
     run("make_moe_checkpoint.py", str(moe), "--layers", "2", "--experts", "16", "--shards", "3")
-    rows = table_rows(
-        run("bench_scale.py", "--folder", str(moe), "--work", str(tmp_path / "work"), "--repeat", "1")
+    checkout = Path(__file__).resolve().parents[2]  # against itself: the comparison table's every row
+    output = run(
+        "bench_scale.py",
+        "--folder",
+        str(moe),
+        "--work",
+        str(tmp_path / "work"),
+        "--repeat",
+        "1",
+        "--against",
+        str(checkout),
     )
+    rows = table_rows(output.split("This checkout against")[0])
+    compared = table_rows(output.split("This checkout against")[1])
+    assert set(compared) == {"command", *rows} - {"b3sum (shards)"}, compared
     timed = (
         "publish",
         "verify",

@@ -8,7 +8,7 @@ Modules (imports go downwards only; from outside this package only ``ckptpub.err
     manifest      the ``Manifest`` type: parse and validate ckptpub/3, /2 and /1, encode, identity
     regions       ckptpub/3's two JSON regions: one canonical entry per line, decoded column by column
     tables        ckptpub/2's two text tables: one line per tensor, decoded column by column
-    records       what both encode: tensor and file records, model and layout parts, tiling
+    records       what both decode to: checked columns (``Decoded``), tensor and file records, tiling
     config_meaning  which config keys each format's identity counts (``INERT``: what it leaves out)
     safetensors   a safetensors header's bytes (or a whole file in memory) to a checked ``ShardLayout``;
                   ``header_length``, ``DTYPE_BITS``

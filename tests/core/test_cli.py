@@ -507,6 +507,49 @@ def test_zero_size_tensors_in_any_header_order_verify(tmp_path: Path) -> None:
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
+@pytest.mark.parametrize("extra", ["extra.safetensors", "sub/extra.safetensors"])
+def test_a_safetensors_file_without_tensors_verifies(tmp_path: Path, extra: str) -> None:
+    """A shard whose header lists no tensor (a weight file at the top, another file below) is valid."""
+    folder = write_checkpoint(tmp_path / "ckpt")
+    empty = json.dumps({"__metadata__": {"format": "pt"}}).encode()
+    (folder / extra).parent.mkdir(exist_ok=True)
+    (folder / extra).write_bytes(struct.pack("<Q", len(empty)) + empty)
+    assert run_cli("publish", folder).returncode == 0
+    verified = run_cli("verify", folder)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "OK" in verified.stderr
+
+
+def test_a_manifest_that_lists_a_shard_without_its_tensors_is_named(tmp_path: Path) -> None:
+    """A forged manifest: a shard's tensors left out, its header digest stretched over the whole file."""
+    from blake3 import blake3
+
+    from ckptpub._format.manifest import FileRecord, Manifest, compute_identity
+
+    folder = write_checkpoint(tmp_path / "ckpt")
+    header = json.dumps({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    (folder / "sub").mkdir()
+    (folder / "sub" / "extra.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(8))
+    published = ckptpub.publish(folder)
+    whole = (folder / "sub" / "extra.safetensors").read_bytes()
+    files = tuple(
+        FileRecord(f.path, f.size, "blake3:" + blake3(whole).hexdigest(), f.size)
+        if f.path == "sub/extra.safetensors"
+        else f
+        for f in published.files
+    )
+    tensors = tuple(t for t in published.tensors if t.file != "sub/extra.safetensors")
+    identity = compute_identity(tensors, files, published.weights, published.config)
+    forged = Manifest(identity, tensors, files, published.weights, published.config, published.provenance)
+    (folder / "ckptpub.json").write_bytes(forged.to_json())
+    verified = run_cli("verify", folder)
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    assert (
+        "sub/extra.safetensors: FAILED (manifest: tensor entries do not match the file's header)"
+        in verified.stdout
+    )
+
+
 @pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-32"])
 def test_an_index_that_is_not_plain_utf8_is_refused(tmp_path: Path, encoding: str) -> None:
     """transformers and vLLM read the index as UTF-8 JSON; ckptpub must not read it some other way."""

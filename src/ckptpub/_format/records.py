@@ -156,7 +156,8 @@ class ShardTensors(NamedTuple):
     ends: list[int]
 
     def begins(self) -> list[int]:
-        return [0, *self.ends[:-1]]
+        """Where each tensor begins: 0, then where the one before it ends (none for a file of no tensor)."""
+        return [0, *self.ends[:-1]] if self.ends else []
 
     def records(self) -> list[TensorRecord]:
         names, dtypes, shapes, _ = self.columns

@@ -85,10 +85,9 @@ def claim_problems(
             problems.append(
                 (record.path, "a safetensors file listed as a plain file (its tensors are not listed)")
             )
-    recorded = {tensors.shard.path: tensors for tensors in manifest.decoded().shards()}
     for path, layout in sorted(layouts.items()):
-        tensors = recorded.get(path)
-        if not (same_entries(tensors, layout) if tensors is not None else not layout.tensors):
+        tensors = manifest.shards().get(path)
+        if not (_same_entries(tensors, layout) if tensors is not None else not layout.tensors):
             problems.append((path, "tensor entries do not match the file's header"))
     try:
         actual_weights = weight_files(entries, layouts)
@@ -106,7 +105,7 @@ def claim_problems(
     return problems
 
 
-def same_entries(listed: ShardTensors, layout: ShardLayout) -> bool:
+def _same_entries(listed: ShardTensors, layout: ShardLayout) -> bool:
     """Whether the manifest's entries for a shard are its header's, one for one.
 
     Compared as whole columns: a header read back unchanged lists its tensors in the

@@ -32,7 +32,15 @@ from .canonical import canonical_json
 from .config_meaning import meaning, same_rule
 from .digest import DIGEST_PREFIX, digest_bytes
 from .names import CONFIG_FILES, MANIFEST_NAME
-from .records import Decoded, FileRecord, ModelEntry, TensorRecord, decoded_from_records, model_entries
+from .records import (
+    Decoded,
+    FileRecord,
+    ModelEntry,
+    ShardTensors,
+    TensorRecord,
+    decoded_from_records,
+    model_entries,
+)
 from .regions import (
     BETWEEN,
     END,
@@ -111,6 +119,7 @@ class Manifest:
         "version",
         "_tensors",
         "_decoded",
+        "_shards",
         "_source",
         "_name",
     )
@@ -134,6 +143,7 @@ class Manifest:
         self.provenance = provenance
         self._tensors: tuple[TensorRecord, ...] | None = tensors
         self._decoded: Decoded | None = None
+        self._shards: dict[str, ShardTensors] | None = None
         #: The encoded entries: ckptpub/3 regions (read, or encoded once), or the ckptpub/2 tables read.
         self._source: Regions | Tables | None = None
         self._name = MANIFEST_NAME
@@ -190,6 +200,12 @@ class Manifest:
                 assert self._tensors is not None
                 self._decoded = decoded_from_records(self._tensors, self.files, self.weights)
         return self._decoded
+
+    def shards(self) -> dict[str, ShardTensors]:
+        """Each safetensors file's tensors by path, as columns placed by tiling (made once, on first use)."""
+        if self._shards is None:
+            self._shards = {tensors.shard.path: tensors for tensors in self.decoded().shards()}
+        return self._shards
 
     @property
     def regions(self) -> Regions:

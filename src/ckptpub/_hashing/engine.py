@@ -102,9 +102,8 @@ def tensor_spans(
     """
     names, begins, ends = tensors
     starts, stops = map(data_start.__add__, begins), map(data_start.__add__, ends)
-    rows = zip(
-        repeat(path), starts, stops, repeat(name), repeat(expect), names
-    )  # repeat: zip ends with names
+    # The endless repeats stop where the names do.
+    rows = zip(repeat(path), starts, stops, repeat(name), repeat(expect), names)
     return map(tuple.__new__, repeat(Span), rows)  # Span._make, without a call per span
 
 

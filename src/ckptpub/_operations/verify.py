@@ -83,7 +83,6 @@ def verify(
     problems: list[Problem] = []
     checks = _Checks()
     layouts: dict[str, ShardLayout] = {}
-    listed = {tensors.shard.path: tensors for tensors in manifest.decoded().shards()}
     for record in manifest.files:
         entry = entries.get(record.path)
         if entry is None:
@@ -94,7 +93,7 @@ def verify(
             span = Span(entry.real_path, 0, entry.size, record.path, entry.file_id)
             checks.add(span, record.digest, Problem(record.path, "changed", "content differs"))
         else:
-            checks.add_shard(listed[record.path], entry)
+            checks.add_shard(manifest.shards()[record.path], entry)
             try:
                 layouts[record.path] = read_layout(entry.real_path, record.path, entry.file_id)
             except CkptpubError as error:

@@ -17,7 +17,7 @@ Behaves like the real launcher with the plugin as far as the supervisor can tell
 * answers on its socket, with vLLM's framing: ``get_state`` (``{"status": "ok"}``,
   and a ``client`` report naming the asker's pid, as the plugin reports an engine
   handed the weights), ``ckptpub_held`` and ``ckptpub_hand_over`` (gives the path up,
-  keeps running);
+  keeps running; refuses, as the plugin's daemon does, one that names another pid);
 * serves until ``SIGTERM``/``SIGINT``, then exits 0.
 
 It appends what it did to ``STANDIN_RECORD`` (JSON lines: start, ready, handed-over,
@@ -25,7 +25,10 @@ stop, fail), which the tests read. ``STANDIN_FAIL`` (comma-separated identities)
 makes it fail while loading those; ``STANDIN_CRASH_AFTER_S`` makes it exit 9 that
 long after READY (once per identity when ``STANDIN_CRASH_ONCE`` names a marker
 directory); ``STANDIN_UNVERIFIED=1`` leaves the ``verified`` report out (a daemon
-that loaded without checking its tensors).
+that loaded without checking its tensors); ``STANDIN_HANDED_OVER_DELAY_S`` writes the
+``handed-over`` report that long after the path was let go (a busy machine: the real
+daemon reports it after vLLM's loop released the lock, so the daemon that takes the
+path over may be ready first).
 """
 
 from __future__ import annotations
@@ -90,6 +93,9 @@ def answer(conn: socket.socket, identity: str, folder: str) -> str | None:
     command = request.get("cmd")
     if command == daemon_reports.HELD_COMMAND:
         reply = {"status": "ok", "key": {"checkpoint": identity}, "folder": folder, "released": False}
+    elif command == daemon_reports.HAND_OVER_COMMAND and request.get("pid") != os.getpid():
+        record("hand-over-refused", identity=identity, asked=request.get("pid"))
+        reply, command = {"status": "error", "message": f"this daemon is pid {os.getpid()}"}, None
     else:
         reply = {"status": "ok"}
     payload = pickle.dumps(reply)
@@ -205,6 +211,7 @@ def main() -> int:
             os.unlink(path)
             os.close(lock_fd)
             lock_fd = None
+            time.sleep(float(os.environ.get("STANDIN_HANDED_OVER_DELAY_S", "0")))
             daemon_reports.report(daemon_reports.HANDED_OVER, socket=path, identity=identity)
             record("handed-over", identity=identity)
     record("stop", identity=identity, during="serve")

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
 
 from checkpoints import flip_byte, locate
+from ckptpub_vllm import daemon_reports
+from ckptpub_vllm.preload.daemon_process import send_command
 from ckptpub_vllm.preload.status import write_json
 from preload_helpers import SupervisorProc, make_checkpoint, pid_alive, ready_with, wait_for
 
@@ -343,6 +348,51 @@ def test_the_new_daemon_takes_the_socket_path_over_while_the_old_one_serves(tmp_
         < whys.index("ready", whys.index("weights-changed"))
         < whys.index("stopped-old")
     )
+
+
+def _held_at(socket_path):
+    """The identity the daemon now serving ``socket_path`` says it holds (``ckptpub_held``)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(10)
+        conn.connect(str(socket_path))
+        conn.sendall(daemon_reports.command_frame(daemon_reports.HELD_COMMAND))
+        (size,) = struct.unpack("!Q", conn.recv(8, socket.MSG_WAITALL))
+        return pickle.loads(conn.recv(size, socket.MSG_WAITALL))["key"]["checkpoint"]  # our own stand-in
+
+
+def test_a_late_hand_over_report_does_not_make_the_new_daemon_give_the_path_up(tmp_path):
+    """The old daemon reports ``handed-over`` only after it let the path go (as vLLM's loop does), here 1.5 s
+    late: the new daemon takes the path and is ready first. The supervisor must not ask the path again,
+    which by then the new daemon serves (a CI run once saw engines find no daemon for 300 s after a swap);
+    and a hand-over that names another pid is refused by whichever daemon it reaches."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    ia, ib = make_checkpoint(a, seed=1), make_checkpoint(b, seed=2)
+    os.symlink("a", tmp_path / "serve")
+    sockets = tmp_path / "sockets"
+    path = sockets / "vllm_weight_cache_standin.sock"
+    sup = SupervisorProc(
+        tmp_path,
+        [str(tmp_path / "serve")],
+        env={"STANDIN_HANDED_OVER_DELAY_S": "1.5"},
+        extra_opts=["--socket-dir", str(sockets)],
+    ).start()
+    try:
+        old_pid = wait_for(ready_with(sup, ia), 30, "first", sup)["held"]["pid"]
+        _flip_link(tmp_path / "serve", "b")
+        new_pid = wait_for(ready_with(sup, ib), 30, "second", sup)["held"]["pid"]
+        wait_for(lambda: _outcomes(sup, "stopped-old"), 30, "old daemon stopped", sup)
+        assert _held_at(path) == ib
+        assert send_command(str(path), daemon_reports.HAND_OVER_COMMAND, pid=old_pid)  # delivered
+        assert _held_at(path) == ib
+        assert sup.status()["held"]["pid"] == new_pid
+        assert sup.terminate() == 0
+    finally:
+        sup.cleanup()
+    events = [(r["event"], r.get("identity")) for r in sup.standin()]
+    assert events.index(("ready", ib)) < events.index(("handed-over", ia))  # the late report
+    assert ("handed-over", ib) not in events
+    refused = [r["asked"] for r in sup.standin() if r["event"] == "hand-over-refused"]
+    assert refused == [old_pid]  # only the test's own request; the supervisor sent none to the new daemon
 
 
 def test_one_at_a_time(tmp_path):

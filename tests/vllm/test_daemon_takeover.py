@@ -17,7 +17,9 @@ One supervisor (``python -m ckptpub preload FOLDER``, default daemon command: vL
    (vLLM's ``Mapped`` line, B's tokens); one pinned to A on a pristine copy of A is
    refused in one line naming both identities (issue 21, item 4).
 3. **A swap** (the folder back to A): the new daemon loads while the old one serves,
-   waits for the default socket path, takes it over once the old one handed it over;
+   waits for the default socket path, takes it over once the old one handed it over,
+   and refuses a hand-over meant for the old one that arrives after that (a CI run
+   once saw the supervisor's late request stop the new daemon: no daemon for 300 s);
    the old one, which the running engine runner mapped weights from, is kept until that
    runner exits (issue 21, item 2; on CPU the shim ships tensors by value, but the
    supervisor's rule is the same); an engine started after the swap maps A.
@@ -35,6 +37,8 @@ from pathlib import Path
 
 import pytest
 from ckptpub_vllm import daemon_reports
+from ckptpub_vllm.daemon_reports import HAND_OVER_COMMAND
+from ckptpub_vllm.preload.daemon_process import send_command
 from preload_helpers import SupervisorProc, pid_alive, ready_with, wait_for
 from support.safetensors_files import find_tensor_file
 from vllm_engine_helpers import DAEMON_ARGS, SHIM_ENV, TAMPERED_TENSOR, EngineRunner
@@ -99,6 +103,12 @@ def scene(models, tmp_path_factory):
         wait_for(lambda: len(runner.results()) >= 4, 1200, "the engines before the swap", sup)
         _put(a_dir, folder, swapped)  # the swap: the folder holds A again
         second = wait_for(ready_with(sup, a), 900, "the new daemon, holding A", sup)
+        # A hand-over meant for the old daemon that arrives after the new one took the path over
+        # (as a supervisor's late request could): the new daemon refuses it and keeps serving.
+        old_log = Path(first["held"]["log"])
+        (old_process,) = {r["pid"] for r in _reports(old_log) if r["event"] == "serving"}
+        (path,) = second["held"]["sockets"]
+        late_ask = send_command(path, HAND_OVER_COMMAND, pid=old_process)
         kept = wait_for(lambda: (s := sup.status())["retired"] and s, 60, "the old daemon retired", sup)
         after_swap.touch()
         results, log = runner.finish(timeout=1200)
@@ -114,6 +124,7 @@ def scene(models, tmp_path_factory):
             "second": second,
             "kept": kept,
             "drained": drained,
+            "late_ask": (late_ask, old_process, path),
             "runner_pid": runner.proc.pid,
             "jobs": jobs,
             "results": results,
@@ -168,6 +179,17 @@ def test_engines_with_no_socket_option_map_the_supervisors_daemon_before_and_aft
         assert "tensors from the weight cache daemon" in logs[index]
         assert "loaded and verified" not in logs[index]  # not from disk
     assert scene["first"]["socket_dir"] == scene["second"]["socket_dir"]  # one path, taken over
+
+
+def test_a_hand_over_meant_for_the_old_daemon_is_refused_by_the_new_one(scene):
+    delivered, old_process, path = scene["late_ask"]
+    assert delivered
+    new_log = Path(scene["second"]["held"]["log"]).read_text(errors="replace")
+    assert f"a hand-over of {path} asked of daemon pid {old_process} reached pid" in new_log
+    assert "which keeps serving" in new_log
+    new_reports = _reports(Path(scene["second"]["held"]["log"]))
+    assert daemon_reports.HANDED_OVER not in {r["event"] for r in new_reports}
+    # and the engine started after it maps the new daemon's weights: the test above
 
 
 def test_the_old_daemon_is_kept_while_an_engine_it_served_runs(scene):

@@ -57,6 +57,8 @@ _enabled = False
 
 #: Requests the plugin's daemon wrapper answers besides vLLM's own (``get_state``, ...).
 HELD_COMMAND = "ckptpub_held"
+#: Names the daemon process asked (``pid``): a socket path outlives its daemon, and a request
+#: meant for the daemon that held it must not reach the one that took it over.
 HAND_OVER_COMMAND = "ckptpub_hand_over"
 
 
@@ -75,9 +77,9 @@ def report(event: str, **fields: Any) -> None:
         os.write(2, line.encode("utf-8", "backslashreplace"))
 
 
-def command_frame(command: str) -> bytes:
+def command_frame(command: str, **fields: Any) -> bytes:
     """One of ckptpub's requests, framed as vLLM's ``protocol.send_msg`` frames one (``!Q`` size, pickle)."""
-    payload = pickle.dumps({"cmd": command}, protocol=pickle.HIGHEST_PROTOCOL)
+    payload = pickle.dumps({"cmd": command, **fields}, protocol=pickle.HIGHEST_PROTOCOL)
     return struct.pack("!Q", len(payload)) + payload
 
 

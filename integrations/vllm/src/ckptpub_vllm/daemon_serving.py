@@ -19,13 +19,16 @@ checks, the pickle protocol); around it:
   told "mismatch" can name both identities) and ``ckptpub_hand_over`` (stop serving
   the socket path: vLLM's loop ends through its ``finally``, which closes the server
   socket, removes its own socket file and releases the lock; the process keeps its
-  weights, which ``zero_copy`` engines map, until it is stopped).
+  weights, which ``zero_copy`` engines map, until it is stopped). A hand-over names
+  the daemon process it is for, and any other refuses it: the request goes to a
+  path, and by the time it arrives the path may belong to the daemon that took over.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import signal
 import socket
 import struct
@@ -37,6 +40,7 @@ from ckptpub.integration import PRELOAD_TAKEOVER_ENV, env_flag
 
 from . import daemon_reports
 from .daemon_reports import CLIENT, HAND_OVER_COMMAND, HANDED_OVER, HELD_COMMAND, RELEASED, SERVING, WAITING
+from .log import logger
 
 #: How often a daemon waiting to take over a socket path tries its lock again.
 LOCK_RETRY_S = 0.1
@@ -157,6 +161,16 @@ def install() -> None:
                 },
             )
         elif command == HAND_OVER_COMMAND:
+            asked = request.get("pid")
+            if asked != os.getpid():  # meant for the daemon that held this path before us
+                logger.warning(
+                    "ckptpub: a hand-over of %s asked of daemon pid %s reached pid %d, which keeps serving",
+                    self._socket_path,
+                    asked,
+                    os.getpid(),
+                )
+                protocol.send_msg(conn, {"status": "error", "message": f"this daemon is pid {os.getpid()}"})
+                return
             with contextlib.suppress(OSError):  # the asker left: hand over all the same
                 protocol.send_msg(conn, {"status": "ok"})
             raise HandOver(self, self._socket_path)

@@ -376,15 +376,20 @@ class Daemon:
 
     # -- hand-over ----------------------------------------------------------
 
-    def hand_over(self) -> list[str]:
+    def hand_over(self, taken_by: Daemon | None = None) -> list[str]:
         """Ask each of the daemon's processes to give its socket path up (``ckptpub_hand_over``).
 
-        Returns the paths asked. The daemon keeps running, with its weights, for the
-        engines that mapped them; ``watch.handed_over`` fills as each process reports it.
+        Returns the paths asked. A path that ``taken_by`` serves is not asked: its lock
+        has one holder, so this daemon let it go and only its report is still to come.
+        Each request names the process it is meant for, and a newer daemon that took
+        the path over in between refuses it. The daemon keeps running, with its
+        weights, for the engines that mapped them; ``watch.handed_over`` fills as each
+        process reports it.
         """
+        taken = set(taken_by.watch.sockets()) if taken_by is not None else set()
         asked = []
-        for path in self.watch.sockets():
-            if send_command(path, daemon_reports.HAND_OVER_COMMAND):
+        for pid, path in sorted(self.watch.serving.items()):
+            if path not in taken and send_command(path, daemon_reports.HAND_OVER_COMMAND, pid=pid):
                 asked.append(path)
         return asked
 
@@ -505,7 +510,7 @@ class Daemon:
         return daemon, ""
 
 
-def send_command(socket_path: str, command: str, timeout: float = 5.0) -> bool:
+def send_command(socket_path: str, command: str, timeout: float = 5.0, **fields: Any) -> bool:
     """Send one of ckptpub's own requests to a daemon's socket; whether it was sent.
 
     Only to a socket owned by this user (not a symlink), as vLLM's engines check
@@ -522,7 +527,7 @@ def send_command(socket_path: str, command: str, timeout: float = 5.0) -> bool:
         conn.settimeout(timeout)
         try:
             conn.connect(socket_path)
-            conn.sendall(daemon_reports.command_frame(command))
+            conn.sendall(daemon_reports.command_frame(command, **fields))
             conn.recv(4096)
         except OSError:
             return False

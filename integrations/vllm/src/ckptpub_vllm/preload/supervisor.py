@@ -376,8 +376,8 @@ class Supervisor:
         took = (new.ready_at or time.time()) - new.since
         self._outcome("ready", "ready", f"{detail} after {took:.1f}s; folder {new.folder}", held=new)
         if old is not None:
-            if not old.watch.handed_over:
-                old.hand_over()
+            if not old.handed_over():
+                old.hand_over(taken_by=new)
             self._retire(old)
             self._drain_retired()
         self._move_to(State.READY)

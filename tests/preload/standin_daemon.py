@@ -81,15 +81,22 @@ def take_lock(path: str, identity: str, stopping: dict) -> int | None:
     return None
 
 
-def answer(conn: socket.socket, identity: str, folder: str) -> str | None:
-    """Answer one request; returns its command."""
-    from ckptpub_vllm import daemon_reports
-
+def read_message(conn: socket.socket) -> dict | None:
+    """One message framed as vLLM's ``send_msg`` frames it; None when the peer closed first."""
     header = conn.recv(8, socket.MSG_WAITALL)
     if len(header) < 8:
         return None
     (size,) = struct.unpack("!Q", header)
-    request = pickle.loads(conn.recv(size, socket.MSG_WAITALL))  # test code: the asker is the test's own
+    return pickle.loads(conn.recv(size, socket.MSG_WAITALL))  # test code: the peer is the test's own
+
+
+def answer(conn: socket.socket, identity: str, folder: str) -> str | None:
+    """Answer one request; returns its command."""
+    from ckptpub_vllm import daemon_reports
+
+    request = read_message(conn)
+    if request is None:
+        return None
     command = request.get("cmd")
     if command == daemon_reports.HELD_COMMAND:
         reply = {"status": "ok", "key": {"checkpoint": identity}, "folder": folder, "released": False}

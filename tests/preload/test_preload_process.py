@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -21,6 +19,7 @@ from ckptpub_vllm import daemon_reports
 from ckptpub_vllm.preload.daemon_process import send_command
 from ckptpub_vllm.preload.status import write_json
 from preload_helpers import SupervisorProc, make_checkpoint, pid_alive, ready_with, wait_for
+from standin_daemon import read_message
 
 import ckptpub
 from ckptpub._filesystem.model_files import read_layout
@@ -356,8 +355,7 @@ def _held_at(socket_path):
         conn.settimeout(10)
         conn.connect(str(socket_path))
         conn.sendall(daemon_reports.command_frame(daemon_reports.HELD_COMMAND))
-        (size,) = struct.unpack("!Q", conn.recv(8, socket.MSG_WAITALL))
-        return pickle.loads(conn.recv(size, socket.MSG_WAITALL))["key"]["checkpoint"]  # our own stand-in
+        return read_message(conn)["key"]["checkpoint"]
 
 
 def test_a_late_hand_over_report_does_not_make_the_new_daemon_give_the_path_up(tmp_path):

@@ -162,18 +162,20 @@ def install() -> None:
             )
         elif command == HAND_OVER_COMMAND:
             asked = request.get("pid")
-            if asked != os.getpid():  # meant for the daemon that held this path before us
+            mine = asked == os.getpid()  # else meant for the daemon that held this path before us
+            reply = {"status": "ok"}
+            if not mine:
                 logger.warning(
                     "ckptpub: a hand-over of %s asked of daemon pid %s reached pid %d, which keeps serving",
                     self._socket_path,
                     asked,
                     os.getpid(),
                 )
-                protocol.send_msg(conn, {"status": "error", "message": f"this daemon is pid {os.getpid()}"})
-                return
-            with contextlib.suppress(OSError):  # the asker left: hand over all the same
-                protocol.send_msg(conn, {"status": "ok"})
-            raise HandOver(self, self._socket_path)
+                reply = {"status": "error", "message": f"this daemon is pid {os.getpid()}"}
+            with contextlib.suppress(OSError):  # the asker left: answer as if it had stayed
+                protocol.send_msg(conn, reply)
+            if mine:
+                raise HandOver(self, self._socket_path)
         else:
             handle_connection(self, _Replayed(conn, request, protocol.send_msg))
 

@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ckptpub._filesystem",),
     ("ckptpub._hashing",),
     ("ckptpub._operations",),
+    ("ckptpub._serving",),
     ("ckptpub._runs",),
     ("ckptpub._training",),
     ("ckptpub._cli",),
@@ -32,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "ckptpub.console",
         "ckptpub.distributed",
         "ckptpub.integration",
+        "ckptpub.serving",
         "ckptpub.signing",
     ),
 )

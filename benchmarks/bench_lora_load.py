@@ -20,8 +20,9 @@ does when vLLM copies it into its LoRA slots, so both times end with the bytes i
 
 Prints one row per adapter: size, medians and minima of both, the ratio of the
 medians, and where ckptpub's time goes (medians): the one read of the weight file into
-fresh memory (``read_whole``) and the whole check without vLLM's load (``read_checked``:
-that read, the config's, and the hashing). ``--layers 1`` makes toy adapters (the smoke test).
+fresh memory (``ckptpub.serving.read_weights_file``) and the whole check without vLLM's load
+(``read_checked``: that read, the config's, and the hashing). ``--layers 1`` makes toy adapters
+(the smoke test).
 """
 
 from __future__ import annotations
@@ -111,11 +112,11 @@ def main() -> int:
 
     import torch
     from ckptpub_vllm import adapters
-    from ckptpub_vllm.folder_reads import read_whole
     from ckptpub_vllm.options import Options
     from vllm.lora.request import LoRARequest
 
     import ckptpub
+    from ckptpub.serving import read_weights_file
 
     torch.set_num_threads(1)  # as vLLM's CPU worker runs
     adapters.install()
@@ -133,11 +134,12 @@ def main() -> int:
         loads = {"vllm": vllm_load, "ckptpub": lambda r: adapters.load_checked(r, base, vllm_load)}
         loads["ckptpub"](request)  # warm: page cache, imports
         manifest = ckptpub.read_manifest(folder)
+        weights = next(r for r in manifest.files if r.path == "adapter_model.safetensors")
         for round_ in range(args.repeat):
             order = ("vllm", "ckptpub") if round_ % 2 == 0 else ("ckptpub", "vllm")
             for name in order:
                 runs[name].append(load_and_touch(loads[name], request))
-            runs["read"].append(_timed(read_whole, folder, "adapter_model.safetensors", size))
+            runs["read"].append(_timed(read_weights_file, folder, weights))
             runs["check"].append(_timed(adapters.read_checked, folder, manifest, base.options))
         median = {name: statistics.median(times) for name, times in runs.items()}
         ratio = median["ckptpub"] / median["vllm"]

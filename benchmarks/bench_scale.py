@@ -9,7 +9,7 @@ manifest read, its identity recomputed and checked) inside an already started pr
 as an engine pays it; its memory is that whole process's. CPU time (user + system,
 ``wait4``; ``process_time`` for the two in-process rows) is printed beside wall time:
 on a machine shared with other jobs it varies far less. The engine load check row is
-the plugin's ``StreamVerifier`` over every tensor (read beforehand, untimed): what
+the plugin's ``TensorVerifier`` over every tensor (read beforehand, untimed): what
 verification adds to a vLLM load that streams the same tensors. Peak RSS is ``wait4``'s
 ``ru_maxrss``, which counts the mapped shards' pages too (file-backed: the page cache,
 not the process's own); peak anonymous memory (``RssAnon``, what the process itself
@@ -57,14 +57,14 @@ STREAM_SNIPPET = """
 import glob, sys, time
 import ckptpub
 from safetensors import safe_open
-from ckptpub_vllm.verify_stream import StreamVerifier
+from ckptpub_vllm.verify_stream import TensorVerifier
 tensors = []
 for shard in sorted(glob.glob(sys.argv[1] + "/*.safetensors")):
     with safe_open(shard, framework="pt") as handle:
         tensors.extend((name, handle.get_tensor(name)) for name in handle.keys())
 manifest = ckptpub.read_manifest(sys.argv[1])
 start, cpu = time.perf_counter(), time.process_time()
-verifier = StreamVerifier(sys.argv[1], manifest)
+verifier = TensorVerifier(sys.argv[1], manifest)
 for _ in verifier.wrap(tensors):
     pass
 verifier.finish()

@@ -144,7 +144,7 @@ def stream_phase(folder: str, repeat: int) -> tuple[list[Run], list[Run]]:
     """The weight-streaming phase alone, no engine: safetensors tensors copied into
     preallocated tensors (what a model's ``load_weights`` does), plain vs verified."""
     import torch
-    from ckptpub_vllm.verify_stream import StreamVerifier
+    from ckptpub_vllm.verify_stream import TensorVerifier
     from safetensors import safe_open
 
     import ckptpub
@@ -161,7 +161,7 @@ def stream_phase(folder: str, repeat: int) -> tuple[list[Run], list[Run]]:
 
     def once(verify: bool) -> Run:
         start, cpu = time.perf_counter(), time.process_time()
-        verifier = StreamVerifier(folder, manifest) if verify else None
+        verifier = TensorVerifier(folder, manifest) if verify else None
         for name, tensor in verifier.wrap(stream()) if verifier else stream():
             dst[name].copy_(tensor)
         if verifier:

@@ -79,10 +79,10 @@ def _add(folder: Path, name: str) -> None:
 _FILE_DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "edited in place": (_edit_in_place, "bytes differ from the manifest"),
     "removed": (lambda p: p.unlink(), "is missing"),
-    "replaced by a FIFO": (lambda p: _replace(p, os.mkfifo), "is not a regular file"),
+    "replaced by a FIFO": (lambda p: _replace(p, os.mkfifo), "a named pipe (FIFO), not a regular file"),
     "replaced by a symlink out of the folder": (
         lambda p: _replace(p, lambda q: q.symlink_to("/etc/hostname")),
-        "is a symlink out of the folder",
+        "symlink points outside the checkpoint folder",
     ),
 }
 

@@ -105,12 +105,12 @@ def refusal_in_process(entry: str, key: Path, folder: Path, monkeypatch: pytest.
 
 def engine_refusal(entry: str, key: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     pytest.importorskip("vllm")
-    from ckptpub_vllm.errors import RefusedError
     from ckptpub_vllm.key import read_folder_manifest
     from ckptpub_vllm.options import split_extra_config
     from ckptpub_vllm.startup import check_before_start
 
     from ckptpub.integration import PUBLIC_KEY_ENV
+    from ckptpub.serving import RefusedError
 
     if entry == "engine CKPTPUB_PUBLIC_KEY":  # daemons, plain ipc_cache engines: the cache key's read
         monkeypatch.setenv(PUBLIC_KEY_ENV, str(key))

@@ -40,7 +40,9 @@ def models(tmp_path_factory) -> dict[str, str]:
     tensors); badheader (a shard's header damaged); tokenizer (a same-size edit of
     tokenizer.json); template (a chat template added after publishing); manifestdir
     (ckptpub.json is a folder); tables (its model region's first two entries swapped, sizes and
-    identity recomputed); toggled (v1, for loads under a writer that flips two tensors)."""
+    identity recomputed); toggled (v1, for loads under a writer that flips two tensors); linked_templates
+    (published with an ``additional_chat_templates/`` folder, which is then replaced by a symlink to an
+    identical folder outside the checkpoint)."""
     from support.safetensors_files import copy_with_zeroed_tensor
     from support.tiny_model import build_tiny_qwen3
 
@@ -67,6 +69,13 @@ def models(tmp_path_factory) -> dict[str, str]:
     manifestdir = shutil.copytree(nomanifest, str(root / "manifestdir"))
     os.mkdir(os.path.join(manifestdir, ckptpub.MANIFEST_NAME))
     toggled = shutil.copytree(v1, str(root / "toggled"))
+    linked_templates = shutil.copytree(nomanifest, str(root / "linked_templates"))
+    os.mkdir(os.path.join(linked_templates, "additional_chat_templates"))
+    with open(os.path.join(linked_templates, "additional_chat_templates", "tool_use.jinja"), "w") as f:
+        f.write("{{ tools }}")
+    ckptpub.publish(linked_templates)
+    shutil.move(os.path.join(linked_templates, "additional_chat_templates"), str(root / "templates_outside"))
+    os.symlink(str(root / "templates_outside"), os.path.join(linked_templates, "additional_chat_templates"))
     tables = shutil.copytree(v1, str(root / "tables"))
     with open(os.path.join(tables, ckptpub.MANIFEST_NAME), "r+b") as f:
         unsorted = forged_tables(f.read(), lambda model, layout: (swap_first_entries(model), layout))
@@ -85,6 +94,7 @@ def models(tmp_path_factory) -> dict[str, str]:
         "manifestdir": manifestdir,
         "tables": tables,
         "toggled": toggled,
+        "linked_templates": linked_templates,
     }
 
 

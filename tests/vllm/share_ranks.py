@@ -15,12 +15,12 @@ import os
 import sys
 
 import torch.distributed as dist
-from ckptpub_vllm.errors import RefusedError
 from ckptpub_vllm.node_share import READS_ALL, READS_LISTED, Peers
-from ckptpub_vllm.verify_stream import StreamVerifier
+from ckptpub_vllm.verify_stream import TensorVerifier
 from safetensors import safe_open
 
 import ckptpub
+from ckptpub.serving import RefusedError
 
 
 def stream(folder: str, change: str | None = None):
@@ -36,7 +36,7 @@ def stream(folder: str, change: str | None = None):
 
 
 def run(folder: str, case: str, peers: Peers, rank: int) -> dict:
-    verifier = StreamVerifier(folder, ckptpub.read_manifest(folder), peers=peers)
+    verifier = TensorVerifier(folder, ckptpub.read_manifest(folder), peers=peers)
     everything = sorted(verifier.expected)
     if case == "listed":  # expert parallel: rank 0 sees the even tensors, rank 1 all of them
         verifier.share(READS_LISTED, lambda name: rank == 1 or everything.index(name) % 2 == 0)

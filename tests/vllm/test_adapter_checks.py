@@ -20,11 +20,11 @@ import safetensors.torch
 import torch
 from ckptpub_vllm import adapters
 from ckptpub_vllm.adapter_frontend import RefusalReason, raise_refusals
-from ckptpub_vllm.errors import RefusedError
 from ckptpub_vllm.options import split_extra_config
 from lora_helpers import TAMPERED_LORA_B, flip_bit, publish
 
 import ckptpub
+from ckptpub.serving import RefusedError
 
 WEIGHTS = "adapter_model.safetensors"
 
@@ -175,7 +175,7 @@ def test_weights_behind_a_symlink_out_of_the_folder_are_refused(lora_folders, tm
     outside = shutil.copy(os.path.join(folder, WEIGHTS), str(tmp_path / "outside.safetensors"))
     os.remove(os.path.join(folder, WEIGHTS))
     os.symlink(outside, os.path.join(folder, WEIGHTS))
-    with pytest.raises(RefusedError, match=f"{WEIGHTS} is a symlink out of the folder"):
+    with pytest.raises(RefusedError, match=f"{WEIGHTS}: symlink points outside the checkpoint folder"):
         adapters.load_checked(_request("l", folder), _base(lora_folders), _vllm_load)
 
 

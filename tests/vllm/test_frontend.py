@@ -37,7 +37,7 @@ OTHER = "blake3:" + "1" * 64
 
 @pytest.fixture(scope="module")
 def offline(models):
-    """One process, four engine starts with the engine core in its own process (vLLM's default)."""
+    """One process, five engine starts with the engine core in its own process (vLLM's default)."""
     jobs = [  # the engine process of the last one is the only one started
         {"model": models["v1"], "load_format": "manifest_cache", "extra": {"expect_identity": OTHER}},
         {"model": models["v1"], "load_format": "manifest_cache", "extra": {"hash_threads": 0}},
@@ -46,6 +46,7 @@ def offline(models):
             "load_format": "manifest_cache",
             "env": {"CKPTPUB_REQUIRE_MANIFEST": "maybe"},
         },
+        {"model": models["linked_templates"], "load_format": "manifest_cache"},
         {
             "model": models["tampered"],
             "load_format": "manifest_cache",
@@ -64,7 +65,7 @@ def test_offline_refusal_in_the_worker_is_what_the_caller_gets(offline, models):
 
 
 def test_offline_refusals_at_config_time_come_before_any_engine_process(offline, models):
-    (pinned, bad_option, bad_flag, _), logs = offline
+    (pinned, bad_option, bad_flag, linked_templates, _), logs = offline
     identity = ckptpub.read_manifest(models["v1"]).identity
     assert pinned["error"] == (
         f"RefusedError: ckptpub: refusing to serve {models['v1']}: its identity {identity} is not the "
@@ -77,7 +78,12 @@ def test_offline_refusals_at_config_time_come_before_any_engine_process(offline,
     assert bad_flag["error"] == (  # fail closed: a flag neither on nor off is the core's refusal, in one line
         "ValueError: CKPTPUB_REQUIRE_MANIFEST: 'maybe' is neither on (1/true/yes/on) nor off (0/false/no/off)"
     )
-    for log in logs[:3]:
+    assert linked_templates["error"] == (  # what `ckptpub verify` refuses too (test_units)
+        f"RefusedError: ckptpub: refusing to serve {models['linked_templates']}: "
+        "additional_chat_templates/tool_use.jinja: in a folder behind a symlink; not supported in a "
+        f"checkpoint folder; run `ckptpub verify {models['linked_templates']}`"
+    )
+    for log in logs[:4]:
         assert "EngineCore" not in log, log[-2000:]  # no engine process was started
 
 

@@ -12,10 +12,10 @@ import sys
 
 import ckptpub_vllm
 import pytest
-from ckptpub_vllm.errors import RefusedError
 from ckptpub_vllm.key import original_hash_checkpoint
 
 import ckptpub
+from ckptpub.serving import RefusedError
 
 _recording: list[str] | None = None
 

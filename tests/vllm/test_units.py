@@ -7,14 +7,14 @@ import re
 import shutil
 
 import pytest
-from ckptpub_vllm.engine_files import engine_file_problems, engine_reads
-from ckptpub_vllm.errors import RefusedError
+from checkpoints import run_cli
 from ckptpub_vllm.options import Options, split_extra_config
-from ckptpub_vllm.verify_stream import INLINE_HASH_BYTES, StreamVerifier, raw_bytes, small_bytes
+from ckptpub_vllm.verify_stream import TensorVerifier, raw_bytes, small_bytes
 from safetensors import safe_open
 from support.manifests import replaced
 
 import ckptpub
+from ckptpub.serving import INLINE_HASH_BYTES, RefusedError, engine_file_problems, engine_reads
 
 
 def stream(folder):
@@ -26,7 +26,7 @@ def stream(folder):
 
 
 def verifier(folder, **kw):
-    return StreamVerifier(folder, ckptpub.read_manifest(folder), **kw)
+    return TensorVerifier(folder, ckptpub.read_manifest(folder), **kw)
 
 
 def _verify_all(v, tensors):
@@ -197,10 +197,24 @@ def test_engine_files_are_checked_whole_and_unlisted_ones_refused(models, tmp_pa
     problems = engine_file_problems(str(folder), manifest)
     assert problems == [
         "additional_chat_templates/tool_use.jinja is not in the manifest, and an engine reads it",
-        "config.json is a symlink out of the folder",
+        "config.json: symlink points outside the checkpoint folder",
         "generation_config.json is missing",
-        "tokenizer_config.json is not a regular file",
+        "tokenizer_config.json: a named pipe (FIFO), not a regular file",
     ], problems
+
+
+def test_a_template_folder_behind_a_symlink_is_refused_by_verify_and_by_the_engine_check(models):
+    """One rule for both (issue 31): the templates an engine reads are read as ``ckptpub verify`` reads
+    them, so a folder of them replaced by a symlink to an identical folder outside is refused by both."""
+    folder = models["linked_templates"]
+    verified = run_cli("verify", folder)
+    assert verified.returncode == 2, verified
+    assert "additional_chat_templates" in verified.stderr, verified.stderr
+    assert "symlink" in verified.stderr, verified.stderr
+    assert engine_file_problems(folder, ckptpub.read_manifest(folder)) == [
+        "additional_chat_templates/tool_use.jinja: in a folder behind a symlink; not supported in a "
+        "checkpoint folder"
+    ]
 
 
 def test_an_engine_config_is_read_as_strictly_as_publish_reads_it(models, tmp_path):
@@ -276,7 +290,7 @@ def test_a_write_to_the_shard_after_the_check_never_reaches_the_model(models, tm
     shard = find_tensor_file(str(folder), target)
     start, end = tensor_location(shard, target)
     shards = [os.path.join(folder, name) for name in manifest.weights]
-    v = StreamVerifier(str(folder), manifest)
+    v = TensorVerifier(str(folder), manifest)
     model: dict[str, object] = {}
     fd = os.open(shard, os.O_WRONLY)
     try:

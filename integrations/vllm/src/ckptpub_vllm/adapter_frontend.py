@@ -27,9 +27,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ckptpub.serving import RefusedError
+
 from . import LOAD_FORMAT
 from .adapters import ServedAdapter, forget_served, record_served
-from .errors import RefusedError
 from .key import read_folder_manifest
 
 REFUSAL_PREFIX = "ckptpub: "

@@ -31,8 +31,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from ckptpub.serving import RefusedError
+
 from . import LOAD_FORMAT
-from .errors import RefusedError
 from .log import logger
 
 #: The engine core's attribute holding its gate (None for an engine without one).

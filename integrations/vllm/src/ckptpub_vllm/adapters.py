@@ -55,16 +55,15 @@ import torch
 import ckptpub
 from ckptpub.errors import CkptpubError
 from ckptpub.integration import base_of, layout_in_memory
+from ckptpub.serving import FileMismatchError, RefusedError, read_published, read_weights_file
 
 from . import adapter_reads
 from .adapter_reads import CONFIG_FILE, WEIGHTS_FILE, VerifiedAdapter, served_from_memory
-from .engine_files import FileMismatchError, read_published
-from .errors import RefusedError, refusals_logged
-from .folder_reads import UnreadableError, read_whole
+from .errors import refusals_logged
 from .log import logger
 from .options import Options
 from .startup import checked_manifest
-from .verify_stream import StreamVerifier, torch_dtype
+from .verify_stream import TensorVerifier, torch_dtype
 
 PICKLED_WEIGHTS = ("adapter_model.bin", "adapter_model.pt")
 KIND = "adapter"
@@ -132,7 +131,7 @@ def check_adapter(folder: str, name: str, base: ServedBase) -> ckptpub.Manifest 
         options,
         expected=pins[0] if pins else None,
         require=options.adapter_require_manifest,
-        publish=lambda: f"ckptpub publish {folder} --base {base.folder}",
+        publish=f"ckptpub publish {folder} --base {base.folder}",
         opt_out="adapter_require_manifest",
         unverified="vLLM loads it unverified",
         kind=KIND,
@@ -214,13 +213,11 @@ def _checked_tensors(
 ) -> dict[str, torch.Tensor]:
     """The weight file's tensors, as views of the one read of it, each checked against the manifest."""
     try:
-        data = read_whole(folder, WEIGHTS_FILE, record.size)
+        data = read_weights_file(folder, record)
         layout = layout_in_memory(data, WEIGHTS_FILE)
-    except UnreadableError as error:
-        raise RefusedError(folder, f"{WEIGHTS_FILE} {error}", kind=KIND) from None
     except CkptpubError as error:
         raise RefusedError(folder, str(error), kind=KIND) from None
-    verifier = StreamVerifier(
+    verifier = TensorVerifier(
         folder, manifest, threads=options.hash_threads, max_pending_mib=options.max_pending_mib, kind=KIND
     )
     tensors = {}

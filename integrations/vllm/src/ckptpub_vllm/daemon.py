@@ -111,10 +111,12 @@ def manifest_folder(vllm_config: Any, model: str, revision: str | None) -> str:
     Found as the key finds it (``key.folder_of``); a folder with a manifest switches a
     plain load format to ``manifest_cache`` (``_upgrade_load_format``), which, as the
     engine's loader does, refuses a hub id with no snapshot in the cache
-    (``key.model_folder``). The key and the load take this folder (``key.checked``).
+    (``ckptpub.serving.model_folder``). The key and the load take this folder (``key.checked``).
     """
+    from ckptpub.serving import model_folder
+
     from . import LOAD_FORMAT
-    from .key import folder_of, model_folder
+    from .key import folder_of
 
     folder = folder_of(model, revision)
     _upgrade_load_format(vllm_config, folder)

@@ -32,8 +32,7 @@ import tempfile
 from typing import Any
 
 from ckptpub.integration import REFUSAL_FILE_ENV
-
-from .errors import RefusedError
+from ckptpub.serving import RefusedError
 
 #: A refusal is one line; a relay file larger than this is not read further.
 MAX_RELAY_BYTES = 64 << 10
@@ -59,9 +58,10 @@ def install() -> None:
 
 def check_at_config_time(vllm_config: Any) -> None:
     """For ``manifest_cache``: options, start checks, the pin for the workers, the relay, the record."""
+    from ckptpub.serving import model_folder
+
     from . import LOAD_FORMAT, served
     from .errors import refusals_logged
-    from .key import model_folder
     from .loader import ManifestCacheLoader
     from .startup import check_before_start
 

@@ -25,13 +25,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import ckptpub
-from ckptpub.integration import FORMATS, REQUIRE_MANIFEST_ENV, loads_strict, locate
+from ckptpub import serving
+from ckptpub.integration import FORMATS, loads_strict, read_inside
+from ckptpub.serving import RefusedError
+from ckptpub.signing import TrustedKey
 
-from .errors import RefusedError
-from .folder_reads import UnreadableError, read_prefix
 from .log import logger
-from .options import require_manifest_from_env
-from .signature import signed_manifest, trusted_from_env
 
 _PATCH_MARK = "_ckptpub_original"
 _logged: set[tuple[str, str]] = set()
@@ -39,8 +38,8 @@ _logged: set[tuple[str, str]] = set()
 
 @dataclass(frozen=True)
 class Checked:
-    """The manifest this process already read and checked for a model (None: it has none), and
-    the folder it was read from (``model_folder``: a hub id's snapshot is resolved once, too)."""
+    """The manifest this process already read and checked for a model (None: it has none), and the
+    folder it was read from (``ckptpub.serving.model_folder``: a hub id's snapshot is resolved once, too)."""
 
     manifest: ckptpub.Manifest | None
     folder: str
@@ -79,75 +78,56 @@ def checked_for(model: str) -> Checked | None:
     return _checked.get(model)
 
 
-def model_folder(model: str, revision: str | None = None) -> str:
-    """The folder vLLM's ``model`` names: that path when it exists (with ``HF_HUB_OFFLINE=1`` vLLM
-    hands over a hub id's snapshot path), else the hub id's snapshot at ``revision`` in the Hugging
-    Face cache, resolved offline by huggingface_hub (``ckptpub.integration.locate``). A hub id that is
-    not in the cache is refused: nothing there could be checked."""
-    if os.path.lexists(model):
-        return model
-    try:
-        return locate(model, revision)
-    except ckptpub.CkptpubError as error:
-        raise RefusedError(model, str(error)) from None
-
-
 def has_manifest(folder: str) -> bool:
     """Whether anything (a valid manifest or not) is at the folder's manifest path (one ``lstat``)."""
     return os.path.lexists(os.path.join(folder, ckptpub.MANIFEST_NAME))
 
 
+def trusted_from_env(folder: str, kind: str = "") -> TrustedKey | None:
+    """The key the environment trusts (``CKPTPUB_PUBLIC_KEY``/``CKPTPUB_CERTIFICATE_CHAIN``), for processes
+    that see no engine option; both set is a refusal of ``folder`` (``kind``): fail closed."""
+    try:
+        return TrustedKey.from_environment()
+    except ckptpub.CkptpubError as error:
+        raise RefusedError(folder, f"a signed checkpoint is required: {error}", kind=kind) from None
+
+
 def read_folder_manifest(
     folder: str, kind: str = "", *, check_tables: bool = True
 ) -> ckptpub.Manifest | None:
-    """The folder's validated manifest; None only when nothing is at its manifest path.
-
-    The manifest file is read directly (no separate look at the folder first); only
-    when that fails does a ``lstat`` tell "absent" from "present but unusable".
-    With ``CKPTPUB_PUBLIC_KEY``/``CKPTPUB_CERTIFICATE_CHAIN`` set (daemons, plain
-    ``ipc_cache`` engines) only the manifest that key signed is returned. ``kind``
-    names what the folder holds in a refusal (``adapter``; a model by default).
-    ``check_tables=False``: the tables are checked when the tensors are first used
-    (the key needs the identity alone, which commits to the model table's bytes).
-    """
+    """The folder's manifest as the environment trusts it (``ckptpub.serving.read_folder_manifest``);
+    None only when nothing is at its manifest path. ``kind`` names what the folder holds in a refusal
+    (``adapter``; a model by default)."""
     trusted = trusted_from_env(folder, kind)
-    if trusted is not None:
-        return signed_manifest(folder, trusted, kind)
-    path = os.path.join(folder, ckptpub.MANIFEST_NAME)
-    try:
-        return ckptpub.read_manifest(path, check_tables=check_tables)
-    except ckptpub.CkptpubError as error:
-        if not os.path.lexists(path):
-            return None
-        raise RefusedError(folder, f"its {ckptpub.MANIFEST_NAME} is unusable: {error}", kind=kind) from None
+    return serving.read_folder_manifest(folder, trusted, kind=kind, check_tables=check_tables)
 
 
 def checkpoint_key(model: str) -> str | None:
-    """Drop-in replacement for vLLM's ``protocol.hash_checkpoint``."""
-    manifest = None
+    """Drop-in replacement for vLLM's ``protocol.hash_checkpoint``: the manifest's identity, or vLLM's
+    own hash for a folder without a manifest that the environment's policy lets through.
+
+    Inside ``checked``, the decision already made; otherwise the core's one decision
+    (``ckptpub.serving.trusted_model``) under the environment's policy
+    (``Policy.from_environment``: a flag that is neither on nor off, or two trusted keys,
+    is a refusal: fail closed), reading the manifest's first line only.
+    """
+    identity: str | None = None
     decided = _checked.get(model) if isinstance(model, str) else None
     if decided is not None:
-        manifest = decided.manifest
+        identity = None if decided.manifest is None else decided.manifest.identity
     elif isinstance(model, str):
-        manifest = read_folder_manifest(folder_of(model), check_tables=False)
-    if manifest is not None:
-        if (model, manifest.identity) not in _logged:
-            _logged.add((model, manifest.identity))
-            logger.info(
-                "ckptpub: weight-cache key for %s is its manifest identity %s", model, manifest.identity
-            )
-        return manifest.identity
-    try:
-        required = require_manifest_from_env()
-    except ckptpub.CkptpubError as error:  # fail closed: a flag that is neither on nor off
-        raise RefusedError(model, str(error)) from None
-    if required:
-        raise RefusedError(
-            model,
-            f"no {ckptpub.MANIFEST_NAME} and {REQUIRE_MANIFEST_ENV}=1",
-            hint=f"publish it with `ckptpub publish {model}`",
-        )
-    return original_hash_checkpoint()(model)
+        try:
+            policy = serving.Policy.from_environment()
+        except ckptpub.CkptpubError as error:
+            raise RefusedError(model, str(error)) from None
+        found = serving.trusted_model(model, policy=policy, folder=folder_of(model), check_tables=False)
+        identity = found.cache_key
+    if identity is None:
+        return original_hash_checkpoint()(model)
+    if (model, identity) not in _logged:
+        _logged.add((model, identity))
+        logger.info("ckptpub: weight-cache key for %s is its manifest identity %s", model, identity)
+    return identity
 
 
 def older_format_keys(folder: str, manifest: ckptpub.Manifest) -> Iterator[str]:
@@ -167,9 +147,9 @@ def older_format_keys(folder: str, manifest: ckptpub.Manifest) -> Iterator[str]:
     configs = {}
     try:
         for name in manifest.config:
-            data, _ = read_prefix(folder, name, sizes.get(name, 0) + 1)
+            data = read_inside(folder, name, sizes.get(name, 0))
             configs[name] = loads_strict(data, name, "config")
-    except (ckptpub.CkptpubError, UnreadableError):
+    except ckptpub.CkptpubError:
         return
     if not all(isinstance(document, dict) for document in configs.values()):
         return
@@ -181,11 +161,11 @@ def older_format_keys(folder: str, manifest: ckptpub.Manifest) -> Iterator[str]:
 
 
 def folder_of(model: str, revision: str | None = None) -> str:
-    """The folder whose manifest speaks for ``model``: as ``model_folder`` finds it, or ``model`` itself
-    when that finds none, so an engine or daemon that does not ask for ``manifest_cache`` keeps vLLM's
-    own behaviour (``hash_checkpoint`` is handed the model alone: the default revision)."""
+    """The folder whose manifest speaks for ``model``: as ``ckptpub.serving.model_folder`` finds it, or
+    ``model`` itself when that finds none, so an engine or daemon that does not ask for ``manifest_cache``
+    keeps vLLM's own behaviour (``hash_checkpoint`` is handed the model alone: the default revision)."""
     try:
-        return model_folder(model, revision)
+        return serving.model_folder(model, revision)
     except RefusedError:
         return model
 

@@ -6,7 +6,7 @@ manifest identity (see ``key``), so the daemon maps them only when it holds exac
 these bytes. Whenever weights come from disk instead (no daemon, a mismatch with
 ``fallback``, a platform without CUDA IPC such as the CPU build, or a daemon loading
 its own copy through ``load_weights``), :class:`VerifyingDiskLoader` streams them
-through a :class:`StreamVerifier` and the engine refuses to start on any difference,
+through a :class:`TensorVerifier` and the engine refuses to start on any difference,
 in the one pass vLLM makes over the shards anyway. Before either,
 ``startup.check_before_start`` reads the manifest and checks the files the engine
 reads itself; it opens no shard, so an engine start that maps a daemon's weights
@@ -31,13 +31,14 @@ from vllm.model_executor.model_loader.weight_cache import protocol
 from vllm.model_executor.model_loader.weight_cache.ipc_loader import IpcModelLoader
 
 import ckptpub
+from ckptpub.serving import RefusedError, check_shards_are_files, model_folder
 
 from . import LOAD_FORMAT, adapters, daemon_reports, key, mismatch, node_share
-from .errors import RefusedError, refusals_logged
+from .errors import refusals_logged
 from .log import logger
 from .options import Options, split_extra_config
 from .startup import check_before_start
-from .verify_stream import StreamVerifier, check_shards_are_files
+from .verify_stream import TensorVerifier
 
 
 class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is untyped for mypy here
@@ -60,7 +61,7 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
         self.manifest = manifest
         self.options = options
         self.folder = folder  # where the checkpoint is: vLLM's model, or the snapshot its hub id names
-        self.verifier: StreamVerifier | None = None
+        self.verifier: TensorVerifier | None = None
         self._source: str | None = None
         self._started = 0.0
         self._finish_after_post_processing = False
@@ -90,7 +91,7 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
         self._source = model_config.model
         self._started = time.perf_counter()
         check_shards_are_files(self.folder)
-        self.verifier = StreamVerifier(
+        self.verifier = TensorVerifier(
             self.folder,
             self.manifest,
             threads=self.options.hash_threads,
@@ -193,7 +194,7 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         self._folder = ""
 
     def _prepare(self, model_config: ModelConfig) -> ckptpub.Manifest | None:
-        self._folder = key.model_folder(model_config.model, model_config.revision)
+        self._folder = model_folder(model_config.model, model_config.revision)
         self._manifest = check_before_start(self._folder, self.options)
         return self._manifest
 

@@ -44,8 +44,7 @@ from typing import Any
 import blake3
 
 import ckptpub
-
-from .errors import RefusedError
+from ckptpub.serving import RefusedError
 
 #: Room for a rank's refusal in the agreement row (a longer one is cut).
 MESSAGE_BYTES = 1024

@@ -32,11 +32,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 import ckptpub
+from ckptpub.distributed import ExchangeError
 
 from . import node_share
 from .errors import RefusedError
 from .folder_reads import UnreadableError, read_prefix, resolve_inside
-from .node_share import PeerError, Peers
+from .node_share import Peers
 
 # safetensors dtype codes (what the manifest records) of torch dtypes.
 _DTYPE_CODES = {
@@ -185,7 +186,7 @@ class StreamVerifier:
             }
             try:
                 planned = node_share.plan(self._peers, self.manifest, sizes, fingerprint, sees, reads)
-            except PeerError as error:
+            except ExchangeError as error:
                 raise self.refuse(str(error)) from None
             except RefusedError as error:
                 raise self.refuse(error.reason) from None
@@ -216,7 +217,7 @@ class StreamVerifier:
             if not self._agreed:
                 self._agreed = True
                 assert self._peers is not None
-                with contextlib.suppress(PeerError):  # refusing anyway; a dead peer cannot be told
+                with contextlib.suppress(ExchangeError):  # refusing anyway; a dead peer cannot be told
                     self._peers.agree(error.reason)
             raise
 
@@ -318,7 +319,7 @@ class StreamVerifier:
             assert self._peers is not None
             try:
                 other = self._peers.agree(None)
-            except PeerError as error:
+            except ExchangeError as error:
                 raise self.refuse(str(error)) from None
             if other is not None:
                 raise self.refuse(other)

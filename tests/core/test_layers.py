@@ -119,6 +119,7 @@ def test_the_graph_is_read_from_the_source() -> None:
     assert "ckptpub._hashing.distributed" in graph["ckptpub._operations.publishing"]  # TYPE_CHECKING
     assert "ckptpub._training.callback" in graph["ckptpub"]  # PEP 562 __getattr__ and TYPE_CHECKING
     assert "ckptpub.errors" in graph["ckptpub._format.strict_json"]  # from .. import through a package
+    assert "ckptpub._hashing.ranks" in graph["ckptpub._hashing.distributed"]  # rank rules below the hasher
 
 
 def test_no_import_cycle() -> None:
@@ -177,6 +178,19 @@ def test_integrations_use_only_public_modules_and_the_core_imports_none() -> Non
     assert not private, private
     core_imports = {target for path in SOURCE.rglob("*.py") for target in _absolute_imports(path)}
     assert not {name for name in core_imports if name.split(".")[0] == "ckptpub_vllm"}
+
+
+#: The rules an engine's ranks share with distributed publish: an integration hands them bytes.
+ENGINE_NEUTRAL = ("_hashing/ranks.py", "distributed.py")
+
+
+def test_the_rank_rules_import_no_torch_and_no_engine() -> None:
+    """``ckptpub.distributed``'s rank rules: torch only inside the hasher's functions, never at import."""
+    imported = {name.split(".")[0] for path in ENGINE_NEUTRAL for name in _absolute_imports(SOURCE / path)}
+    assert not imported & {"torch", "vllm", "sglang"}, imported
+    program = "import sys, ckptpub.distributed; print(sorted({'torch', 'vllm'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 def _absolute_imports(path: Path) -> set[str]:

@@ -42,7 +42,7 @@ def run(folder: str, case: str, peers: Peers, rank: int) -> dict:
         verifier.share(READS_LISTED, lambda name: rank == 1 or everything.index(name) % 2 == 0)
     else:
         verifier.share(READS_ALL)
-    mine = verifier._mine if verifier._mine is not None else frozenset(everything)
+    mine = verifier.mine if verifier.mine is not None else frozenset(everything)
     owned = {rank: sorted(mine), 1 - rank: sorted(set(everything) - mine)}
     change = owned[int(case[-1])][0] if case.startswith("tamper") else None
     seen = [

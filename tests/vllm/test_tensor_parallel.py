@@ -5,7 +5,7 @@ One ``run_engine.py`` process runs the four engines (``distributed_executor_back
 each rank holds one head): ``auto`` for the reference tokens, ``manifest_cache`` on the
 published checkpoint, and two copies with one tensor zeroed, the first a tensor rank 0
 hashes, the second one rank 1 hashes (by the plan every rank computes,
-``node_share.assign``). Nothing is mocked.
+``ckptpub.distributed.assign``). Nothing is mocked.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from ckptpub_vllm.node_share import assign  # noqa: E402
 from vllm_engine_helpers import run_engines  # noqa: E402
 
 import ckptpub  # noqa: E402
+from ckptpub.distributed import assign  # noqa: E402
 
 TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 
@@ -26,7 +26,7 @@ def hashed_by(folder: str) -> dict[int, list[str]]:
     manifest = ckptpub.read_manifest(folder)
     sizes = {t.name: t.data_offsets[1] - t.data_offsets[0] for t in manifest.tensors}
     names = sorted(sizes)
-    owners = assign(names, sizes, [0, 1], lambda rank, position: True)
+    owners = assign([sizes[name] for name in names], [0, 1])
     return {rank: [n for n, o in zip(names, owners, strict=True) if o == rank] for rank in (0, 1)}
 
 

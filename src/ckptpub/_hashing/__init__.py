@@ -7,6 +7,8 @@ Modules (imports go downwards only; from outside this package only ``_filesystem
 ``_format`` and ``errors``):
 
     distributed   ``DistributedHasher``: the spans of a folder hashed by every rank of a torch job
+    ranks         which rank hashes what, engine-neutral (no torch): the exchange of byte rows, the
+                  agreement, the assignment, the same-file rule (``storage_fingerprint``), the plan
     options       ``HashOptions`` (threads, mmap, progress, who hashes) and the ``SpanHasher`` protocol
     engine        ``hash_spans``, ``hash_files`` (and each file's SHA-256 or BLAKE3): threads, mmap, batching
 """

@@ -8,15 +8,17 @@ own link's bandwidth, so hashing it on one rank leaves every other link idle.
 by bytes), and the digests travel through the group's own collectives, so every rank
 returns every digest and the writing rank builds exactly the manifest one process would.
 
-Each call is two ``all_gather`` s of fixed-size ``uint8`` tensors (no pickle):
+Each call is two exchanges of fixed-size rows (``ranks.Exchange`` over the group's
+gloo ``all_gather`` of ``uint8`` tensors, no pickle), each row with a status and room
+for an error message, so a rank that failed makes every rank fail with its reason:
 
 1. the plan: each rank's span count and a BLAKE3 fingerprint of its span names and
-   ranges, a fingerprint of its files' identities on storage (inode, size,
-   modification and change times), or the error that stopped it before hashing
+   ranges, and its files' ``ranks.storage_fingerprint`` (the same files on storage,
+   wherever each rank runs); or the error that stopped it before hashing
    (``taking_part``). Ranks that see different folders refuse together.
 2. the digests: 32 bytes per span, filled on the rows the rank owns (and, when a rank
-   signs, 32 per file owned: its SHA-256 or BLAKE3), with a status and a message, so a
-   rank whose read failed makes every rank fail with its reason.
+   signs, 32 per file owned: its SHA-256 or BLAKE3). Files go to ranks whole, by
+   ``ranks.assign``.
 
 A rank trusts another's digest of a file it did not read only when the two see the
 very same file on storage (one shared file system, wherever each mounts it): equal
@@ -37,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import heapq
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -50,6 +51,7 @@ from .._settings import seconds
 from ..errors import CkptpubError
 from .engine import FILE_HASHES, FileDigests, Span, check_file_hash
 from .options import HashOptions
+from .ranks import Exchange, ExchangeError, assign, storage_fingerprint
 
 log = logging.getLogger("ckptpub")
 
@@ -57,19 +59,14 @@ log = logging.getLogger("ckptpub")
 #: rank's hashing, so this must cover hashing one rank's share of the checkpoint.
 DEFAULT_TIMEOUT_S = 600.0
 DIGEST_BYTES = 32
-#: Room for a rank's error message in each exchange (longer ones are cut).
-MESSAGE_BYTES = 512
-_FAILED = 1  # a row's status byte: 0 all went well
-# A plan row: status byte, span count (8 bytes), fingerprint, storage fingerprint, whole-file hash
-# wanted (0 none, else 1 + its index in FILE_HASHES), message.
-_PLAN_SAME = slice(1, 9 + DIGEST_BYTES)  # span count and fingerprint: equal on every rank
-_PLAN_STORAGE = slice(9 + DIGEST_BYTES, 9 + 2 * DIGEST_BYTES)  # equal where ranks read the same files
-_PLAN_FILE_HASH = 9 + 2 * DIGEST_BYTES
-_PLAN_MESSAGE_AT = _PLAN_FILE_HASH + 1
-_PLAN_BYTES = _PLAN_MESSAGE_AT + MESSAGE_BYTES
-# A digest row: status byte, message, DIGEST_BYTES per span, then (when wanted) a whole-file digest per
-# file (SHA-256 and BLAKE3 are both DIGEST_BYTES long).
-_DIGESTS_AT = 1 + MESSAGE_BYTES
+# A plan payload: span count (8 bytes), fingerprint, storage fingerprint, whole-file hash wanted (0 none,
+# else 1 + its index in FILE_HASHES).
+_PLAN_SAME = slice(0, 8 + DIGEST_BYTES)  # span count and fingerprint: equal on every rank
+_PLAN_STORAGE = slice(8 + DIGEST_BYTES, 8 + 2 * DIGEST_BYTES)  # equal where ranks read the same files
+_PLAN_FILE_HASH = 8 + 2 * DIGEST_BYTES
+_PLAN_BYTES = _PLAN_FILE_HASH + 1
+# A digest payload: DIGEST_BYTES per span, then (when wanted) a whole-file digest per file (SHA-256 and
+# BLAKE3 are both DIGEST_BYTES long).
 
 
 def new_group(timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
@@ -112,16 +109,14 @@ def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S) -> DistributedHasher:
 def assign_files(spans: Sequence[Span], ranks: int) -> list[int]:
     """The rank that hashes each span: whole files (runs of spans with one path), balanced by bytes.
 
-    Largest file first to the least-loaded rank (lowest rank on ties), so every rank
-    computes the same assignment from the same spans.
+    ``ranks.assign``: largest file first to the least-loaded rank (lowest rank on ties),
+    so every rank computes the same assignment from the same spans.
     """
-    files = sorted((-sum(s.size for s in spans[first:end]), first, end) for first, end in files_of(spans))
+    files = files_of(spans)
     owners = [0] * len(spans)
-    loads = [(0, rank) for rank in range(ranks)]
-    for negative_size, first, end in files:
-        load, rank = heapq.heappop(loads)
-        owners[first:end] = [rank] * (end - first)
-        heapq.heappush(loads, (load - negative_size, rank))
+    sizes = [sum(s.size for s in spans[first:end]) for first, end in files]
+    for (first, end), rank in zip(files, assign(sizes, range(ranks)), strict=True):
+        owners[first:end] = [rank or 0] * (end - first)  # every rank may take any file: never None
     return owners
 
 
@@ -143,24 +138,6 @@ def plan_fingerprint(spans: Sequence[Span]) -> bytes:
     return hasher.digest()
 
 
-def storage_fingerprint(spans: Sequence[Span]) -> bytes:
-    """BLAKE3 of each file's identity on storage as this rank sees it: inode, size, modification and
-    change times (not the device, which each node numbers its own way for one NFS export).
-
-    Equal on ranks that read the same files of one shared file system; a copy is another
-    inode or was changed at another time (the change time cannot be set back by its owner).
-    """
-    hasher = blake3.blake3()
-    for first, _ in files_of(spans):
-        try:
-            info = os.stat(spans[first].path)
-            identity = f"{info.st_ino} {info.st_size} {info.st_mtime_ns} {info.st_ctime_ns}"
-        except OSError as error:  # hashing it will fail and say why; meanwhile it is no shared file
-            identity = f"unreadable {error.errno}"
-        hasher.update(f"{identity}\n".encode())
-    return hasher.digest()
-
-
 class DistributedHasher:
     """``engine.hash_spans`` (and ``hash_files``) spread over the ranks of a process group (``None``: the
     default group).
@@ -177,6 +154,7 @@ class DistributedHasher:
         self.world_size = dist.get_world_size(group)
         self.broken: str | None = None
         self._joined = False
+        self._exchange = Exchange(self._all_gather, self.rank, self.world_size)
 
     def span_digests(self, spans: Sequence[Span], options: HashOptions) -> list[str]:
         """Every span's digest in order, as ``hash_spans`` returns them."""
@@ -195,10 +173,10 @@ class DistributedHasher:
         self._joined = True
         plan = bytearray(_PLAN_BYTES)
         plan[_PLAN_SAME] = len(spans).to_bytes(8, "little") + plan_fingerprint(spans)
-        plan[_PLAN_STORAGE] = storage_fingerprint(spans)
+        paths = [spans[first].path for first, _ in files_of(spans)]
+        plan[_PLAN_STORAGE] = storage_fingerprint(paths, one_page_cache=False)
         plan[_PLAN_FILE_HASH] = 0 if algorithm is None else 1 + FILE_HASHES.index(algorithm)
-        plans = self._all_gather(plan)
-        _raise_failures(plans, _PLAN_MESSAGE_AT)
+        plans = self._exchange.rows(bytes(plan))
         if any(other[_PLAN_SAME] != plan[_PLAN_SAME] for other in plans):
             raise CkptpubError(
                 "the ranks see different checkpoints (file lists or layouts differ); "
@@ -217,19 +195,20 @@ class DistributedHasher:
         owners = assign_files(spans, self.world_size) if shared else [self.rank] * len(spans)
         mine = [i for i, owner in enumerate(owners) if owner == self.rank]
         files = [first for first, _ in files_of(spans)]  # each file's first span
-        files_at = _DIGESTS_AT + DIGEST_BYTES * len(spans)
+        files_at = DIGEST_BYTES * len(spans)
         rows = bytearray(files_at + (DIGEST_BYTES * len(files) if wanted else 0))
         my_spans = [spans[i] for i in mine]
         local = dataclasses.replace(options, hasher=None)  # this rank's share, on its own threads
+        problem = None
         try:
             if wanted:
                 digests, my_files = local.file_digests(my_spans, wanted)
             else:
                 digests, my_files = local.span_digests(my_spans), []
         except CkptpubError as error:
-            _write_failure(rows, 1, str(error))
+            problem = str(error)
         else:
-            places = [_DIGESTS_AT + DIGEST_BYTES * i for i in mine]
+            places = [DIGEST_BYTES * i for i in mine]
             values = [digest.removeprefix(DIGEST_PREFIX) for digest in digests]
             if wanted:
                 places += [
@@ -238,8 +217,7 @@ class DistributedHasher:
                 values += my_files
             for at, value in zip(places, values, strict=True):
                 rows[at : at + DIGEST_BYTES] = bytes.fromhex(value)
-        gathered = self._all_gather(rows)
-        _raise_failures(gathered, 1)
+        gathered = self._exchange.rows(bytes(rows), problem)
         if not shared:
             _raise_differences(gathered, spans, files_at)
         file_digests = (
@@ -252,7 +230,7 @@ class DistributedHasher:
         )
         span_digests = [
             DIGEST_PREFIX + gathered[owner][at : at + DIGEST_BYTES].hex()
-            for at, owner in zip(range(_DIGESTS_AT, files_at, DIGEST_BYTES), owners, strict=True)
+            for at, owner in zip(range(0, files_at, DIGEST_BYTES), owners, strict=True)
         ]
         return FileDigests(span_digests, file_digests)
 
@@ -298,52 +276,38 @@ class DistributedHasher:
             yield
         except Exception as error:
             if not self._joined and self.broken is None:
-                plan = bytearray(_PLAN_BYTES)
-                _write_failure(plan, _PLAN_MESSAGE_AT, str(error))
                 self._joined = True  # once per call, even when an enclosing block sees the error too
                 with contextlib.suppress(CkptpubError):
-                    self._all_gather(plan)
+                    self._exchange.rows(bytes(_PLAN_BYTES), str(error))
             raise
 
-    def _all_gather(self, data: bytearray) -> list[bytes]:
+    def _all_gather(self, row: bytes) -> list[bytes]:
+        """The group's gloo ``all_gather`` of one row per rank (``ranks.Exchange``'s transport)."""
         if self.broken is not None:
-            raise CkptpubError(f"distributed hashing is off after an earlier failure: {self.broken}")
+            raise ExchangeError(f"distributed hashing is off after an earlier failure: {self.broken}")
         import torch
         import torch.distributed as dist
 
-        mine = torch.frombuffer(data, dtype=torch.uint8)  # never empty: every row has a status byte
+        mine = torch.frombuffer(bytearray(row), dtype=torch.uint8)  # never empty: every row has a status
         out = [torch.empty_like(mine) for _ in range(self.world_size)]
         try:
             dist.all_gather(out, mine, group=self._group)
         except RuntimeError as error:  # a timeout, a peer gone: the group's state is unknown from here on
             self.broken = _first_line(error)
-            raise CkptpubError(
+            raise ExchangeError(
                 f"distributed hashing failed (a rank died or timed out): {self.broken}"
             ) from None
         return [bytes(tensor.numpy().tobytes()) for tensor in out]
 
 
-def _write_failure(row: bytearray, message_at: int, message: str) -> None:
-    row[0] = _FAILED
-    encoded = message.encode("utf-8", "replace")[:MESSAGE_BYTES]
-    row[message_at : message_at + len(encoded)] = encoded
-
-
-def _raise_failures(rows: list[bytes], message_at: int) -> None:
-    for rank, row in enumerate(rows):
-        if row[0] == _FAILED:
-            text = row[message_at : message_at + MESSAGE_BYTES].rstrip(b"\0").decode("utf-8", "replace")
-            raise CkptpubError(f"rank {rank}: {text}")
-
-
 def _raise_differences(rows: list[bytes], spans: Sequence[Span], files_at: int) -> None:
     """Refuse, on every rank alike, when ranks that each hashed every span read different bytes."""
     for rank, row in enumerate(rows):
-        if row[_DIGESTS_AT:] == rows[0][_DIGESTS_AT:]:
+        if row == rows[0]:
             continue
-        at = next(i for i in range(_DIGESTS_AT, len(row)) if row[i] != rows[0][i])
+        at = next(i for i in range(len(row)) if row[i] != rows[0][i])
         if at < files_at:
-            where = spans[(at - _DIGESTS_AT) // DIGEST_BYTES].label
+            where = spans[at // DIGEST_BYTES].label
         else:  # a whole file's digest (for a signature)
             where = spans[files_of(spans)[(at - files_at) // DIGEST_BYTES][0]].name
         raise CkptpubError(

@@ -26,10 +26,11 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 import ckptpub
+from ckptpub.distributed import ExchangeError
 from ckptpub.serving import INLINE_HASH_BYTES, RefusedError, StreamVerifier, shard_problems
 
 from . import node_share
-from .node_share import PeerError, Peers
+from .node_share import Peers
 
 # safetensors dtype codes (what the manifest records) of torch dtypes.
 _DTYPE_CODES = {
@@ -152,7 +153,7 @@ class TensorVerifier(StreamVerifier):
             }
             try:
                 planned = node_share.plan(self._peers, self.manifest, sizes, fingerprint, sees, reads)
-            except PeerError as error:
+            except ExchangeError as error:
                 raise self.refuse(str(error)) from None
             except RefusedError as error:
                 raise self.refuse(error.reason) from None
@@ -184,7 +185,7 @@ class TensorVerifier(StreamVerifier):
             if not self._agreed:
                 self._agreed = True
                 assert self._peers is not None
-                with contextlib.suppress(PeerError):  # refusing anyway; a dead peer cannot be told
+                with contextlib.suppress(ExchangeError):  # refusing anyway; a dead peer cannot be told
                     self._peers.agree(error.reason)
             raise
 
@@ -228,7 +229,7 @@ class TensorVerifier(StreamVerifier):
             assert self._peers is not None
             try:
                 other = self._peers.agree(None)
-            except PeerError as error:
+            except ExchangeError as error:
                 raise self.refuse(str(error)) from None
             if other is not None:
                 raise self.refuse(other)

@@ -59,7 +59,7 @@ def refusals_logged(folder: str | None = None) -> Iterator[None]:
     initialization failed"; this line is what an operator reads in the log. It is also
     relayed to the process that started the engine (``frontend``), which raises it there.
     With the ``folder`` being served, a ``CkptpubError`` that reaches here from any check
-    (of the manifest, its tables, a shard) is a refusal like every other, in the same
+    (of the manifest, its entries, a shard) is a refusal like every other, in the same
     words, logged and relayed the same way.
     """
     try:

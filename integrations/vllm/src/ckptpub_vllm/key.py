@@ -25,10 +25,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import ckptpub
-from ckptpub.integration import FORMATS, REQUIRE_MANIFEST_ENV, loads_strict, locate
+from ckptpub.integration import REQUIRE_MANIFEST_ENV, locate
 
 from .errors import RefusedError
-from .folder_reads import UnreadableError, read_prefix
 from .log import logger
 from .options import require_manifest_from_env
 from .signature import signed_manifest, trusted_from_env
@@ -107,8 +106,9 @@ def read_folder_manifest(
     With ``CKPTPUB_PUBLIC_KEY``/``CKPTPUB_CERTIFICATE_CHAIN`` set (daemons, plain
     ``ipc_cache`` engines) only the manifest that key signed is returned. ``kind``
     names what the folder holds in a refusal (``adapter``; a model by default).
-    ``check_tables=False``: the tables are checked when the tensors are first used
-    (the key needs the identity alone, which commits to the model table's bytes).
+    ``check_tables=False``: the entries are checked when the tensors are first used
+    (the key needs the identity alone, which commits to the model region's bytes).
+    A manifest of an older format is refused with the core's one line (publish it again).
     """
     trusted = trusted_from_env(folder, kind)
     if trusted is not None:
@@ -148,36 +148,6 @@ def checkpoint_key(model: str) -> str | None:
             hint=f"publish it with `ckptpub publish {model}`",
         )
     return original_hash_checkpoint()(model)
-
-
-def older_format_keys(folder: str, manifest: ckptpub.Manifest) -> Iterator[str]:
-    """The identities ``manifest``'s model has in the formats before its own, newest first (computed lazily).
-
-    vLLM's daemon computes its key once: one started before its folder was published
-    again in a newer format holds the folder's model under an older format's identity.
-    An engine the daemon answers with a mismatch on ``checkpoint`` alone asks again
-    with these (the loader) and is handed exactly the model its own manifest describes
-    (the same tensors and config meaning, under that format's rules); ``ckptpub
-    preload`` keeps such a daemon exactly when its identity is one of these. Reads the
-    folder's config files (bounded, inside the folder) only, and only then; a format
-    whose identity cannot be computed (a config changed since publishing, a name the
-    format cannot write) is skipped.
-    """
-    sizes = {f.path: f.size for f in manifest.files}
-    configs = {}
-    try:
-        for name in manifest.config:
-            data, _ = read_prefix(folder, name, sizes.get(name, 0) + 1)
-            configs[name] = loads_strict(data, name, "config")
-    except (ckptpub.CkptpubError, UnreadableError):
-        return
-    if not all(isinstance(document, dict) for document in configs.values()):
-        return
-    for version in reversed(FORMATS[: FORMATS.index(manifest.version)]):
-        try:
-            yield manifest.identity_in(version, configs)
-        except (ckptpub.CkptpubError, ValueError, RecursionError):
-            continue
 
 
 def folder_of(model: str, revision: str | None = None) -> str:

@@ -21,9 +21,6 @@ import numpy as np
 from safetensors.numpy import save_file
 from support.safetensors_files import tensor_location
 
-import ckptpub
-from ckptpub._format.manifest import Manifest, config_digest, parse_manifest
-
 CONFIG = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
@@ -83,20 +80,16 @@ def write_checkpoint(
     return folder
 
 
-def publish_in_format(folder: Path, version: str) -> Manifest:
-    """Write ``folder``'s manifest in ``version`` as that format's writer did (its config rule); read it back.
+#: Manifests of the formats before ``ckptpub/3``, byte for byte as their writers wrote them (the /2 one by
+#: ckptpub 0.1.0 at 45107bd, its last writer): nothing reads them now; each is refused in one line.
+RETIRED = Path(__file__).parent / "vectors" / "retired"
 
-    What a folder published by an older ckptpub looks like: a ``ckptpub/2`` manifest's
-    config digest counts ``use_cache``, a ``/3`` one's does not.
-    """
-    built = ckptpub.build_manifest(folder)
-    config = {name: config_digest(json.loads((folder / name).read_bytes()), version) for name in built.config}
-    old = Manifest(
-        built.identity, built.tensors, built.files, built.weights, config, built.provenance, version
-    )
-    data = old.to_json(version)
-    (folder / "ckptpub.json").write_bytes(data)
-    return parse_manifest(data)
+
+def with_retired_manifest(folder: Path, version: str) -> Path:
+    """``folder`` with its ``ckptpub.json`` replaced by a manifest in ``version`` (``ckptpub/1`` or ``/2``),
+    as a folder published before ``ckptpub/3`` settled has it."""
+    (folder / "ckptpub.json").write_bytes((RETIRED / f"{version.replace('/', '-')}.json").read_bytes())
+    return folder
 
 
 def raw_shard(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
@@ -109,7 +102,7 @@ def raw_shard(tensors: dict[str, tuple[str, list[int], bytes]]) -> bytes:
     return struct.pack("<Q", len(encoded)) + encoded + data
 
 
-#: The folder of the whole-manifest vectors (tests/vectors/manifest-v2.json, manifest-v3.json).
+#: The folder of the whole-manifest vector (tests/vectors/manifest-v3.json).
 VECTOR_FILES = {
     "config.json": b'{"model_type": "tiny", "hidden_size": 4}',
     "model.safetensors": raw_shard(
@@ -191,45 +184,38 @@ def v3_parts(data: bytes) -> tuple[dict, bytes, bytes]:
     return header, model, layout
 
 
+def v3_written(header: dict, model: bytes, layout: bytes) -> bytes:
+    """A ckptpub/3 manifest of these first-line fields (in the dict's order) and regions, written by
+    docs/format.md's layout (not by ckptpub's encoder), nothing recomputed: as a forger's edit leaves it."""
+    from ckptpub._format.canonical import canonical_json
+
+    line = b"{" + b",".join(b'"%s":%s' % (k.encode(), canonical_json(v)) for k, v in header.items())
+    return line + b',"model":[\n' + model + b'\n],"layout":[\n' + layout + b"\n]}\n"
+
+
 def v3_forged(header: dict, model: bytes, layout: bytes) -> bytes:
     """A ckptpub/3 manifest with these regions, sizes and identity recomputed, written by
     docs/format.md's layout (not by ckptpub's encoder), as a careful forger would."""
-    from ckptpub._format.canonical import canonical_json
-    from ckptpub._format.manifest import FORMAT, FileRecord, identity_of
+    from ckptpub._format.manifest import FileRecord, identity_of
     from ckptpub._format.regions import Regions
 
     files = [FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in header["files"]]
     counts = tuple(f["tensors"] for f in header["files"] if "header_size" in f)
-    identity = identity_of(Regions(model, layout, counts), files, header["weights"], header["config"], FORMAT)
+    identity = identity_of(Regions(model, layout, counts), files, header["weights"], header["config"])
     header = header | {"sizes": {"model": len(model), "layout": len(layout)}, "identity": identity}
-    line = b"{" + b",".join(b'"%s":%s' % (k.encode(), canonical_json(header[k])) for k in V3_HEADER_ORDER)
-    return line + b',"model":[\n' + model + b'\n],"layout":[\n' + layout + b"\n]}\n"
+    return v3_written({k: header[k] for k in V3_HEADER_ORDER}, model, layout)
 
 
-def forged_tables(data: bytes, edit: Callable[[bytes, bytes], tuple[bytes, bytes]]) -> bytes:
-    """The manifest ``data`` with its two tables (ckptpub/2) or regions (ckptpub/3) edited
-    (``edit(model, layout)``) and the header's sizes and identity recomputed, as a careful forger
-    would: only the rules of the entries themselves can catch it."""
-    from ckptpub._format.manifest import FORMAT_V2, FileRecord, identity_of
-    from ckptpub._format.tables import Tables
-
-    if data.startswith(b'{"format":"ckptpub/3",'):
-        header, model, layout = v3_parts(data)
-        return v3_forged(header, *edit(model, layout))
-    head, _, tables = data.partition(b"\n")
-    header = json.loads(head)
-    model, layout = edit(tables[: header["tables"]["model"]], tables[header["tables"]["model"] :])
-    header["tables"] = {"model": len(model), "layout": len(layout)}
-    files = [FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in header["files"]]
-    counts = tuple(f["tensors"] for f in header["files"] if "header_size" in f)
-    header["identity"] = identity_of(
-        Tables(model, layout, counts), files, header["weights"], header["config"], FORMAT_V2
-    )
-    return json.dumps(header).encode() + b"\n" + model + layout
+def forged_regions(data: bytes, edit: Callable[[bytes, bytes], tuple[bytes, bytes]]) -> bytes:
+    """The ckptpub/3 manifest ``data`` with its two regions edited (``edit(model, layout)``) and the
+    first line's sizes and identity recomputed, as a careful forger would: only the rules of the
+    entries themselves can catch it."""
+    header, model, layout = v3_parts(data)
+    return v3_forged(header, *edit(model, layout))
 
 
 def swap_first_entries(entries: bytes) -> bytes:
-    """The first two entries of a ckptpub/3 region (one a line) or /2 table in each other's place."""
+    """The first two entries of a ckptpub/3 region (one a line) in each other's place."""
     first, second, rest = entries.split(b"\n", 2)
     return b"\n".join((second, first, rest))
 

@@ -22,7 +22,7 @@ modules, and imports go downwards only (``tests/core/test_layers.py`` checks it)
     _hashing      the hashing engine, its options, distributed hashing
     _filesystem   safe opens and reads, folder scans, atomic JSON files, model files, the run index,
                   models in the Hugging Face cache
-    _format       the manifest (ckptpub/3 regions, /2 tables), config meaning, safetensors headers,
+    _format       the manifest (ckptpub/3 regions), config meaning, safetensors headers,
                   strict and canonical JSON, digests
     errors, _settings, _version   what every layer may import
 

@@ -13,16 +13,13 @@ the way the core does (``docs/design.md`` lists where each rule lives):
   the folder is), ``open_inside`` (the open alone, for a reader of a prefix such as a
   shard's header);
 * decoding: ``loads_strict`` (JSON as every ckptpub reader decodes it), ``config_meaning``
-  (a config's bytes to its object and the digest its identity covers under a format's
-  rule), ``check_identity`` (``blake3:<64 lowercase hex>`` or a ``CkptpubError``),
+  (a config's bytes to its object and the digest its identity covers),
+  ``check_identity`` (``blake3:<64 lowercase hex>`` or a ``CkptpubError``),
   ``layout_in_memory`` (the tensors of a whole safetensors file held in memory, with the
   header checks publishing applies);
 * manifests: ``base_of`` (the base identity a manifest records, a fine-tune's or an
   adapter's parent, or None), ``is_adapter`` (whether it is a PEFT adapter's, as
-  ``ckptpub show``/``diff`` say); ``FORMATS``: the manifest formats read, oldest first
-  (``Manifest.version`` is one): a weight-cache daemon started before a folder was
-  published again in a newer format holds its model under an older format's identity
-  (``Manifest.identity_in``);
+  ``ckptpub show``/``diff`` say);
 * models in the Hugging Face cache: ``locate(name, revision)``: the folder a model's
   name means (a path that exists, or a hub id's snapshot in the cache, resolved offline
   by huggingface_hub), and ``cached_model(folder)``: a real folder as a cached model
@@ -44,7 +41,7 @@ manifest" is ``ckptpub.signing.read_trusted_manifest`` with ``TrustedKey.of`` or
 from ._filesystem import jsonfiles
 from ._filesystem.hub_cache import cached_model, locate
 from ._filesystem.safe_open import OpenError, open_inside, read_bounded, read_inside, resolve_inside
-from ._format.manifest import FORMATS, check_identity, config_meaning
+from ._format.manifest import check_identity, config_meaning
 from ._format.names import (
     CONFIG_FILES,
     MANIFEST_NAME,
@@ -75,7 +72,6 @@ __all__ = [
     "CERTIFICATE_CHAIN_ENV",
     "CONFIG_FILES",
     "DEBUG_ENV",
-    "FORMATS",
     "MANIFEST_NAME",
     "PRELOAD_IDENTITY_ENV",
     "PRELOAD_STATE_DIR_ENV",

@@ -1,7 +1,7 @@
 """Language-neutral test vectors (tests/vectors/*.json) that ckptpub writers and readers must reproduce.
 
 Set CKPTPUB_UPDATE_VECTORS=1 to rewrite the expected values after a deliberate
-format change (and bump the format version: old manifests must keep verifying).
+format change (and bump the format version: a manifest of another format is refused by name).
 """
 
 from __future__ import annotations
@@ -13,21 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from checkpoints import publish_in_format
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 import ckptpub
 from ckptpub._format.canonical import canonical_json
-from ckptpub._format.manifest import (
-    FORMAT,
-    FORMAT_V1,
-    FORMAT_V2,
-    TensorRecord,
-    compute_identity,
-    config_digest,
-)
+from ckptpub._format.manifest import TensorRecord, compute_identity, config_digest
 
 VECTORS = Path(__file__).parent.parent / "vectors"
 UPDATE = os.environ.get("CKPTPUB_UPDATE_VECTORS") == "1"
@@ -85,17 +77,11 @@ def expected_for(case: dict) -> dict:
     )
     document = None if case["config_json"] is None else json.loads(case["config_json"])
 
-    def identity(version: str) -> str:
-        config = {} if document is None else {"config.json": config_digest(document, version)}
-        return compute_identity(tensors, (), ("model.safetensors",), config, version)
-
+    config = {} if document is None else {"config.json": config_digest(document)}
     return {
         "tensor_digests": {t.name: t.digest for t in tensors},
-        "config_digest": None if document is None else config_digest(document, FORMAT_V2),
-        "config_digest_v3": None if document is None else config_digest(document, FORMAT),
-        "identity": identity(FORMAT_V1),
-        "identity_v2": identity(FORMAT_V2),
-        "identity_v3": identity(FORMAT),
+        "config_digest": config.get("config.json"),
+        "identity": compute_identity(tensors, (), ("model.safetensors",), config),
     }
 
 
@@ -109,11 +95,9 @@ def test_identity_vectors_from_entries() -> None:
         assert expected_for(case) == case["expected"], case["description"]
 
 
-def test_keys_ckptpub_3_leaves_out_change_only_the_older_identities() -> None:
+def test_keys_the_identity_leaves_out_do_not_change_it() -> None:
     with_inert, without = load("identity.json")["cases"][-2:]
-    assert with_inert["expected"]["identity_v3"] == without["expected"]["identity_v3"]
-    assert with_inert["expected"]["identity_v2"] != without["expected"]["identity_v2"]
-    assert with_inert["expected"]["identity"] != without["expected"]["identity"]
+    assert with_inert["expected"]["identity"] == without["expected"]["identity"]
 
 
 @pytest.mark.parametrize("shards", [1, 2])
@@ -133,7 +117,4 @@ def test_identity_vectors_from_real_files(tmp_path: Path, shards: int) -> None:
         if case["config_json"] is not None:
             (folder / "config.json").write_text(case["config_json"])
         manifest = ckptpub.build_manifest(folder)
-        assert manifest.identity == case["expected"]["identity_v3"], case["description"]
-        for version, key in ((FORMAT_V1, "identity"), (FORMAT_V2, "identity_v2")):
-            assert publish_in_format(folder, version).identity == case["expected"][key], case["description"]
-            (folder / "ckptpub.json").unlink()
+        assert manifest.identity == case["expected"]["identity"], case["description"]

@@ -8,7 +8,6 @@ fragment of the one-line message for exit 2.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -20,21 +19,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from checkpoints import flip_byte, forged_tables, locate
+from checkpoints import (
+    flip_byte,
+    forged_regions,
+    locate,
+    v3_forged,
+    v3_parts,
+    v3_written,
+    with_retired_manifest,
+)
 from support.manifests import replaced
 
 import ckptpub
 from ckptpub._filesystem.model_files import read_layout
-from ckptpub._format.manifest import (
-    FORMAT,
-    FORMAT_V1,
-    FORMAT_V2,
-    FileRecord,
-    Manifest,
-    TensorRecord,
-    compute_identity,
-    parse_manifest,
-)
+from ckptpub._format.manifest import FileRecord, Manifest, TensorRecord
 
 
 class Case(NamedTuple):
@@ -73,83 +71,44 @@ def shard(
     (folder / name).write_bytes(struct.pack("<Q", len(encoded)) + encoded + data)
 
 
-def as_v1(folder: Path) -> str:
-    """Rewrite the folder's (valid) manifest in the ckptpub/1 format and return its text.
+def rewrite_manifest(change: Callable[[dict], object], *, reidentify: bool = False) -> Callable[[Path], None]:
+    """Edit the fields of the manifest's first line and write it back in the ckptpub/3 layout.
 
-    The cases that edit a manifest's JSON are ckptpub/1 cases: the /1 reader is
-    kept, fully validated, and these keep exercising it.
+    As a forger's edit leaves it, or (``reidentify``) with sizes and identity
+    recomputed, as a careful forger would.
     """
-    text = in_format(ckptpub.read_manifest(folder), FORMAT_V1).decode()
-    (folder / "ckptpub.json").write_text(text)
-    return text
 
-
-def in_format(manifest: Manifest, version: str) -> bytes:
-    """``manifest`` written as ``version`` with its config digests kept as they are, as a forger would.
-
-    What that format's writer writes whenever the config holds no key the two formats'
-    rules treat differently (``config_meaning.INERT``), and the corpus's configs hold none.
-    """
-    fields = (manifest.identity, manifest.tensors, manifest.files, manifest.weights, manifest.config)
-    return Manifest(*fields, manifest.provenance, version).to_json(version)
-
-
-def rewrite_manifest(change: Callable[[dict], object]) -> Callable[[Path], None]:
     def damage(folder: Path) -> None:
-        document = json.loads(as_v1(folder))
-        change(document)  # mutates in place; what it returns is ignored
-        write_forged(folder, document)
+        header, model, layout = v3_parts((folder / "ckptpub.json").read_bytes())
+        change(header)  # mutates in place; what it returns is ignored
+        forge = v3_forged if reidentify else v3_written
+        (folder / "ckptpub.json").write_bytes(forge(header, model, layout))
 
     return damage
 
 
-def write_forged(folder: Path, document: dict) -> None:
-    """Write an edited ckptpub/1 document; one that still parses is written as ckptpub/3, as a forger would.
-
-    So the byte and claim checks run on today's format (and pinned identities and
-    diffs compare like with like), while a document the /1 reader refuses stays /1.
-    """
-    text = json.dumps(document).encode()
-    with contextlib.suppress(ckptpub.CkptpubError):
-        text = in_format(parse_manifest(text), FORMAT)
-    (folder / "ckptpub.json").write_bytes(text)
-
-
-def forge_config(document: dict) -> None:
-    """Claim another config digest and recompute the identity, as a careful forger would."""
-    document["config"]["config.json"] = "blake3:" + "5" * 64
-    reidentify(document)
+def forge_config(header: dict) -> None:
+    """Claim another config digest (with ``reidentify``: as a careful forger would)."""
+    header["config"]["config.json"] = "blake3:" + "5" * 64
 
 
 def forge_config_file(data: bytes) -> Callable[[Path], None]:
     """Replace config.json and record its new bytes and the identity, as a careful forger would."""
 
-    def record(document: dict) -> None:
-        entry = next(f for f in document["files"] if f["path"] == "config.json")
+    def record(header: dict) -> None:
+        entry = next(f for f in header["files"] if f["path"] == "config.json")
         entry.update(size=len(data), digest=ckptpub.tensor_digest(data))
-        reidentify(document)
 
     def damage(folder: Path) -> None:
         (folder / "config.json").write_bytes(data)
-        rewrite_manifest(record)(folder)
+        rewrite_manifest(record, reidentify=True)(folder)
 
     return damage
 
 
-def reidentify(document: dict) -> None:
-    """Recompute a manifest document's identity from its (edited) entries."""
-    tensors = tuple(
-        TensorRecord(
-            t["name"], t["dtype"], tuple(t["shape"]), t["file"], tuple(t["data_offsets"]), t["digest"]
-        )
-        for t in document["tensors"]
-    )
-    files = tuple(
-        FileRecord(f["path"], f["size"], f["digest"], f.get("header_size")) for f in document["files"]
-    )
-    document["identity"] = compute_identity(
-        tensors, files, tuple(document["weights"]), document["config"], FORMAT_V1
-    )
+def grow_header_size(header: dict) -> None:
+    """Claim a shard's header is 8 bytes longer than it is, so its tensors no longer fill the rest."""
+    next(f for f in header["files"] if "header_size" in f)["header_size"] += 8
 
 
 def forge_listing(
@@ -171,7 +130,7 @@ def forge_listing(
 
     def damage(folder: Path) -> None:
         before(folder)
-        document = json.loads(as_v1(folder))
+        published = ckptpub.read_manifest(folder)
         files, tensors = [], []
         for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "ckptpub.json"):
             rel = path.relative_to(folder).as_posix()
@@ -179,32 +138,23 @@ def forge_listing(
             if rel in shards or (rel.endswith(".safetensors") and rel not in plain):
                 layout = read_layout(str(path), rel)
                 base = layout.header_size
-                files.append(
-                    {
-                        "path": rel,
-                        "size": len(data),
-                        "digest": ckptpub.tensor_digest(data[:base]),
-                        "header_size": base,
-                    }
-                )
+                files.append(FileRecord(rel, len(data), ckptpub.tensor_digest(data[:base]), base))
                 tensors += [
-                    {
-                        "name": t.name,
-                        "dtype": t.dtype,
-                        "shape": list(t.shape),
-                        "file": rel,
-                        "data_offsets": [t.begin, t.end],
-                        "digest": ckptpub.tensor_digest(data[base + t.begin : base + t.end]),
-                    }
+                    TensorRecord(
+                        t.name,
+                        t.dtype,
+                        tuple(t.shape),
+                        rel,
+                        (t.begin, t.end),
+                        ckptpub.tensor_digest(data[base + t.begin : base + t.end]),
+                    )
                     for t in layout.tensors
                 ]
             else:
-                files.append({"path": rel, "size": len(data), "digest": ckptpub.tensor_digest(data)})
-        document.update(
-            files=files, tensors=tensors, weights=sorted(document["weights"] if weights is None else weights)
-        )
-        reidentify(document)
-        write_forged(folder, document)
+                files.append(FileRecord(rel, len(data), ckptpub.tensor_digest(data)))
+        claimed = tuple(sorted(published.weights if weights is None else weights))
+        forged = Manifest("", tuple(tensors), tuple(files), claimed, published.config, published.provenance)
+        (folder / "ckptpub.json").write_bytes(forged.to_json())  # written with the identity of its entries
 
     return damage
 
@@ -307,11 +257,11 @@ def copy_then_flip(source: str, target: str) -> Callable[[Path], None]:
     return damage
 
 
-def raw_manifest_edit(old: str, new: str) -> Callable[[Path], None]:
+def raw_manifest_edit(old: bytes, new: bytes) -> Callable[[Path], None]:
     def damage(folder: Path) -> None:
-        text = as_v1(folder)
-        assert old in text, old
-        (folder / "ckptpub.json").write_text(text.replace(old, new, 1))
+        data = (folder / "ckptpub.json").read_bytes()
+        assert old in data, old
+        (folder / "ckptpub.json").write_bytes(data.replace(old, new, 1))
 
     return damage
 
@@ -334,42 +284,14 @@ def nested(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
 
 
-def forge_tables(
-    edit: Callable[[bytes, bytes], tuple[bytes, bytes]], version: str = FORMAT_V2
-) -> Callable[[Path], None]:
-    """Write the manifest as ``version`` (ckptpub/2: two text tables; ckptpub/3: two JSON regions, as
-    published), then edit its model and layout entries; sizes and identity recomputed to match."""
+def forge_regions(edit: Callable[[bytes, bytes], tuple[bytes, bytes]]) -> Callable[[Path], None]:
+    """Edit the manifest's model and layout entries; sizes and identity recomputed to match."""
 
     def damage(folder: Path) -> None:
-        data = in_format(ckptpub.read_manifest(folder), version)
-        (folder / "ckptpub.json").write_bytes(forged_tables(data, edit))
+        data = (folder / "ckptpub.json").read_bytes()
+        (folder / "ckptpub.json").write_bytes(forged_regions(data, edit))
 
     return damage
-
-
-def model_line(change: Callable[[bytes], bytes]) -> Callable[[Path], None]:
-    """Change the first line of the model table (``name TAB dtype TAB shape TAB digest``)."""
-
-    def edit(model: bytes, layout: bytes) -> tuple[bytes, bytes]:
-        first, rest = model.split(b"\n", 1)
-        return change(first) + b"\n" + rest, layout
-
-    return forge_tables(edit)
-
-
-def field(index: int, change: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
-    """A change of one tab-separated field of a table line."""
-
-    def edit(line: bytes) -> bytes:
-        fields = line.split(b"\t")
-        fields[index] = change(fields[index])
-        return b"\t".join(fields)
-
-    return edit
-
-
-def layout_lines(change: Callable[[list[bytes]], list[bytes]]) -> Callable[[Path], None]:
-    return forge_tables(lambda model, layout: (model, b"".join(change(layout.splitlines(keepends=True)))))
 
 
 def swapped(lines: list[bytes], a: int, b: int) -> list[bytes]:
@@ -385,7 +307,7 @@ def model_entry(change: Callable[[bytes], bytes]) -> Callable[[Path], None]:
         first, rest = model.split(b",\n", 1)
         return change(first) + b",\n" + rest, layout
 
-    return forge_tables(edit, FORMAT)
+    return forge_regions(edit)
 
 
 def entry_field(index: int, value: object) -> Callable[[bytes], bytes]:
@@ -401,7 +323,7 @@ def entry_field(index: int, value: object) -> Callable[[bytes], bytes]:
 
 def layout_entries(change: Callable[[list[bytes]], list[bytes]]) -> Callable[[Path], None]:
     """Change the ckptpub/3 layout region's entries (each without the ``,\\n`` between them)."""
-    return forge_tables(lambda model, layout: (model, b",\n".join(change(layout.split(b",\n")))), FORMAT)
+    return forge_regions(lambda model, layout: (model, b",\n".join(change(layout.split(b",\n")))))
 
 
 _PROBE = """
@@ -822,25 +744,25 @@ CASES = [
         "unexpected",
     ),
     Case(
-        "manifest without tensors",
-        rewrite_manifest(lambda d: d.pop("tensors")),
+        "manifest without sizes",
+        rewrite_manifest(lambda d: d.pop("sizes")),
         True,
         BAD_MANIFEST,
         "missing",
     ),
     Case(
         "manifest with duplicate keys",
-        lambda f: (f / "ckptpub.json").write_text(as_v1(f)[:-2] + ', "format": "ckptpub/1"}'),
+        raw_manifest_edit(b'{"format":"ckptpub/3",', b'{"format":"ckptpub/3","format":"ckptpub/3",'),
         True,
         BAD_MANIFEST,
         "duplicate key 'format'",
     ),
     Case(
-        "manifest tensors do not tile the file",
-        rewrite_manifest(lambda d: d["tensors"].pop(0)),
+        "manifest tensors do not fill the file",
+        rewrite_manifest(grow_header_size, reidentify=True),
         True,
         BAD_MANIFEST,
-        "do not tile",
+        "header_size and tensors do not add up to the file size",
     ),
     Case(
         "manifest digest malformed",
@@ -854,7 +776,7 @@ CASES = [
         rewrite_manifest(lambda d: d["weights"].append("ghost.safetensors")),
         True,
         BAD_MANIFEST,
-        "is not a listed safetensors file",
+        "not sorted listed safetensors files",
     ),
     Case(
         "manifest of 65 MiB",
@@ -895,7 +817,10 @@ CASES = [
         MISMATCH,
     ),
     Case(
-        "manifest with a forged config digest", rewrite_manifest(forge_config), True, {"verify": 1, "show": 0}
+        "manifest with a forged config digest",
+        rewrite_manifest(forge_config, reidentify=True),
+        True,
+        {"verify": 1, "show": 0},
     ),
     Case(
         "manifest forged for a config holding NaN",
@@ -906,11 +831,24 @@ CASES = [
     Case(
         "manifest reordered and indented by hand",
         lambda f: (f / "ckptpub.json").write_text(
-            json.dumps(dict(reversed(list(json.loads(as_v1(f)).items()))), indent=3)
+            json.dumps(dict(reversed(list(json.loads((f / "ckptpub.json").read_bytes()).items()))), indent=3)
         ),
         True,
-        {"verify": 0, "show": 0, "diff": 0},
+        BAD_MANIFEST,
+        "a 'ckptpub/3' manifest must be in its exact layout",
     ),
+    # Formats from before ckptpub/3 settled (never released): refused by name, with how to publish again.
+    *[
+        Case(
+            f"manifest in the retired format {version}",
+            lambda f, version=version: with_retired_manifest(f, version),
+            True,
+            BAD_MANIFEST,
+            f"format '{version}' is no longer read (ckptpub reads 'ckptpub/3'); "
+            "publish it again: ckptpub publish",
+        )
+        for version in ("ckptpub/1", "ckptpub/2")
+    ],
     # Bytes changed after publishing.
     Case("tensor byte flipped", flip_tensor, True, MISMATCH),
     Case(
@@ -1093,14 +1031,19 @@ CASES = [
     ),
     Case(
         "manifest with a lone surrogate tensor name",
-        raw_manifest_edit('"name":"model.norm.weight"', '"name":"model.norm.weight\\ud800"'),
+        forge_regions(
+            lambda model, layout: (
+                model.replace(b'"model.norm.weight"', b'"model.norm.weight\\ud800"'),
+                layout,
+            )
+        ),
         True,
         BAD_MANIFEST,
         "lone surrogate",
     ),
     Case(
         "manifest with a lone surrogate in provenance",
-        raw_manifest_edit('"provenance":{', '"provenance":{"note":"\\udc00",'),
+        raw_manifest_edit(b'"provenance":{', b'"provenance":{"note":"\\udc00",'),
         True,
         BAD_MANIFEST,
         "lone surrogate",
@@ -1140,106 +1083,12 @@ CASES = [
     ),
 ]
 
-#: ckptpub/2 manifests (the format before today's) whose tables break a rule while the header and
-#: identity agree with them (a careful forger's): every reader must refuse them alike (show and ls as
-#: verify and diff do).
-TABLE_CASES = [
-    Case(
-        "model table unsorted",
-        forge_tables(
-            lambda model, layout: (b"".join(swapped(model.splitlines(keepends=True), 0, 1)), layout)
-        ),
-        True,
-        BAD_MANIFEST,
-        "model table: names are not sorted and unique",
-    ),
-    Case(
-        "model table line of three fields",
-        model_line(lambda line: line.rsplit(b"\t", 1)[0]),
-        True,
-        BAD_MANIFEST,
-        "name, dtype, shape and digest separated by tabs",
-    ),
-    Case(
-        "model table unknown dtype",
-        model_line(field(1, lambda dtype: b"F33")),
-        True,
-        BAD_MANIFEST,
-        "unknown dtype",
-    ),
-    Case(
-        "model table dtype of another width",
-        model_line(field(1, lambda dtype: b"F16")),
-        True,
-        BAD_MANIFEST,
-        "do not add up to the file size",
-    ),
-    Case(
-        "model table digest in capitals",
-        model_line(field(3, bytes.upper)),
-        True,
-        BAD_MANIFEST,
-        "64 lowercase hex digits",
-    ),
-    Case(
-        "model table shape not integers",
-        model_line(field(2, lambda shape: shape + b"x")),
-        True,
-        BAD_MANIFEST,
-        "is not comma-separated non-negative integers",
-    ),
-    Case(
-        "model table name not UTF-8",
-        model_line(field(0, lambda name: b"\xff" + name)),
-        True,
-        BAD_MANIFEST,
-        "model table is not valid UTF-8",
-    ),
-    Case(
-        "model table empty name",
-        model_line(field(0, lambda name: b"")),
-        True,
-        BAD_MANIFEST,
-        "a tensor name is empty",
-    ),
-    Case(
-        "model table without its last newline",
-        forge_tables(lambda model, layout: (model[:-1], layout)),
-        True,
-        BAD_MANIFEST,
-        "line counts do not match",
-    ),
-    Case(
-        "layout names a tensor the model table lacks",
-        layout_lines(lambda lines: [x.replace(b"model.norm.weight", b"model.norm.weigh") for x in lines]),
-        True,
-        BAD_MANIFEST,
-        "is not the name of a model tensor",
-    ),
-    Case(
-        "layout places a tensor twice",
-        layout_lines(lambda lines: [lines[0] if x == b"model.norm.weight\n" else x for x in lines]),
-        True,
-        BAD_MANIFEST,
-        "a tensor name occurs twice",
-    ),
-    # Every rule holds, but the layout lies about where tensors lie: a mismatch for verify; the
-    # model table (what the identity and an engine use, by name) is the true one.
-    Case(
-        "layout lines in another order",
-        layout_lines(lambda lines: swapped(lines, 2, len(lines) - 1)),
-        True,
-        {"publish": 0, "verify": 1, "verify-pinned": 1, "show": 0, "diff": 0},
-    ),
-]
-CASES += TABLE_CASES
-
-#: The same for ckptpub/3 (what publish writes): regions whose entries break a rule while the first
-#: line and identity agree with them.
+#: Manifests whose regions break a rule while the first line and identity agree with them (a careful
+#: forger's): every reader must refuse them alike (show and ls as verify and diff do).
 REGION_CASES = [
     Case(
         "model region unsorted",
-        forge_tables(lambda model, layout: (b",\n".join(swapped(model.split(b",\n"), 0, 1)), layout), FORMAT),
+        forge_regions(lambda model, layout: (b",\n".join(swapped(model.split(b",\n"), 0, 1)), layout)),
         True,
         BAD_MANIFEST,
         "model region: names are not sorted and unique",
@@ -1380,8 +1229,8 @@ RUN_CASES = [
         ("checkpoint-20",),
     ),
     RunCase(
-        "manifest of a checkpoint breaks a table rule",
-        lambda r: TABLE_CASES[0].damage(r / "checkpoint-20"),
+        "manifest of a checkpoint is in the retired format ckptpub/2",
+        lambda r: with_retired_manifest(r / "checkpoint-20", "ckptpub/2"),
         2,
         ("checkpoint-10",),
         ("checkpoint-20",),

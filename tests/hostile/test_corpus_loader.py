@@ -34,7 +34,6 @@ from ckptpub.serving import (
 
 #: Cases whose model, as an engine reads it, is still exactly the published one.
 SERVED = {
-    "manifest reordered and indented by hand",
     "file added",  # new.bin: not a file vLLM reads; `ckptpub verify` reports it
     "file added in a subfolder",
     "file truncated",  # optimizer.pt: training state, which no engine reads
@@ -42,8 +41,7 @@ SERVED = {
     "FIFO named like a temp file, added after publishing",
     "subfolder safetensors listed as a plain file",  # vLLM reads top-level shards only
     "UTF-8 file names added after publishing",
-    "layout lines in another order",  # the model table (by name) is the true one; verify sees the lie
-    "layout region entries in another order",  # the same in ckptpub/3: the model region is the true one
+    "layout region entries in another order",  # the model region (by name) is true; verify sees the lie
 }
 #: Opened by lazy imports and the platform probes of torch/vLLM, not checkpoint reads.
 NOT_CHECKPOINT_READS = (

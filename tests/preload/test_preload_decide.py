@@ -8,8 +8,7 @@ import shutil
 import sys
 
 import pytest
-from checkpoints import CONFIG, flip_byte, locate, publish_in_format
-from ckptpub_vllm.key import older_format_keys
+from checkpoints import flip_byte, locate, with_retired_manifest
 from ckptpub_vllm.preload import daemon_process
 from ckptpub_vllm.preload.decide import Failure, Held, Target, decide, explain_change
 from ckptpub_vllm.preload.observe import (
@@ -19,7 +18,6 @@ from ckptpub_vllm.preload.observe import (
     manifests_to_compare,
     observe_folder,
     observe_run,
-    same_model_in_newer_format,
 )
 from preload_helpers import Run, make_checkpoint
 
@@ -98,32 +96,22 @@ def test_explain_change_from_manifests(tmp_path):
     assert manifests_to_compare(held(folder=str(c), identity=mc.identity), t, cache) == (None, None)
 
 
-def test_a_folder_published_again_in_the_new_format_keeps_its_daemon(tmp_path):
-    """A ckptpub/2 folder (use_cache false, which /2 counts) published again as /3: one model, no re-preload.
-
-    Kept exactly when the held identity is the target's identity in the older format,
-    which is what its engines ask the daemon by after a mismatch (``older_format_keys``).
-    """
-    folder = tmp_path / "m"
-    make_checkpoint(folder, seed=1, config=CONFIG | {"use_cache": False})
-    as_v1 = publish_in_format(shutil.copytree(folder, tmp_path / "copy"), "ckptpub/1")
-    old = publish_in_format(folder, "ckptpub/2")
+@pytest.mark.parametrize("version", ["ckptpub/1", "ckptpub/2"])
+def test_a_target_in_a_retired_format_is_unusable_and_the_daemon_is_kept(tmp_path, version):
+    """A folder whose manifest is from before ckptpub/3 (never released) is not read: the target is
+    unusable, in the core's one line naming the format and how to publish it again."""
     cache = ManifestCache()
-    h = held(folder=str(folder), identity=old.identity, stamp=observe_folder(str(folder), cache).stamp)
-    new = ckptpub.publish(folder)
-    t = observe_folder(str(folder), cache)
-    assert t.identity == new.identity != old.identity
-    assert list(older_format_keys(str(folder), new)) == [old.identity, as_v1.identity]
-    assert same_model_in_newer_format(h, t, cache)
-    decision = decide(h, t, held_manifest=old, target_manifest=new, same_model=True)
-    assert (decision.action, decision.why) == ("keep", "same-model-new-format")
-    # use_cache flipped (the /2 identity the engines would ask by moves), or a real change: a re-preload
-    for change in ({"use_cache": True}, {"use_cache": False, "rms_norm_eps": 1e-05}):
-        config = json.loads((folder / "config.json").read_text())
-        (folder / "config.json").write_text(json.dumps(config | change))
-        ckptpub.publish(folder)
-        assert not same_model_in_newer_format(h, observe_folder(str(folder), cache), cache), change
-    assert not same_model_in_newer_format(held(folder=str(folder), identity=new.identity), t, cache)
+    identity = make_checkpoint(tmp_path / "m", seed=1)
+    h = held(folder=str(tmp_path / "m"), identity=identity)
+    t = observe_folder(str(with_retired_manifest(tmp_path / "m", version)), cache)
+    assert t.identity is None
+    assert t.error == (
+        f"{tmp_path / 'm'}: {tmp_path / 'm' / 'ckptpub.json'}: format {version!r} is no longer read "
+        f"(ckptpub reads 'ckptpub/3'); publish it again: ckptpub publish {tmp_path / 'm'}"
+    )
+    decision = decide(h, t)
+    assert (decision.action, decision.why) == ("keep", "target-unusable")
+    assert decision.reason.endswith(f"; keeping the daemon holding {identity}")
 
 
 def test_observe_folder_follows_symlinks_and_reports_problems(tmp_path):

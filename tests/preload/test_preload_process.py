@@ -707,7 +707,7 @@ def test_a_malformed_step_is_skipped_and_the_held_daemon_kept(tmp_path):
     manifest is refused on reading, every rule of its entries checked: issue 26, item 13) and named with
     the rule in the status's notes; the daemon held keeps serving, and the next usable step is preloaded
     (issue 26, item 3: it used to make the change description raise and the supervisor exit)."""
-    from checkpoints import forged_tables, swap_first_entries, v3_parts
+    from checkpoints import forged_regions, swap_first_entries, v3_parts
     from preload_helpers import Run
 
     run = Run(tmp_path / "run")
@@ -718,7 +718,7 @@ def test_a_malformed_step_is_skipped_and_the_held_daemon_kept(tmp_path):
         pid = wait_for(ready_with(sup, i10), 30, "step 10 held", sup)["held"]["pid"]
         step20 = run.root / "checkpoint-20"
         make_checkpoint(step20, seed=2)
-        forged = forged_tables(
+        forged = forged_regions(
             (step20 / "ckptpub.json").read_bytes(),
             lambda model, layout: (swap_first_entries(model), layout),
         )

@@ -1,10 +1,11 @@
 """Failures no retry can heal stop ``ckptpub preload`` at once: exit 2, one line, within a bounded time.
 
 Each case is a real supervisor process: checked before the first daemon (a daemon command
-that does not exist, an adapter given as the model, and, asked of vLLM by the default
-command's probe, a vLLM that cannot be imported and a platform without CUDA IPC, the CPU
-build without the test shim), and read from a daemon that exited (a module it cannot
-import). A transient failure, for contrast, backs off (``test_preload_process.py``).
+that does not exist, an adapter given as the model, a model published in a format from
+before ``ckptpub/3`` settled, and, asked of vLLM by the default command's probe, a vLLM
+that cannot be imported and a platform without CUDA IPC, the CPU build without the test
+shim), and read from a daemon that exited (a module it cannot import). A transient
+failure, for contrast, backs off (``test_preload_process.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import time
 
 import pytest
+from checkpoints import with_retired_manifest
 from preload_helpers import SupervisorProc, make_adapter, make_checkpoint
 
 #: Generous for two heavily loaded cores (the probe imports torch and vLLM, 25 s unloaded); far below a
@@ -57,6 +59,24 @@ def test_an_adapter_given_as_the_model(tmp_path):
     make_adapter(adapter, base, base_identity)
     sup = SupervisorProc(tmp_path, [str(adapter)])
     assert_one_line_exit_2(*run_to_exit(sup), "is an adapter", f"preload its base {base_identity}")
+
+
+@pytest.mark.parametrize("version", ["ckptpub/1", "ckptpub/2"])
+def test_a_model_published_in_a_retired_format(tmp_path, version):
+    """The core's one line: the format, and the command that publishes the folder again."""
+    model = tmp_path / "model"
+    make_checkpoint(model)
+    with_retired_manifest(model, version)
+    sup = SupervisorProc(tmp_path, [str(model)])
+    code, lines, seconds = run_to_exit(sup)
+    assert_one_line_exit_2(
+        code,
+        lines,
+        seconds,
+        f"{model / 'ckptpub.json'}: format {version!r} is no longer read (ckptpub reads 'ckptpub/3'); "
+        f"publish it again: ckptpub publish {model}",
+    )
+    assert not (sup.state_dir / "logs").exists()  # no daemon was started
 
 
 def test_a_module_the_daemon_cannot_import_ends_the_supervisor(tmp_path):

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("vllm")
 ckptpub = pytest.importorskip("ckptpub")
 
-from checkpoints import forged_tables, swap_first_entries  # noqa: E402
+from checkpoints import forged_regions, swap_first_entries  # noqa: E402
 from vllm_engine_helpers import TAMPERED_TENSOR, TOGGLED_LOADS, hub_env, run_engines, same_size_edit  # noqa: E402
 
 
@@ -78,7 +78,7 @@ def models(tmp_path_factory) -> dict[str, str]:
     os.symlink(str(root / "templates_outside"), os.path.join(linked_templates, "additional_chat_templates"))
     tables = shutil.copytree(v1, str(root / "tables"))
     with open(os.path.join(tables, ckptpub.MANIFEST_NAME), "r+b") as f:
-        unsorted = forged_tables(f.read(), lambda model, layout: (swap_first_entries(model), layout))
+        unsorted = forged_regions(f.read(), lambda model, layout: (swap_first_entries(model), layout))
         f.seek(0)
         f.truncate()
         f.write(unsorted)

@@ -26,6 +26,7 @@ import time
 import urllib.request
 
 import pytest
+from checkpoints import with_retired_manifest
 from vllm_engine_helpers import TINY_ENGINE, engine_flags, run_engines
 
 import ckptpub
@@ -36,8 +37,16 @@ OTHER = "blake3:" + "1" * 64
 
 
 @pytest.fixture(scope="module")
-def offline(models):
-    """One process, five engine starts with the engine core in its own process (vLLM's default)."""
+def retired(models, tmp_path_factory):
+    """v1 with the manifest a ckptpub/2 writer wrote (the format before ckptpub/3: never released)."""
+    folder = tmp_path_factory.mktemp("retired") / "v1"
+    shutil.copytree(models["v1"], folder)
+    return str(with_retired_manifest(folder, "ckptpub/2"))
+
+
+@pytest.fixture(scope="module")
+def offline(models, retired):
+    """One process, six engine starts with the engine core in its own process (vLLM's default)."""
     jobs = [  # the engine process of the last one is the only one started
         {"model": models["v1"], "load_format": "manifest_cache", "extra": {"expect_identity": OTHER}},
         {"model": models["v1"], "load_format": "manifest_cache", "extra": {"hash_threads": 0}},
@@ -47,6 +56,7 @@ def offline(models):
             "env": {"CKPTPUB_REQUIRE_MANIFEST": "maybe"},
         },
         {"model": models["linked_templates"], "load_format": "manifest_cache"},
+        {"model": retired, "load_format": "manifest_cache"},
         {
             "model": models["tampered"],
             "load_format": "manifest_cache",
@@ -65,7 +75,7 @@ def test_offline_refusal_in_the_worker_is_what_the_caller_gets(offline, models):
 
 
 def test_offline_refusals_at_config_time_come_before_any_engine_process(offline, models):
-    (pinned, bad_option, bad_flag, linked_templates, _), logs = offline
+    (pinned, bad_option, bad_flag, linked_templates, _, _), logs = offline
     identity = ckptpub.read_manifest(models["v1"]).identity
     assert pinned["error"] == (
         f"RefusedError: ckptpub: refusing to serve {models['v1']}: its identity {identity} is not the "
@@ -83,8 +93,18 @@ def test_offline_refusals_at_config_time_come_before_any_engine_process(offline,
         "additional_chat_templates/tool_use.jinja: in a folder behind a symlink; not supported in a "
         f"checkpoint folder; run `ckptpub verify {models['linked_templates']}`"
     )
-    for log in logs[:4]:
+    for log in logs[:5]:
         assert "EngineCore" not in log, log[-2000:]  # no engine process was started
+
+
+def test_offline_a_folder_in_a_retired_format_is_refused_at_config_time_in_one_line(offline, retired):
+    """The core's one line, naming the format and the command that publishes the folder again."""
+    (*_, refused, _), _ = offline
+    assert refused["error"] == (
+        f"RefusedError: ckptpub: refusing to serve {retired}: its ckptpub.json is unusable: "
+        f"{retired}/ckptpub.json: format 'ckptpub/2' is no longer read (ckptpub reads 'ckptpub/3'); "
+        f"publish it again: ckptpub publish {retired}"
+    )
 
 
 def _free_port() -> int:

@@ -746,10 +746,7 @@ def _cmd_diff(args: DiffArguments) -> int:
     if args.json:
         print_json(diff_json(difference, a, b))
     elif difference.same:
-        if difference.identity_a == difference.identity_b:
-            print(f"same identity {difference.identity_a}")
-        else:
-            print(f"same model: {a.version} identity {a.identity}, {b.version} identity {b.identity}")
+        print(f"same identity {difference.identity_a}")
         print_config_lines(difference)  # keys that changed without changing the model (use_cache, ...)
     else:
         print_diff_lines(difference, a, b)

@@ -98,7 +98,7 @@ def claim_problems(
                 else ("holds weights an engine loads, but the manifest does not list it in weights")
             )
             problems.append((path, listed))
-        if config_digests(entries, manifest.version) != dict(manifest.config):
+        if config_digests(entries) != dict(manifest.config):
             problems.append((MANIFEST_NAME, "records another config than the folder has"))
     except CkptpubError as error:
         problems.append((MANIFEST_NAME, str(error)))
@@ -148,24 +148,22 @@ def _owners(files: list[str], layouts: Mapping[str, ShardLayout]) -> dict[str, s
 _NAME = attrgetter("name")
 
 
-def config_digests(entries: Mapping[str, FolderEntry], version: str) -> dict[str, str]:
-    """Digest of the meaning of each top-level config file present, under ``version``'s rule."""
+def config_digests(entries: Mapping[str, FolderEntry]) -> dict[str, str]:
+    """Digest of the meaning of each top-level config file present."""
     digests = {}
     for name in CONFIG_FILES:
         entry = entries.get(name)
         if entry is not None:
-            digests[name] = read_config(entry.real_path, name, version, entry.file_id)[1]
+            digests[name] = read_config(entry.real_path, name, entry.file_id)[1]
     return digests
 
 
-def read_config(
-    path: str, name: str, version: str, expect: tuple[int, int] | None = None
-) -> tuple[dict[str, Any], str]:
-    """A config file's JSON object and its meaning's digest under ``version``'s rule, or ``CkptpubError``.
+def read_config(path: str, name: str, expect: tuple[int, int] | None = None) -> tuple[dict[str, Any], str]:
+    """A config file's JSON object and its meaning's digest, or ``CkptpubError``.
 
     ``expect`` is the ``(st_dev, st_ino)`` a folder scan saw (see ``safe_open.open_regular``).
     """
-    return config_meaning(read_bounded(path, MAX_CONFIG_BYTES, name, expect), name, version)
+    return config_meaning(read_bounded(path, MAX_CONFIG_BYTES, name, expect), name)
 
 
 def _files_named_by_index(index: FolderEntry, layouts: Mapping[str, ShardLayout]) -> list[str]:

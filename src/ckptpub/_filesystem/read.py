@@ -23,9 +23,11 @@ from .scan import as_path
 def read_manifest(location: str | os.PathLike[str], *, check_tables: bool = True) -> Manifest:
     """Read and validate the manifest of a checkpoint folder (or a manifest file given directly).
 
-    Every rule is checked; ``check_tables=False`` leaves a ``ckptpub/2`` manifest's
-    tables for the first use of its tensors (see ``parse_manifest``), for a reader
-    that needs the identity alone (an engine's weight-cache key).
+    Every rule is checked; ``check_tables=False`` leaves the entries of the regions
+    for the first use of its tensors (see ``parse_manifest``), for a reader that
+    needs the identity alone (an engine's weight-cache key). A manifest of an older
+    format (``ckptpub/1``, ``/2``) is refused in one line naming the command that
+    publishes the folder again.
 
     Raises ``NoManifestError`` (a ``CkptpubError``) when nothing is at the folder's
     ``ckptpub.json``, and ``CkptpubError`` when something is there that cannot be

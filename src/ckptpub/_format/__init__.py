@@ -5,11 +5,10 @@ here opens a file: readers above hand it bytes they read within their bounds.
 
 Modules (imports go downwards only; from outside this package only ``ckptpub.errors``):
 
-    manifest      the ``Manifest`` type: parse and validate ckptpub/3, /2 and /1, encode, identity
+    manifest      the ``Manifest`` type: parse and check ckptpub/3 (older formats refused), encode, identity
     regions       ckptpub/3's two JSON regions: one canonical entry per line, decoded column by column
-    tables        ckptpub/2's two text tables: one line per tensor, decoded column by column
-    records       what both decode to: checked columns (``Decoded``), tensor and file records, tiling
-    config_meaning  which config keys each format's identity counts (``INERT``: what it leaves out)
+    records       what the regions decode to: checked columns (``Decoded``), tensor and file records, tiling
+    config_meaning  which config keys the identity counts (``INERT``: what it leaves out)
     safetensors   a safetensors header's bytes (or a whole file in memory) to a checked ``ShardLayout``;
                   ``header_length``, ``DTYPE_BITS``
     strict_json   ``loads_strict``: JSON with duplicate keys, NaN, 1e400 and lone surrogates refused

@@ -1,13 +1,13 @@
-"""Which keys of a model's config make the model what it is: the part the identity covers, per format.
+"""Which keys of a model's config make the model what it is: the part the identity covers.
 
 A config digest (``manifest.config_digest``) is taken of the config less the keys
 that cannot change what an inference engine computes. Two kinds are left out:
 
-* keys that say **where or by what** the file was written (every format);
-* from ``ckptpub/3`` on, keys that only choose **what a forward pass returns to
-  training code**. The Trainer writes ``"use_cache": false`` into every checkpoint
-  (``Trainer.__init__``: ``model.config.use_cache = args.use_cache``, whose default is
-  False), ``save_pretrained`` of the same weights writes ``true``; the tokens an engine
+* keys that say **where or by what** the file was written;
+* keys that only choose **what a forward pass returns to training code**. The
+  Trainer writes ``"use_cache": false`` into every checkpoint (``Trainer.__init__``:
+  ``model.config.use_cache = args.use_cache``, whose default is False),
+  ``save_pretrained`` of the same weights writes ``true``; the tokens an engine
   produces are the same.
 
 The list is explicit and short, each key with its reason (``INERT``), checked against
@@ -21,9 +21,6 @@ takes from ``config.json`` when there is no ``generation_config.json``): when in
 key changes the identity. The rule applies to the top-level object and to each nested
 sub-config (an object with a string ``model_type``, as transformers writes
 ``text_config``), never to other values (``id2label`` may name a label ``use_cache``).
-
-Each manifest keeps its own format's rule: a ``ckptpub/1`` or ``/2`` manifest recorded
-digests with ``use_cache`` in them, and verifies with that rule for good.
 """
 
 from __future__ import annotations
@@ -31,10 +28,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-#: Where and by what the file was written; left out in every format.
+#: Where and by what the file was written.
 WRITTEN_BY = frozenset({"_name_or_path", "transformers_version", "_commit_hash"})
 
-#: What a forward pass returns to training code, and why that changes no engine's output (ckptpub/3 on).
+#: What a forward pass returns to training code, and why that changes no engine's output.
 INERT: Mapping[str, str] = {
     "use_cache": "whether a forward builds and returns a KV cache (past_key_values); the logits are the same",
     "output_attentions": "whether a forward also returns attention maps",
@@ -45,33 +42,17 @@ INERT: Mapping[str, str] = {
     "auxiliary loss to the training loss; the logits are the same",
 }
 
-#: The formats whose config digests leave out only ``WRITTEN_BY``.
-_WRITTEN_BY_ONLY = frozenset({"ckptpub/1", "ckptpub/2"})
+#: Every key a config digest leaves out.
+LEFT_OUT = WRITTEN_BY | INERT.keys()
 
 
-def left_out(version: str) -> frozenset[str]:
-    """The config keys a ``version`` manifest's config digest leaves out."""
-    return WRITTEN_BY if version in _WRITTEN_BY_ONLY else WRITTEN_BY | INERT.keys()
+def meaning(document: Mapping[str, Any]) -> dict[str, Any]:
+    """``document`` less the keys ``LEFT_OUT`` names, at the top level and in each sub-config."""
+    return {key: _sub_config_meaning(value) for key, value in document.items() if key not in LEFT_OUT}
 
 
-def meaning(document: Mapping[str, Any], version: str) -> dict[str, Any]:
-    """``document`` less the keys ``left_out(version)`` names (``ckptpub/3`` on: in sub-configs too)."""
-    dropped = left_out(version)
-    nested = version not in _WRITTEN_BY_ONLY
-    return {
-        key: _sub_config_meaning(value, dropped) if nested else value
-        for key, value in document.items()
-        if key not in dropped
-    }
-
-
-def _sub_config_meaning(value: Any, dropped: frozenset[str]) -> Any:
-    """A sub-config (an object with a string ``model_type``) less ``dropped``; other values as they are."""
+def _sub_config_meaning(value: Any) -> Any:
+    """A sub-config (an object with a string ``model_type``) less ``LEFT_OUT``; other values as they are."""
     if not isinstance(value, dict) or not isinstance(value.get("model_type"), str):
         return value
-    return {k: _sub_config_meaning(v, dropped) for k, v in value.items() if k not in dropped}
-
-
-def same_rule(a: str, b: str) -> bool:
-    """Whether manifests of formats ``a`` and ``b`` digest configs the same way (so digests compare)."""
-    return left_out(a) == left_out(b)
+    return {k: _sub_config_meaning(v) for k, v in value.items() if k not in LEFT_OUT}

@@ -1,12 +1,11 @@
-"""What a manifest says of each tensor and file, whatever its format, and where each tensor lies.
+"""What a manifest says of each tensor and file, and where each tensor lies.
 
-``ckptpub/2`` (``tables``) and ``ckptpub/3`` (``regions``) store the same records in
-two encodings of one structure: a *model* part (each weight tensor's name, dtype,
-shape and digest, sorted by name) and a *layout* part (each safetensors file's
-tensors in offset order; a weight file's by name only). Neither stores offsets: a
-file's tensors tile its data region, so each begins where the one before ends and
-is as long as its dtype and shape say. ``check_layout`` checks the decoded parts, for
-both, and ``Decoded.shards`` places each file's tensors that way.
+A manifest's entries (``regions``) have two parts: a *model* part (each weight
+tensor's name, dtype, shape and digest, sorted by name) and a *layout* part (each
+safetensors file's tensors in offset order; a weight file's by name only). Neither
+stores offsets: a file's tensors tile its data region, so each begins where the one
+before ends and is as long as its dtype and shape say. ``check_layout`` checks the
+decoded parts, and ``Decoded.shards`` places each file's tensors that way.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from .safetensors import DTYPE_BITS
 
 #: Makes the error for a broken rule of one manifest (``failure_in``).
 Fail = Callable[[str], CkptpubError]
-#: One tensor's entry as a format encodes it (a ``/2`` line, a ``/3`` JSON array).
+#: One tensor's entry as the regions encode it (a JSON array, or its text).
 Entry = TypeVar("Entry")
 Listed = TypeVar("Listed")
 
@@ -256,7 +255,7 @@ def _misplaced(names: list[str], blocks: list[tuple[FileRecord, list[str]]], fai
 def decoded_from_records(
     tensors: Iterable[TensorRecord], files: Sequence[FileRecord], weights: Sequence[str]
 ) -> Decoded:
-    """The columns of a manifest held as records (``ckptpub/1``, whose records are checked to tile)."""
+    """The columns of a manifest held as records (``Manifest(...)`` built from ``TensorRecord``s)."""
     per_file: dict[str, list[TensorRecord]] = {}
     for tensor in tensors:
         per_file.setdefault(tensor.file, []).append(tensor)

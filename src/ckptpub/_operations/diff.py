@@ -51,12 +51,11 @@ class ManifestDiff(NamedTuple):
     config_keys: tuple[ConfigChange, ...] = ()
     config_notes: tuple[str, ...] = ()
     relation: str | None = None
-    same_model: bool = False
 
     @property
     def same(self) -> bool:
-        """One identity, or (``same_model``) one model whose identities differ only by manifest format."""
-        return self.identity_a == self.identity_b or self.same_model
+        """One identity: one model."""
+        return self.identity_a == self.identity_b
 
 
 def diff_manifests(
@@ -99,12 +98,6 @@ def diff_manifests(
         config_keys=configs.keys,
         config_notes=configs.notes,
         relation=relation(a, b),
-        # Manifests of one model in two formats have different identities (the format is in the preimage,
-        # and /3 leaves inert config keys out): with every weight tensor the same and the configs' meaning
-        # the same under the newer format's rule, they name the same model.
-        same_model=a.version != b.version
-        and bool(a.weights and b.weights)
-        and not (changed or added or removed or configs.changed),
     )
 
 

@@ -18,8 +18,8 @@ from .._filesystem.hub_cache import BASE_HUB_KEY
 from .._filesystem.model_files import MAX_CONFIG_BYTES
 from .._filesystem.safe_open import read_inside
 from .._format.canonical import canonical_json
-from .._format.config_meaning import WRITTEN_BY, meaning, same_rule
-from .._format.manifest import FORMATS, Manifest, ModelEntry, config_meaning
+from .._format.config_meaning import WRITTEN_BY, meaning
+from .._format.manifest import Manifest, ModelEntry, config_meaning
 from .._format.names import CONFIG_FILES, MANIFEST_NAME
 from ..errors import CkptpubError
 
@@ -75,7 +75,7 @@ class ConfigChange(NamedTuple):
 
     ``old`` or ``new`` is None where the key is absent on that side.
     ``changes_identity`` is False for a key whose change the identity does not see
-    (``config_meaning``: ``use_cache`` and the like, in a ``ckptpub/3`` comparison).
+    (``config_meaning``: ``use_cache`` and the like).
     """
 
     file: str
@@ -272,11 +272,10 @@ def relation(a: Manifest, b: Manifest) -> str | None:
 class ConfigComparison(NamedTuple):
     """How two manifests' configs compare: which files differ in meaning, key by key where readable.
 
-    ``changed`` names the config files whose meaning differs, under the rule of the
-    newer of the two formats (``config_meaning``): a ``ckptpub/2`` and a ``/3``
-    manifest compare by what ``/3`` counts. ``keys`` lists each top-level key whose
-    value differs, meaningful or not (``ConfigChange.changes_identity``); ``notes`` says
-    what could not be compared and why.
+    ``changed`` names the config files whose meaning differs (their recorded digests
+    differ, ``config_meaning``). ``keys`` lists each top-level key whose value
+    differs, meaningful or not (``ConfigChange.changes_identity``); ``notes`` says what
+    could not be compared and why.
     """
 
     changed: tuple[str, ...]
@@ -289,15 +288,10 @@ def compare_configs(a: Manifest, b: Manifest, folder_a: str | None, folder_b: st
 
     A config is read from its folder only if the file is a regular file inside it (a
     symlink only to a file inside it, as publishing allows) and still has the digest
-    the manifest recorded (under that manifest's own rule): keys read from a file
-    edited since publishing would describe a different model. A config whose file
-    bytes are the same on both sides is not read. Digests taken with different rules
-    cannot be compared without the files, unless they are equal (then neither config
-    holds a key one rule leaves out and the other counts): such a config counts as
-    changed, and a note says why.
+    the manifest recorded: keys read from a file edited since publishing would
+    describe a different model. A config whose file bytes are the same on both sides
+    is not read.
     """
-    rule = max(a.version, b.version, key=FORMATS.index)
-    comparable = same_rule(a.version, b.version)
     changed: list[str] = []
     keys: list[ConfigChange] = []
     notes: list[str] = []
@@ -308,28 +302,20 @@ def compare_configs(a: Manifest, b: Manifest, folder_a: str | None, folder_b: st
                 changed.append(name)
                 notes.append(f"{name} only in {'b' if digest_a is None else 'a'}")
             continue
-        if digest_a == digest_b and _file_digest(a, name) == _file_digest(b, name):
+        if digest_a != digest_b:
+            changed.append(name)
+        elif _file_digest(a, name) == _file_digest(b, name):
             continue  # the same bytes
         documents = []
         for side, manifest, folder in (("a", a, folder_a), ("b", b, folder_b)):
-            document, why = _read_config(folder, name, manifest.config[name], manifest.version)
+            document, why = _read_config(folder, name, manifest.config[name])
             if document is None:
                 if digest_a != digest_b:
-                    how = (
-                        "differs"
-                        if comparable
-                        else f"was digested by two formats' rules ({a.version}, {b.version})"
-                    )
-                    notes.append(f"{name} {how}; keys not compared: {side}: {why}")
+                    notes.append(f"{name} differs; keys not compared: {side}: {why}")
                 break
             documents.append(document)
-        if len(documents) < 2:
-            if digest_a != digest_b:
-                changed.append(name)
-            continue
-        if _meaning_text(documents[0], rule) != _meaning_text(documents[1], rule):
-            changed.append(name)
-        keys.extend(_key_changes(name, documents[0], documents[1], rule))
+        if len(documents) == 2:
+            keys.extend(_key_changes(name, documents[0], documents[1]))
     return ConfigComparison(tuple(changed), tuple(keys), tuple(notes))
 
 
@@ -338,12 +324,12 @@ def _file_digest(manifest: Manifest, path: str) -> str | None:
 
 
 def _read_config(
-    folder: str | None, name: str, digest: str, version: str
+    folder: str | None, name: str, digest: str
 ) -> tuple[dict[str, Any], None] | tuple[None, str]:
     if folder is None:
         return None, "given as a manifest file, not a folder"
     try:  # a symlink inside the folder is followed, as publishing followed it
-        document, meaning_digest = config_meaning(read_inside(folder, name, MAX_CONFIG_BYTES), name, version)
+        document, meaning_digest = config_meaning(read_inside(folder, name, MAX_CONFIG_BYTES), name)
     except CkptpubError as error:
         return None, str(error)
     if meaning_digest != digest:
@@ -351,19 +337,19 @@ def _read_config(
     return document, None
 
 
-def _meaning_text(document: dict[str, Any], rule: str) -> bytes:
-    """What a config digest under ``rule`` is taken of (as bytes: ``1`` and ``1.0`` are one value)."""
-    return canonical_json(meaning(document, rule))
+def _meaning_text(document: dict[str, Any]) -> bytes:
+    """What a config digest is taken of (as bytes: ``1`` and ``1.0`` are one value)."""
+    return canonical_json(meaning(document))
 
 
-def _key_changes(name: str, old: dict[str, Any], new: dict[str, Any], rule: str) -> list[ConfigChange]:
-    """Each top-level key whose value differs; ``changes_identity``: whether ``rule`` counts the change."""
+def _key_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[ConfigChange]:
+    """Each top-level key whose value differs; ``changes_identity``: whether the identity counts it."""
     changes = []
     for key in sorted((old.keys() | new.keys()) - WRITTEN_BY):
         before = {key: old[key]} if key in old else {}
         after = {key: new[key]} if key in new else {}
         if canonical_json(before) == canonical_json(after):
             continue
-        counts = _meaning_text(before, rule) != _meaning_text(after, rule)
+        counts = _meaning_text(before) != _meaning_text(after)
         changes.append(ConfigChange(name, key, old.get(key), new.get(key), key in old, key in new, counts))
     return changes

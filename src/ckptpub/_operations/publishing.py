@@ -26,7 +26,7 @@ from .._filesystem.read import read_manifest
 from .._filesystem.scan import FolderEntry, as_path, resolve_folder, restat, scan_folder
 from .._format.canonical import canonical_json
 from .._format.digest import DIGEST_PREFIX
-from .._format.manifest import FORMAT, MAX_MANIFEST_BYTES, Manifest, check_identity, identity_of
+from .._format.manifest import MAX_MANIFEST_BYTES, Manifest, check_identity, identity_of
 from .._format.names import MANIFEST_NAME, RUN_INDEX_NAME, SIGNATURE_NAME
 from .._format.records import FileRecord
 from .._format.regions import Entry, check_shapes, encode_regions, entries_of
@@ -141,7 +141,7 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
             "publish the checkpoint folder itself, "
             f"or pass --allow-no-weights (allow_no_weights=True) for a layout without safetensors weights"
         )
-    config = config_digests(by_path, FORMAT)
+    config = config_digests(by_path)
     provenance = _provenance(options.provenance, cached_model(root))
     spans = list(_spans(entries, layouts))
     if options.signer is not None:  # a signature lists each whole file's digest: from the same reads
@@ -162,7 +162,7 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
         if shard is not None:
             per_file[entry.path] = entries_of(shard.tensors, digests)
     regions = encode_regions(files, weights, per_file)
-    identity = identity_of(regions, files, weights, config, FORMAT)
+    identity = identity_of(regions, files, weights, config)
     manifest = Manifest.lazy(identity, regions, tuple(files), weights, config, provenance)
     return manifest, entries, file_digests
 

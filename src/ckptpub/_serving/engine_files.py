@@ -83,7 +83,7 @@ def read_published(folder: str, record: FileRecord, manifest: Manifest) -> bytes
         raise FileMismatchError(f"{path} has {len(data)} bytes, the manifest says {record.size}")
     if digest_bytes(data) != record.digest:
         raise FileMismatchError(f"{path}: bytes differ from the manifest")
-    if path in manifest.config and _config_meaning(path, data, manifest.version) != manifest.config[path]:
+    if path in manifest.config and _config_meaning(path, data) != manifest.config[path]:
         raise FileMismatchError(f"{path}: the manifest records another config meaning (forged manifest?)")
     return data
 
@@ -160,8 +160,8 @@ def _present_engine_files(folder: str) -> list[str]:
     return sorted(paths)
 
 
-def _config_meaning(path: str, data: bytes, version: str) -> str | None:
-    """The config digest of ``data`` under format ``version``'s rule; None for a config no manifest records.
+def _config_meaning(path: str, data: bytes) -> str | None:
+    """The config digest of ``data``; None for a config no manifest records.
 
     The core's one config reader (the one publish and verify use), so text that is not
     a JSON object or that canonical JSON cannot write (NaN, ``1e400``, duplicate keys,
@@ -169,7 +169,7 @@ def _config_meaning(path: str, data: bytes, version: str) -> str | None:
     matching bytes, and it must be refused like any other mismatch.
     """
     try:
-        return config_meaning(data, path, version)[1]
+        return config_meaning(data, path)[1]
     except CkptpubError:
         return None
 

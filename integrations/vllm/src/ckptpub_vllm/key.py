@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import ckptpub
 from ckptpub import serving
-from ckptpub.integration import FORMATS, loads_strict, read_inside
 from ckptpub.serving import RefusedError
 from ckptpub.signing import TrustedKey
 
@@ -128,36 +127,6 @@ def checkpoint_key(model: str) -> str | None:
         _logged.add((model, identity))
         logger.info("ckptpub: weight-cache key for %s is its manifest identity %s", model, identity)
     return identity
-
-
-def older_format_keys(folder: str, manifest: ckptpub.Manifest) -> Iterator[str]:
-    """The identities ``manifest``'s model has in the formats before its own, newest first (computed lazily).
-
-    vLLM's daemon computes its key once: one started before its folder was published
-    again in a newer format holds the folder's model under an older format's identity.
-    An engine the daemon answers with a mismatch on ``checkpoint`` alone asks again
-    with these (the loader) and is handed exactly the model its own manifest describes
-    (the same tensors and config meaning, under that format's rules); ``ckptpub
-    preload`` keeps such a daemon exactly when its identity is one of these. Reads the
-    folder's config files (bounded, inside the folder) only, and only then; a format
-    whose identity cannot be computed (a config changed since publishing, a name the
-    format cannot write) is skipped.
-    """
-    sizes = {f.path: f.size for f in manifest.files}
-    configs = {}
-    try:
-        for name in manifest.config:
-            data = read_inside(folder, name, sizes.get(name, 0))
-            configs[name] = loads_strict(data, name, "config")
-    except ckptpub.CkptpubError:
-        return
-    if not all(isinstance(document, dict) for document in configs.values()):
-        return
-    for version in reversed(FORMATS[: FORMATS.index(manifest.version)]):
-        try:
-            yield manifest.identity_in(version, configs)
-        except (ckptpub.CkptpubError, ValueError, RecursionError):
-            continue
 
 
 def folder_of(model: str, revision: str | None = None) -> str:

@@ -166,10 +166,6 @@ def expert_filter(local_expert_ids: set[int]) -> Callable[[str], bool] | None:
     return lambda name: not should_skip_weight(name, local_expert_ids)
 
 
-#: How vLLM's ``IpcModelLoader._request_state`` words a daemon's mismatch on the checkpoint field alone.
-_CHECKPOINT_ONLY = "mismatch on fields: ['checkpoint']"
-
-
 def ipc_unsupported_reason() -> str | None:
     """Why this platform cannot map a daemon's weights, or None when it can.
 
@@ -251,35 +247,12 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
             return super().load_model(vllm_config, model_config, prefix)
 
     def _request_state(self, cache_key: protocol.WeightCacheKey, **kwargs: Any) -> protocol.WeightCacheState:
-        """Ask the daemon; on a mismatch on ``checkpoint`` alone, ask again by the older-format identities.
-
-        A daemon started before the folder was published again in a newer format
-        holds this very model under its identity in that older format
-        (``key.older_format_keys``). ``kwargs`` carries what newer vLLMs add (0.33: ``is_reload``).
-        """
+        """Ask the daemon, logging the request and its answer; a mismatch is described, then refused or
+        left to the fallback. ``kwargs`` carries what newer vLLMs add (0.33: ``is_reload``)."""
         logger.info("ckptpub: asking the weight-cache daemon for checkpoint %s", cache_key.checkpoint)
         try:
             state = super()._request_state(cache_key, **kwargs)
         except protocol.CacheConfigMismatchError as error:
-            older = self._older_keys() if _CHECKPOINT_ONLY in str(error) else iter(())
-            for checkpoint in older:
-                logger.info(
-                    "ckptpub: %s; asking again by this model's identity %s in an older format",
-                    error,
-                    checkpoint,
-                )
-                try:
-                    state = super()._request_state(
-                        dataclasses.replace(cache_key, checkpoint=checkpoint), **kwargs
-                    )
-                except protocol.CacheConfigMismatchError:
-                    continue
-                logger.info(
-                    "ckptpub: the daemon holds this model under its older-format identity %s: mapping its "
-                    "weights",
-                    checkpoint,
-                )
-                return state
             what = mismatch.describe(cache_key, mismatch.ask_held(self), str(error))
             if not self.fallback:
                 raise RefusedError(self._folder, f"{what}; fallback is false, so nothing is loaded") from None
@@ -287,11 +260,6 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
             raise
         logger.info("ckptpub: the daemon holds %s: mapping its weights", cache_key.checkpoint)
         return state
-
-    def _older_keys(self) -> Iterator[str]:
-        if self._manifest is None or not self._folder:
-            return iter(())
-        return key.older_format_keys(self._folder, self._manifest)
 
     def _fallback_load(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:
         manifest = self._manifest if self._manifest is not None else self._prepare(model_config)

@@ -286,9 +286,6 @@ def _status(args: PreloadArguments) -> int:
         and data.get("state") == "ready"
         and held.get("alive", True)
         and held.get("identity")
-        and (
-            held.get("identity") == target.get("identity")
-            or (data.get("last_decision") or {}).get("why") == "same-model-new-format"  # engines map it
-        )
+        and held.get("identity") == target.get("identity")
     )
     return ExitCode.OK if good else ExitCode.MISMATCH

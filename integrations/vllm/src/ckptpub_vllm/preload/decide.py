@@ -7,12 +7,7 @@ and nothing else, so
 
 * the same model at another path, published again, re-sharded, or with
   ``config.json`` re-formatted keeps its identity: **no re-preload**;
-* any changed weight byte or config value changes it: **re-preload**;
-* one exception: the held folder published again in a newer manifest format
-  (``ckptpub/2`` -> ``/3``) has a new identity for the same model (the format is in
-  it). When the held identity is the target's identity in the older format
-  (``same_model``, from :mod:`.observe`), the daemon is kept: engines map it by that
-  identity after a mismatch (``key.older_format_keys``).
+* any changed weight byte or config value changes it: **re-preload**.
 
 Everything here is a function of its arguments (no file, process or clock is
 read: :mod:`.observe` reads the target and hands it over), so the supervisor's
@@ -34,7 +29,6 @@ why                         action     when
 ``same-identity-republished`` keep     the same folder's manifest was written again
 ``same-identity-new-path``  keep       the target moved to another folder, same model
 ``same-identity``           keep       something observed changed, the identity did not
-``same-model-new-format``   keep       identity differs only by the manifest format
 ``target-unusable``         keep       no usable target (held daemon, if any, kept)
 ``backoff``                 wait       a preload of this identity failed recently
 ==========================  =========  ==============================================
@@ -150,14 +144,11 @@ def decide(
     now: float = 0.0,
     held_manifest: ckptpub.Manifest | None = None,
     target_manifest: ckptpub.Manifest | None = None,
-    same_model: bool = False,
 ) -> Decision:
     """What to do now, given what is held, what the target is, and the last observation.
 
     ``held_manifest`` and ``target_manifest`` (``observe.manifests_to_compare``) only
-    explain an identity change; the decision itself looks at identities, and at
-    ``same_model`` (``observe.same_model_in_newer_format``): the held identity is the
-    target's model in an older manifest format.
+    explain an identity change; the decision itself looks at identities.
     """
     if target.error is not None:
         kept = f"; keeping the daemon holding {held.identity}" if held and held.alive else ""
@@ -200,13 +191,6 @@ def decide(
             f"the target is now {short} at {where}",
         )
 
-    if held.identity != target.identity and same_model:
-        return Decision(
-            "keep",
-            "same-model-new-format",
-            f"{where} was published again in a newer manifest format ({short}); the daemon holds the same "
-            f"model ({_short(held.identity)}), which engines map by that identity: no re-preload",
-        )
     if held.identity != target.identity:
         why, detail = explain_change(held_manifest, target_manifest)
         return Decision("replace", why, f"identity {_short(held.identity)} -> {short} at {where}: {detail}")

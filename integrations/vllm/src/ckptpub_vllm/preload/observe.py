@@ -16,7 +16,6 @@ import ckptpub
 from ckptpub.errors import and_more, one_line
 from ckptpub.signing import TrustedKey, read_trusted_manifest
 
-from ..key import older_format_keys
 from . import adapter_runs
 from .decide import Held, Stamp, Target
 
@@ -38,8 +37,6 @@ class ManifestCache:
     verdicts: dict[tuple[str, Stamp], str | None] = field(default_factory=dict)
     #: Published manifests the supervisor could not use (``reject``), with why: skipped until re-published.
     rejected: dict[tuple[str, Stamp], str] = field(default_factory=dict)
-    #: ``same_model_in_newer_format``'s answers, by (target folder, manifest stamp, held identity).
-    older: dict[tuple[str, Stamp | None, str], bool] = field(default_factory=dict)
     verify: Callable[[str], Any] = ckptpub.verify
 
     def reject(self, folder: str, stamp: Stamp, why: str) -> None:
@@ -201,30 +198,6 @@ def manifests_to_compare(
     if held is None or not held.alive or target.error is not None or held.identity == target.identity:
         return None, None
     return _cached(cache, held.folder, held.stamp), _cached(cache, target.folder, target.stamp)
-
-
-def same_model_in_newer_format(held: Held | None, target: Target, cache: ManifestCache) -> bool:
-    """Whether the target is the held daemon's model, published again in a newer manifest format.
-
-    True exactly when the held identity is the target's identity in an older format
-    (``key.older_format_keys``: what an engine asks the daemon by after a mismatch), so
-    a kept daemon is one the target's engines map. Computed once per published target
-    manifest and held identity (at 100k tensors it decodes every entry).
-    """
-    if held is None or not held.alive or target.error is not None or target.folder is None:
-        return False
-    if held.identity == target.identity:
-        return False
-    key = (target.folder, target.stamp, held.identity)
-    if key not in cache.older:
-        if len(cache.older) > 64:
-            cache.older.clear()
-        try:
-            manifest = cache.manifest(target.folder, target.stamp)
-        except (OSError, ckptpub.CkptpubError):
-            return False
-        cache.older[key] = held.identity in older_format_keys(target.folder, manifest)
-    return cache.older[key]
 
 
 def _cached(cache: ManifestCache, folder: str | None, stamp: Stamp | None) -> ckptpub.Manifest | None:

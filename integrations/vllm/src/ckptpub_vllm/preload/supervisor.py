@@ -49,7 +49,6 @@ from .observe import (
     manifests_to_compare,
     observe_folder,
     observe_run,
-    same_model_in_newer_format,
     unusable,
 )
 
@@ -216,7 +215,6 @@ class Supervisor:
                     now=now,
                     held_manifest=held_manifest,
                     target_manifest=target_manifest,
-                    same_model=same_model_in_newer_format(held, target, self.cache),
                 )
             except Exception as error:  # noqa: BLE001 - one candidate, however broken, never stops the supervisor
                 if target.folder is None or target.stamp is None:
@@ -254,7 +252,7 @@ class Supervisor:
             self.held is not None
             and not self.held_dead
             and self.target
-            and (self.held.identity == self.target.identity or decision.why == "same-model-new-format")
+            and self.held.identity == self.target.identity
         ):
             self._move_to(State.READY)
 

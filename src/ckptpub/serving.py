@@ -72,3 +72,6 @@ __all__ = [
     "shard_problems",
     "trusted_model",
 ]
+
+#: Tracebacks and the last line of a refused engine start name the public class, not its private module.
+RefusedError.__module__ = __name__

@@ -267,7 +267,7 @@ def test_daemon_reports_written_in_a_process_are_what_the_supervisor_reads(tmp_p
             "vllm preload refused its arguments",
         ),
         ("torch.OutOfMemoryError: CUDA out of memory", 1, None),
-        ("ckptpub_vllm.errors.RefusedError: ckptpub: refusing to serve /m: tensor 'x' differs", 1, None),
+        ("ckptpub.serving.RefusedError: ckptpub: refusing to serve /m: tensor 'x' differs", 1, None),
         ("vllm preload: error: something", 1, None),  # not a usage exit code
     ],
 )

@@ -190,7 +190,7 @@ def test_a_refused_server_start_ends_with_the_reason(models, tmp_path):
     assert code != 0
     identity = ckptpub.read_manifest(models["v1"]).identity
     assert lines[-1] == (
-        f"ckptpub_vllm.errors.RefusedError: ckptpub: refusing to serve {models['v1']}: its identity "
+        f"ckptpub.serving.RefusedError: ckptpub: refusing to serve {models['v1']}: its identity "
         f"{identity} is not the expected {OTHER}"
     ), lines[-5:]
     assert not any("EngineCore" in line for line in lines)  # before any engine process

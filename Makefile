@@ -15,7 +15,7 @@ $(STAMP): $(INPUTS)
 	# pip 25 and later write console scripts that do not import re: 5 ms off every ckptpub run.
 	$(PIP) install pip==26.3
 	$(PIP) install torch==2.13.0
-	# fusermount3 and libfuse3 for the slow-filesystem benchmark and tests (benchmarks/slowfs.py); they
+	# fusermount3 and libfuse3 for the slow-filesystem benchmark and tests (tests/support/slowfs.py); they
 	# skip, saying so, where FUSE cannot mount.
 	command -v fusermount3 >/dev/null || (apt-get update -q && apt-get install -y -q fuse3) \
 		|| echo "fuse3 could not be installed: the slow-filesystem tests will skip"

@@ -1,12 +1,14 @@
 """Set-up shared by every test folder.
 
-The tests import their helper modules by name (``support``, ``checkpoints``, ``cbhelpers``, ``corpus``,
-``preload_helpers``, ``vllm_engine_helpers``, ``slowfs``, ...) from the folders listed in
-pytest's ``pythonpath`` setting (pyproject.toml). The scripts they start as subprocesses (the torchrun and
-accelerate workers, the crash-test trainer, the Trainer run the preload supervisor follows) import the
-same helpers, so this exports the same folders in ``PYTHONPATH`` for every child of the test session,
-ahead of whatever ``PYTHONPATH`` was already set. Run such a script by hand with, for example,
-``PYTHONPATH=tests python tests/callback/crash_train.py OUT``.
+The tests import helpers from two roots, pytest's ``pythonpath`` setting (pyproject.toml): ``tests``,
+for the ``support`` package that several folders share (``support.checkpoints``,
+``support.vllm_engine_helpers``, ...), and the repository root, for a folder's own helpers by their path
+(``tests.hostile.corpus``, ``tests.callback.cbhelpers``). The scripts they start as subprocesses (the
+torchrun and accelerate workers, the crash-test trainer, the engine runner, the Trainer run the preload
+supervisor follows) import the same helpers, so this exports the same roots in ``PYTHONPATH`` for every
+child of the test session, ahead of whatever ``PYTHONPATH`` was already set. A script imports its own
+folder's helpers by bare name (its folder is first on its ``sys.path``). Run such a script by hand with,
+for example, ``PYTHONPATH=tests python tests/callback/crash_train.py OUT``.
 """
 
 from __future__ import annotations

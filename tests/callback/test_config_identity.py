@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cbhelpers import run_cli
-from checkpoints import raw_shard
+from support.checkpoints import raw_shard
 from transformers import LlavaConfig, PretrainedConfig, Qwen3Config, Qwen3MoeConfig
 
 import ckptpub
 from ckptpub import PublishCallback
 from ckptpub._format.config_meaning import INERT
 from ckptpub._format.manifest import FORMAT_V2, config_digest
+from tests.callback.cbhelpers import run_cli
 
 WEIGHTS = raw_shard({"model.embed_tokens.weight": ("F32", [2, 2], bytes(range(16)))})
 

@@ -17,10 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from cbhelpers import assert_verifies, manifest_json
-
 from ckptpub import MANIFEST_NAME
 from ckptpub._filesystem import run_index
+from tests.callback.cbhelpers import assert_verifies, manifest_json
 
 HERE = Path(__file__).resolve().parent
 TRIALS = int(os.environ.get("CKPTPUB_CRASH_TRIALS", "8"))

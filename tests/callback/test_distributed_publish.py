@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from cbhelpers import free_port, run_group, torchrun
-from checkpoints import copy_checkpoint, flip_byte, run_cli, tensor_range, write_checkpoint
+from support.checkpoints import copy_checkpoint, flip_byte, run_cli, tensor_range, write_checkpoint
+from support.runs import free_port, run_group, torchrun
 
 import ckptpub
 from ckptpub._hashing.distributed import assign_files
@@ -80,8 +80,7 @@ def test_publish_under_torchrun_writes_the_single_process_manifest(checkpoint, t
 
 def test_a_signed_publish_under_torchrun_verifies_with_the_public_key(checkpoint, tmp_path):
     """Rank 0 signs; every rank computes the SHA-256 of the files it hashes for that signature."""
-    sys.path.insert(0, str(HERE.parent / "signing"))
-    import signhelpers
+    from support import signhelpers
 
     key = signhelpers.make_key(tmp_path / "keys", "trainer")
     # "-m --": torchrun would take --sign for an abbreviation of its own --signals-to-handle
@@ -109,8 +108,7 @@ def test_a_signed_publish_under_torchrun_verifies_with_the_public_key(checkpoint
 def test_a_blake3_signed_publish_under_torchrun(checkpoint, tmp_path):
     """``--sign-hash blake3`` on 2 ranks: each rank computes the whole-file BLAKE3 of the files it
     hashes, and rank 0's signature is what model_signing's Python API accepts."""
-    sys.path.insert(0, str(HERE.parent / "signing"))
-    import signhelpers
+    from support import signhelpers
 
     key = signhelpers.make_key(tmp_path / "keys", "trainer")
     signing = ["--sign", str(key.private), "--sign-hash", "blake3"]

@@ -11,10 +11,10 @@ import logging
 import shutil
 
 import pytest
-from cbhelpers import run_cli
 
 import ckptpub
 from ckptpub import PublishCallback
+from tests.callback.cbhelpers import run_cli
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,13 @@ import stat
 from pathlib import Path
 
 import pytest
-from cbhelpers import assert_verifies, checkpoints
+from support.runs import checkpoints
 
 import ckptpub
 from ckptpub import PublishCallback
 from ckptpub._filesystem import run_index
 from ckptpub.integration import RUN_INDEX_NAME
+from tests.callback.cbhelpers import assert_verifies
 
 IDENTITY = "blake3:" + "0" * 64
 

@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
-from cbhelpers import assert_verifies, checkpoints, manifest_json
+from support.runs import checkpoints
 from transformers import TrainerCallback
 
 import ckptpub
 from ckptpub import PublishCallback
 from ckptpub._filesystem import run_index
 from ckptpub.integration import RUN_INDEX_NAME
+from tests.callback.cbhelpers import assert_verifies, manifest_json
 
 
 class Pace(TrainerCallback):

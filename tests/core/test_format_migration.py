@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from checkpoints import publish_in_format, run_cli
+from support.checkpoints import publish_in_format, run_cli
 
 import ckptpub
 from ckptpub._format.manifest import FORMAT, FORMAT_V2

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from checkpoints import (
+from support.checkpoints import (
     VECTOR_FILES,
     forged_tables,
     publish_in_format,

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from checkpoints import publish_in_format
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
+from support.checkpoints import publish_in_format
 
 import ckptpub
 from ckptpub._format.canonical import canonical_json

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from checkpoints import flip_byte, forged_tables, locate
+from support.checkpoints import flip_byte, forged_tables, locate
 from support.manifests import replaced
 
 import ckptpub

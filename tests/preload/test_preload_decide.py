@@ -8,7 +8,6 @@ import shutil
 import sys
 
 import pytest
-from checkpoints import CONFIG, flip_byte, locate, publish_in_format
 from ckptpub_vllm.key import older_format_keys
 from ckptpub_vllm.preload import daemon_process
 from ckptpub_vllm.preload.decide import Failure, Held, Target, decide, explain_change
@@ -21,7 +20,8 @@ from ckptpub_vllm.preload.observe import (
     observe_run,
     same_model_in_newer_format,
 )
-from preload_helpers import Run, make_checkpoint
+from support.checkpoints import CONFIG, flip_byte, locate, publish_in_format
+from support.preload_helpers import Run, make_checkpoint
 
 import ckptpub
 

@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from preload_helpers import SupervisorProc, make_adapter, make_checkpoint
+from support.preload_helpers import SupervisorProc, make_adapter, make_checkpoint
 
 #: Generous for two heavily loaded cores (the probe imports torch and vLLM, 25 s unloaded); far below a
 #: retry back-off, which nothing here may wait for.

@@ -7,7 +7,7 @@ streams it into the model.
 
 from __future__ import annotations
 
-from vllm_engine_helpers import TAMPERED_TENSOR, TOGGLED_LOADS, run_engines
+from support.vllm_engine_helpers import TAMPERED_TENSOR, TOGGLED_LOADS, run_engines
 
 import ckptpub
 

@@ -26,7 +26,7 @@ import time
 import urllib.request
 
 import pytest
-from vllm_engine_helpers import TINY_ENGINE, engine_flags, run_engines
+from support.vllm_engine_helpers import TINY_ENGINE, engine_flags, run_engines
 
 import ckptpub
 

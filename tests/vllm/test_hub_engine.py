@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_engine_helpers import TAMPERED_TENSOR, api_server, complete, completion_tokens, hub_env
+from support.vllm_engine_helpers import TAMPERED_TENSOR, api_server, complete, completion_tokens, hub_env
 
 import ckptpub
 

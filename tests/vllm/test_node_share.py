@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cbhelpers import torchrun
+from support.runs import torchrun
 
 HERE = Path(__file__).parent
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 from ckptpub_vllm import daemon_reports
-from preload_helpers import SupervisorProc, wait_for
-from vllm_engine_helpers import DAEMON_ARGS, SHIM, SHIM_ENV, TAMPERED_TENSOR, run_engines
+from support.preload_helpers import SupervisorProc, wait_for
+from support.vllm_engine_helpers import DAEMON_ARGS, SHIM, SHIM_ENV, TAMPERED_TENSOR, run_engines
 
 import ckptpub
 

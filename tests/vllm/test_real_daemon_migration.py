@@ -16,9 +16,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from checkpoints import publish_in_format
-from preload_helpers import SupervisorProc, ready_with, wait_for
-from vllm_engine_helpers import DAEMON_ARGS, SHIM_ENV, TAMPERED_TENSOR, run_engines
+from support.checkpoints import publish_in_format
+from support.preload_helpers import SupervisorProc, ready_with, wait_for
+from support.vllm_engine_helpers import DAEMON_ARGS, SHIM_ENV, TAMPERED_TENSOR, run_engines
 
 import ckptpub
 

@@ -14,7 +14,7 @@ import re
 
 import pytest
 from ckptpub_vllm.node_share import assign  # noqa: E402
-from vllm_engine_helpers import run_engines  # noqa: E402
+from support.vllm_engine_helpers import run_engines  # noqa: E402
 
 import ckptpub  # noqa: E402
 

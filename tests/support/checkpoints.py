@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
-from support.safetensors_files import tensor_location
 
 import ckptpub
 from ckptpub._format.manifest import Manifest, config_digest, parse_manifest
+from support.safetensors_files import tensor_location
 
 CONFIG = {
     "architectures": ["Qwen3ForCausalLM"],

@@ -6,7 +6,7 @@ PIP     := $(PYTHON) -m pip --disable-pip-version-check -q
 STAMP   := $(VENV)/.setup-done
 INPUTS  := requirements/dev.txt pyproject.toml integrations/vllm/pyproject.toml Makefile
 
-.PHONY: setup demo test lint bench bench-scale compat clean
+.PHONY: setup demo test test-fast lint bench bench-scale compat clean
 
 setup: $(STAMP)
 
@@ -32,9 +32,15 @@ $(STAMP): $(INPUTS)
 demo: setup
 	$(PYTHON) examples/demo.py
 
-# The linters first: a finding fails the run before the long test suite starts.
+# The linters first: a finding fails the run before the long test suite starts. Every run's log shows
+# with its 20 slowest tests (docs/design.md, "Tests").
 test: setup lint
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest --durations=20
+
+# The developer loop: every test but those marked slow (a vLLM engine, a Trainer or torchrun), in
+# under 5 minutes; --fast-limit fails the run if a test without the mark takes over 30 s.
+test-fast: setup lint
+	$(PYTHON) -m pytest -m "not slow" --fast-limit 30
 
 lint: setup
 	$(VENV)/bin/ruff check .

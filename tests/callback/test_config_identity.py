@@ -116,6 +116,7 @@ def test_every_inert_key_is_tested() -> None:
     assert {changes_key for _, changes in INERT_CHANGES.values() for changes_key in changes} == set(INERT)
 
 
+@pytest.mark.slow
 def test_a_trainer_checkpoint_and_its_save_pretrained_export_are_one_model(
     tiny, tokenizer, tmp_path: Path
 ) -> None:

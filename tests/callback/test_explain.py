@@ -16,6 +16,8 @@ import ckptpub
 from ckptpub import PublishCallback
 from tests.callback.cbhelpers import run_cli
 
+pytestmark = pytest.mark.slow  # Trainer runs
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):

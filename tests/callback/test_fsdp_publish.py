@@ -19,6 +19,8 @@ from support.runs import checkpoints, run_group, torchrun
 import ckptpub
 from ckptpub._filesystem import run_index
 
+pytestmark = pytest.mark.slow  # FSDP Trainer runs under torchrun
+
 HERE = Path(__file__).resolve().parent
 
 

@@ -20,6 +20,8 @@ from support.runs import checkpoints
 
 import ckptpub
 
+pytestmark = pytest.mark.slow  # Trainer runs in a subprocess
+
 HERE = Path(__file__).parent
 PUBLISHED, CONSENTING, UNPUBLISHED = "acme/published", "acme/consenting", "acme/unpublished"
 

@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from support import tiny_model
 from support.manifests import replaced
 from support.runs import checkpoints, run_group, torchrun
@@ -15,6 +16,8 @@ from support.runs import checkpoints, run_group, torchrun
 import ckptpub
 from ckptpub._filesystem import run_index
 from tests.callback.cbhelpers import assert_verifies
+
+pytestmark = pytest.mark.slow  # Trainer runs under torchrun
 
 HERE = Path(__file__).resolve().parent
 

@@ -94,6 +94,7 @@ def test_default_command_with_a_vllm_that_cannot_be_imported(tmp_path, without_v
     )
 
 
+@pytest.mark.slow
 def test_default_command_on_a_platform_without_cuda_ipc(tmp_path):
     """The CPU build without the test shim: vLLM's own check says the daemon cannot share weights."""
     pytest.importorskip("vllm")

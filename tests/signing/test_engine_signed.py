@@ -19,6 +19,8 @@ from support.vllm_engine_helpers import run_engines  # noqa: E402
 
 import ckptpub  # noqa: E402
 
+pytestmark = pytest.mark.slow  # vLLM engines
+
 TENSOR = "model.norm.weight"
 
 

@@ -18,6 +18,8 @@ from support.runs import checkpoints  # noqa: E402
 
 from ckptpub import PublishCallback  # noqa: E402
 
+pytestmark = pytest.mark.slow  # Trainer runs
+
 
 def test_every_saved_checkpoint_is_signed(tmp_path: Path, keys: dict) -> None:
     callback = PublishCallback(sign=keys["trainer"].private)

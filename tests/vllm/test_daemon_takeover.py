@@ -45,6 +45,8 @@ from support.vllm_engine_helpers import DAEMON_ARGS, SHIM_ENV, TAMPERED_TENSOR, 
 
 import ckptpub
 
+pytestmark = pytest.mark.slow  # vLLM engines and the weight-cache daemon
+
 
 def _put(source: str, folder: Path, names: list[str]) -> None:
     """Replace ``names`` in ``folder`` by ``source``'s files, each by an atomic rename (as publish does)."""

@@ -30,6 +30,8 @@ from support.vllm_engine_helpers import TINY_ENGINE, engine_flags, run_engines
 
 import ckptpub
 
+pytestmark = pytest.mark.slow  # vLLM engines and the OpenAI server
+
 SERVER = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 ENGINE_ARGS = ["--load-format", "manifest_cache", *engine_flags(TINY_ENGINE)]
 OTHER = "blake3:" + "1" * 64

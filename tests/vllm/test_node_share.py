@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from support.runs import torchrun
 
+pytestmark = pytest.mark.slow  # ranks under torchrun
+
 HERE = Path(__file__).parent
 
 

@@ -33,6 +33,8 @@ from support.vllm_engine_helpers import DAEMON_ARGS, SHIM, SHIM_ENV, TAMPERED_TE
 
 import ckptpub
 
+pytestmark = pytest.mark.slow  # a Trainer run, the weight-cache daemon and vLLM engines
+
 HERE = Path(__file__).parent
 PLATFORM_LINE = "ckptpub: vllm_launcher pid {pid}: vLLM platform CpuPlatform (device cpu)"
 

@@ -22,6 +22,8 @@ from support.vllm_engine_helpers import DAEMON_ARGS, SHIM_ENV, TAMPERED_TENSOR, 
 
 import ckptpub
 
+pytestmark = pytest.mark.slow  # the weight-cache daemon and vLLM engines
+
 
 @pytest.fixture(scope="module")
 def migrated(tmp_path_factory: pytest.TempPathFactory):

@@ -129,6 +129,7 @@ def test_daemon_path_start_requests_do_not_grow_with_shards(slow_mount):
     assert many_requests.by_kind() == few_requests.by_kind()
 
 
+@pytest.mark.slow
 def test_verified_disk_load_opens_each_shard_no_more_than_auto(slow_mount):
     fs, mnt = slow_mount
     fs.reset()

@@ -18,6 +18,8 @@ from support.vllm_engine_helpers import run_engines  # noqa: E402
 
 import ckptpub  # noqa: E402
 
+pytestmark = pytest.mark.slow  # vLLM engines of two worker processes
+
 TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 
 

@@ -38,7 +38,7 @@ test: setup lint
 	$(PYTHON) -m pytest --durations=20
 
 # The developer loop: every test but those marked slow (a vLLM engine, a Trainer or torchrun), in
-# under 5 minutes; --fast-limit fails the run if a test without the mark takes over 30 s.
+# a few minutes; --fast-limit fails the run if a test without the mark takes over 30 s.
 test-fast: setup lint
 	$(PYTHON) -m pytest -m "not slow" --fast-limit 30
 

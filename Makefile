@@ -6,7 +6,7 @@ PIP     := $(PYTHON) -m pip --disable-pip-version-check -q
 STAMP   := $(VENV)/.setup-done
 INPUTS  := requirements/dev.txt pyproject.toml integrations/vllm/pyproject.toml Makefile
 
-.PHONY: setup demo test lint bench bench-scale compat clean
+.PHONY: setup demo test test-fast lint bench bench-scale compat clean
 
 setup: $(STAMP)
 
@@ -15,7 +15,7 @@ $(STAMP): $(INPUTS)
 	# pip 25 and later write console scripts that do not import re: 5 ms off every ckptpub run.
 	$(PIP) install pip==26.3
 	$(PIP) install torch==2.13.0
-	# fusermount3 and libfuse3 for the slow-filesystem benchmark and tests (benchmarks/slowfs.py); they
+	# fusermount3 and libfuse3 for the slow-filesystem benchmark and tests (tests/support/slowfs.py); they
 	# skip, saying so, where FUSE cannot mount.
 	command -v fusermount3 >/dev/null || (apt-get update -q && apt-get install -y -q fuse3) \
 		|| echo "fuse3 could not be installed: the slow-filesystem tests will skip"
@@ -32,9 +32,15 @@ $(STAMP): $(INPUTS)
 demo: setup
 	$(PYTHON) examples/demo.py
 
-# The linters first: a finding fails the run before the long test suite starts.
+# The linters first: a finding fails the run before the long test suite starts. Every run's log shows
+# with its 20 slowest tests (docs/design.md, "Tests").
 test: setup lint
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest --durations=20
+
+# The developer loop: every test but those marked slow (a vLLM engine, a Trainer or torchrun), in
+# a few minutes; --fast-limit fails the run if a test without the mark takes over 30 s.
+test-fast: setup lint
+	$(PYTHON) -m pytest -m "not slow" --fast-limit 30
 
 lint: setup
 	$(VENV)/bin/ruff check .

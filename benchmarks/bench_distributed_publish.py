@@ -1,7 +1,7 @@
 """Publish time of one checkpoint hashed by 1, 2 and 4 ranks, each reading through its own capped link.
 
 Each rank reads the checkpoint through its own FUSE mount of the same folder
-(``slowfs.SlowFS``, no added latency, ``--mbps`` MB/s per mount: a stand-in for one
+(``support.slowfs.SlowFS``, no added latency, ``--mbps`` MB/s per mount: a stand-in for one
 node's link to shared storage), so publish time should fall with the number of
 ranks. Ranks run under ``torchrun`` (gloo on this machine) and build the manifest with
 ``ckptpub.distributed.DistributedHasher`` (the mounts are read-only, so nothing is
@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slowfs import SlowFS  # noqa: E402
+# the slow filesystem lives with the tests (tests/support/slowfs.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.slowfs import SlowFS  # noqa: E402
 
 
 def make_checkpoint(folder: Path, megabytes: int, shards: int) -> None:

@@ -1,7 +1,7 @@
 """Engine start on a slow filesystem: what vLLM's key and ckptpub's start work cost, in requests and seconds.
 
 A stand-in for a network filesystem: the checkpoints are served from a FUSE mount
-(``slowfs.SlowFS``) that waits ``--latency-ms`` (20 ms) on every request and counts
+(``support.slowfs.SlowFS``) that waits ``--latency-ms`` (20 ms) on every request and counts
 requests per file. One tiny Qwen3 (15 layers, 168 tensors) is re-sharded into 16,
 66 and 163 shards (same tensors, so the same identity) and published with ckptpub.
 Side by side, per shard count:
@@ -40,7 +40,7 @@ os.environ.setdefault(
     "VLLM_ENABLE_V1_MULTIPROCESSING", "0"
 )  # engine core in this process: one timer sees it all
 
-from slowfs import FuseUnavailableError, Requests, SlowFS  # noqa: E402
+from support.slowfs import FuseUnavailableError, Requests, SlowFS  # noqa: E402
 
 LAYERS = 15  # 11 tensors a layer + 3 = 168 tensors: enough for 163 one-tensor-or-more shards
 ENGINE_FORMATS = ("auto", "manifest_cache")

@@ -3,7 +3,7 @@ publish_accelerate_state(). Run directly or under torchrun; each process writes
 what the helper returned to OUT/rank-{rank}.json.
 
 ``support.tiny_model`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
-scripts the tests start (by hand: ``PYTHONPATH=examples``)."""
+scripts the tests start (by hand: ``PYTHONPATH=tests``)."""
 
 from __future__ import annotations
 

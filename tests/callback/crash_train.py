@@ -2,7 +2,7 @@
 PublishCallback in background mode. The crash-safety test SIGKILLs it mid-publish.
 
 ``support.tiny_model`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
-scripts the tests start (by hand: ``PYTHONPATH=examples``)."""
+scripts the tests start (by hand: ``PYTHONPATH=tests``)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ and PublishCallback; each rank writes what it published to OUT/rank-{rank}.json.
 instead, with ``publish_base=True``: the ranks publish the base together first.
 
 ``support.tiny_model`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
-scripts the tests start (by hand: ``PYTHONPATH=examples``)."""
+scripts the tests start (by hand: ``PYTHONPATH=tests``)."""
 
 from __future__ import annotations
 

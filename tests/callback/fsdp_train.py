@@ -15,7 +15,7 @@ saves through accelerate's ``save_fsdp_model``/``save_fsdp_optimizer``. FSDP1
 currently no available devices found" (accelerate/utils/dataclasses.py, ``__post_init__``).
 
 ``support.tiny_model`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
-scripts the tests start (by hand: ``PYTHONPATH=examples``)."""
+scripts the tests start (by hand: ``PYTHONPATH=tests``)."""
 
 from __future__ import annotations
 

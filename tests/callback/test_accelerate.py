@@ -9,7 +9,12 @@ import os
 import sys
 from pathlib import Path
 
-from cbhelpers import assert_verifies, free_port, manifest_json, run_group
+import pytest
+from support.runs import free_port, run_group
+
+from tests.callback.cbhelpers import assert_verifies, manifest_json
+
+pytestmark = pytest.mark.slow  # two processes under accelerate
 
 HERE = Path(__file__).resolve().parent
 

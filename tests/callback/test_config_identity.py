@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cbhelpers import run_cli
-from checkpoints import raw_shard
+from support.checkpoints import raw_shard
 from transformers import LlavaConfig, PretrainedConfig, Qwen3Config, Qwen3MoeConfig
 
 import ckptpub
 from ckptpub import PublishCallback
 from ckptpub._format.config_meaning import INERT
 from ckptpub._format.manifest import config_digest
+from tests.callback.cbhelpers import run_cli
 
 WEIGHTS = raw_shard({"model.embed_tokens.weight": ("F32", [2, 2], bytes(range(16)))})
 
@@ -116,6 +116,7 @@ def test_every_inert_key_is_tested() -> None:
     assert {changes_key for _, changes in INERT_CHANGES.values() for changes_key in changes} == set(INERT)
 
 
+@pytest.mark.slow
 def test_a_trainer_checkpoint_and_its_save_pretrained_export_are_one_model(
     tiny, tokenizer, tmp_path: Path
 ) -> None:

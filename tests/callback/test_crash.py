@@ -17,10 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-from cbhelpers import assert_verifies, manifest_json
+import pytest
 
 from ckptpub import MANIFEST_NAME
 from ckptpub._filesystem import run_index
+from tests.callback.cbhelpers import assert_verifies, manifest_json
+
+pytestmark = pytest.mark.slow  # a Trainer run in a subprocess, killed while it publishes
 
 HERE = Path(__file__).resolve().parent
 TRIALS = int(os.environ.get("CKPTPUB_CRASH_TRIALS", "8"))

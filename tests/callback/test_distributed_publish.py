@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from cbhelpers import free_port, run_group, torchrun
-from checkpoints import copy_checkpoint, flip_byte, run_cli, tensor_range, write_checkpoint
+from support.checkpoints import copy_checkpoint, flip_byte, run_cli, tensor_range, write_checkpoint
+from support.runs import free_port, run_group, torchrun
 
 import ckptpub
 from ckptpub._hashing.distributed import assign_files
@@ -65,6 +65,7 @@ def test_files_go_whole_to_ranks_balanced_by_bytes():
     assert set(assign_files(spans, 8)) == {0, 1, 2, 3}  # more ranks than files: some hash nothing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_publish_under_torchrun_writes_the_single_process_manifest(checkpoint, tmp_path, ranks):
     alone = copy_checkpoint(checkpoint, tmp_path / "alone")
@@ -78,10 +79,10 @@ def test_publish_under_torchrun_writes_the_single_process_manifest(checkpoint, t
     assert r.stderr.count("ckptpub: published") == 1
 
 
+@pytest.mark.slow
 def test_a_signed_publish_under_torchrun_verifies_with_the_public_key(checkpoint, tmp_path):
     """Rank 0 signs; every rank computes the SHA-256 of the files it hashes for that signature."""
-    sys.path.insert(0, str(HERE.parent / "signing"))
-    import signhelpers
+    from support import signhelpers
 
     key = signhelpers.make_key(tmp_path / "keys", "trainer")
     # "-m --": torchrun would take --sign for an abbreviation of its own --signals-to-handle
@@ -106,11 +107,11 @@ def test_a_signed_publish_under_torchrun_verifies_with_the_public_key(checkpoint
     assert entries(checkpoint) == entries(alone)
 
 
+@pytest.mark.slow
 def test_a_blake3_signed_publish_under_torchrun(checkpoint, tmp_path):
     """``--sign-hash blake3`` on 2 ranks: each rank computes the whole-file BLAKE3 of the files it
     hashes, and rank 0's signature is what model_signing's Python API accepts."""
-    sys.path.insert(0, str(HERE.parent / "signing"))
-    import signhelpers
+    from support import signhelpers
 
     key = signhelpers.make_key(tmp_path / "keys", "trainer")
     signing = ["--sign", str(key.private), "--sign-hash", "blake3"]
@@ -122,6 +123,7 @@ def test_a_blake3_signed_publish_under_torchrun(checkpoint, tmp_path):
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
+@pytest.mark.slow
 def test_each_rank_hashes_its_own_share(checkpoint, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -148,6 +150,7 @@ def linked_view(source: Path, view: Path) -> Path:
     return view
 
 
+@pytest.mark.slow
 def test_ranks_may_see_the_folder_at_different_paths_but_not_different_folders(checkpoint, tmp_path):
     """Each node mounts the storage where it likes; a rank that sees other files refuses with the rest."""
     linked_view(checkpoint, tmp_path / "view-0")
@@ -186,6 +189,7 @@ def per_rank_folder(command: str, *args: str) -> list[str]:
     return torchrun(2, "--no-python", "sh", "-c", program, *args)
 
 
+@pytest.mark.slow
 def test_ranks_whose_copies_hold_other_bytes_refuse_to_publish_or_verify(checkpoint, tmp_path):
     """Copies with the same names, headers and sizes but one byte changed in a file that rank 1 would
     hash (a stale replica): the ranks read other files, so each hashes every file itself and they
@@ -214,6 +218,7 @@ def test_ranks_whose_copies_hold_other_bytes_refuse_to_publish_or_verify(checkpo
     assert our_files(tmp_path / "copy-0") == []
 
 
+@pytest.mark.slow
 def test_ranks_whose_copies_hold_the_same_bytes_publish_the_single_process_manifest(checkpoint, tmp_path):
     """Node-local copies that agree: every rank hashes every file itself (said in one warning), and
     the manifest is the one a single process writes; verify agrees."""
@@ -228,6 +233,7 @@ def test_ranks_whose_copies_hold_the_same_bytes_publish_the_single_process_manif
     assert verified.returncode == 0, verified.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_verify_under_torchrun_finds_a_byte_flipped_in_a_file_rank_1_hashes(checkpoint):
     ckptpub.publish(checkpoint)
     manifest = ckptpub.read_manifest(checkpoint)
@@ -246,6 +252,7 @@ def test_verify_under_torchrun_finds_a_byte_flipped_in_a_file_rank_1_hashes(chec
     assert tensor.name in failed[0]
 
 
+@pytest.mark.slow
 def test_unusable_input_under_torchrun_is_one_error_line_and_exit_2_on_every_rank(checkpoint):
     r = run_group(torchrun(2, "-m", "ckptpub", "verify", str(checkpoint)), timeout=120, env=ENV)
     assert r.returncode != 0
@@ -255,6 +262,7 @@ def test_unusable_input_under_torchrun_is_one_error_line_and_exit_2_on_every_ran
     assert "no ckptpub.json" in errors[0]
 
 
+@pytest.mark.slow
 def test_a_stalled_rank_fails_the_publish_within_the_timeout(checkpoint, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -267,6 +275,7 @@ def test_a_stalled_rank_fails_the_publish_within_the_timeout(checkpoint, tmp_pat
     assert our_files(checkpoint) == []  # no manifest, no temporary file
 
 
+@pytest.mark.slow
 def test_a_killed_rank_fails_the_publish_at_once(checkpoint, tmp_path):
     """Started by hand with torchrun's environment: torchrun itself stops every rank when one dies."""
     import subprocess

@@ -11,10 +11,12 @@ import logging
 import shutil
 
 import pytest
-from cbhelpers import run_cli
 
 import ckptpub
 from ckptpub import PublishCallback
+from tests.callback.cbhelpers import run_cli
+
+pytestmark = pytest.mark.slow  # Trainer runs
 
 
 @pytest.fixture(scope="module")

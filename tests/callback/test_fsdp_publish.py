@@ -13,11 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from cbhelpers import checkpoints, run_group, torchrun
 from support.manifests import replaced
+from support.runs import checkpoints, run_group, torchrun
 
 import ckptpub
 from ckptpub._filesystem import run_index
+
+pytestmark = pytest.mark.slow  # FSDP Trainer runs under torchrun
 
 HERE = Path(__file__).resolve().parent
 

@@ -14,11 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from cbhelpers import checkpoints
-from checkpoints import run_cli
-from hf_cache import cache_model, cache_state
+from support.checkpoints import run_cli
+from support.hf_cache import cache_model, cache_state
+from support.runs import checkpoints
 
 import ckptpub
+
+pytestmark = pytest.mark.slow  # Trainer runs in a subprocess
 
 HERE = Path(__file__).parent
 PUBLISHED, CONSENTING, UNPUBLISHED = "acme/published", "acme/consenting", "acme/unpublished"

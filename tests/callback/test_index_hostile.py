@@ -14,12 +14,13 @@ import stat
 from pathlib import Path
 
 import pytest
-from cbhelpers import assert_verifies, checkpoints
+from support.runs import checkpoints
 
 import ckptpub
 from ckptpub import PublishCallback
 from ckptpub._filesystem import run_index
 from ckptpub.integration import RUN_INDEX_NAME
+from tests.callback.cbhelpers import assert_verifies
 
 IDENTITY = "blake3:" + "0" * 64
 
@@ -56,6 +57,7 @@ def test_append_refuses_what_is_not_a_plain_index(tmp_path: Path, kind: str) -> 
         assert (run / "notes.txt").read_text() == "mine\n"
 
 
+@pytest.mark.slow
 def test_training_continues_when_the_index_is_a_symlink_out(tiny, tokenizer, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="ckptpub")
     outside = tmp_path.parent / f"{tmp_path.name}-outside.jsonl"

@@ -9,10 +9,14 @@ from __future__ import annotations
 import os
 import threading
 
-from cbhelpers import assert_verifies, checkpoints, manifest_json
+import pytest
+from support.runs import checkpoints
 
 from ckptpub import PublishCallback
 from ckptpub._filesystem import run_index
+from tests.callback.cbhelpers import assert_verifies, manifest_json
+
+pytestmark = pytest.mark.slow  # a Trainer run of 200 saves
 
 SAVES = 200
 

@@ -8,12 +8,16 @@ import json
 import os
 from pathlib import Path
 
-from cbhelpers import assert_verifies, checkpoints, run_group, torchrun
+import pytest
 from support import tiny_model
 from support.manifests import replaced
+from support.runs import checkpoints, run_group, torchrun
 
 import ckptpub
 from ckptpub._filesystem import run_index
+from tests.callback.cbhelpers import assert_verifies
+
+pytestmark = pytest.mark.slow  # Trainer runs under torchrun
 
 HERE = Path(__file__).resolve().parent
 
@@ -58,7 +62,7 @@ def test_two_process_run_publishes_once_per_checkpoint(tmp_path):
 
 def test_ranks_publish_an_unpublished_base_together_before_the_steps_that_record_it(tmp_path):
     """``publish_base=True`` on a base in the Hugging Face cache, loaded by hub id on both ranks."""
-    from hf_cache import cache_model
+    from support.hf_cache import cache_model
 
     source = tmp_path / "download"
     tiny_model.build_model().save_pretrained(source)

@@ -15,13 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
-from cbhelpers import assert_verifies, checkpoints, manifest_json
+from support.runs import checkpoints
 from transformers import TrainerCallback
 
 import ckptpub
 from ckptpub import PublishCallback
 from ckptpub._filesystem import run_index
 from ckptpub.integration import RUN_INDEX_NAME
+from tests.callback.cbhelpers import assert_verifies, manifest_json
 
 
 class Pace(TrainerCallback):
@@ -67,6 +68,7 @@ def train(tiny, tokenizer, out, *callbacks, model=None, **args):
     return trainer
 
 
+@pytest.mark.slow
 def test_every_checkpoint_published_and_verifies(tiny, tokenizer, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="ckptpub")
     cb, seen = PublishCallback(), SeeLogs()
@@ -106,6 +108,7 @@ def test_every_checkpoint_published_and_verifies(tiny, tokenizer, tmp_path, capl
     assert cb.failures == []
 
 
+@pytest.mark.slow
 def test_synchronous_mode(tiny, tokenizer, tmp_path):
     cb = PublishCallback(background=False)
     train(tiny, tokenizer, tmp_path, cb, max_steps=10, save_steps=5)
@@ -114,6 +117,7 @@ def test_synchronous_mode(tiny, tokenizer, tmp_path):
     assert [p.step for p in cb.published] == [5, 10]
 
 
+@pytest.mark.slow
 def test_rotation_keeps_the_same_folders_despite_late_writes(tiny, tokenizer, tmp_path):
     """save_total_limit=2: a run with the callback (and a late manifest written into
     the previous folder at every save) keeps exactly the folders a plain run keeps;
@@ -139,6 +143,7 @@ def test_rotation_keeps_the_same_folders_despite_late_writes(tiny, tokenizer, tm
     assert checkpoints(tmp_path / "control") != expected, "the mtime hazard did not reproduce"
 
 
+@pytest.mark.slow
 def test_best_checkpoint_end_of_training_deletion(tiny, tokenizer, tmp_path):
     """save_total_limit=1 with a best checkpoint: the Trainer deletes the last
     checkpoint after the final save and before on_train_end, while it may still be
@@ -176,6 +181,7 @@ def test_best_checkpoint_end_of_training_deletion(tiny, tokenizer, tmp_path):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["epoch", "best"])
 def test_other_save_strategies(tiny, tokenizer, tmp_path, strategy):
     """Saves decided at epoch end, or after an evaluation that found a new best."""
@@ -200,6 +206,7 @@ def test_other_save_strategies(tiny, tokenizer, tmp_path, strategy):
     assert [r["path"] for r in run_index.read(tmp_path)] == names
 
 
+@pytest.mark.slow
 def test_sharded_safetensors(tiny, tokenizer, tmp_path):
     model = tiny.build_model()
     model.save_pretrained = functools.partial(type(model).save_pretrained, model, max_shard_size="500KB")
@@ -214,6 +221,7 @@ def test_sharded_safetensors(tiny, tokenizer, tmp_path):
         assert {t["file"] for t in m["tensors"]} == set(shards)
 
 
+@pytest.mark.slow
 def test_save_only_model_from_published_base(tiny, tokenizer, tmp_path):
     """A fine-tune of a folder that has a manifest names its parent's identity."""
     from transformers import AutoModelForCausalLM
@@ -240,6 +248,7 @@ def test_save_only_model_from_published_base(tiny, tokenizer, tmp_path):
         assert manifest_json(folder)["identity"] != base.identity
 
 
+@pytest.mark.slow
 def test_peft_adapter_checkpoints(tiny, tokenizer, tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -266,6 +275,7 @@ def test_peft_adapter_checkpoints(tiny, tokenizer, tmp_path):
     assert ids[0] != ids[1]
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_nested_distcp_and_deepspeed_style_folders(tiny, tokenizer, tmp_path):
     """Folders with sub-folders of training state, as FSDP (``pytorch_model_fsdp_0/*.distcp``,
@@ -359,6 +369,7 @@ def test_import_ckptpub_needs_no_transformers():
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow
 def test_hyperparameter_search_layout(tiny, tokenizer, tmp_path):
     """A real optuna search writes output_dir/run-{trial}/checkpoint-N; each is published."""
     pytest.importorskip("optuna")

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from checkpoints import run_cli, snapshot, write_checkpoint
 from hostile.privileges import without_privileges
+from support.checkpoints import run_cli, snapshot, write_checkpoint
 
 
 def test_unreadable_file_is_named(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from checkpoints import (
+from support.checkpoints import (
     copy_checkpoint,
     flip_byte,
     locate,

@@ -7,9 +7,9 @@ import os
 from math import prod
 from pathlib import Path
 
-from checkpoints import write_checkpoint
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.checkpoints import write_checkpoint
 
 import ckptpub
 from ckptpub._format.manifest import FileRecord, Manifest, TensorRecord, compute_identity

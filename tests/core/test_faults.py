@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from checkpoints import run_cli, snapshot, sparse_shard, write_checkpoint
+from support.checkpoints import run_cli, snapshot, sparse_shard, write_checkpoint
 
 import ckptpub
 

@@ -17,7 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from checkpoints import (
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support.checkpoints import (
     V3_HEADER_ORDER,
     VECTOR_FILES,
     raw_shard,
@@ -27,8 +29,6 @@ from checkpoints import (
     write_checkpoint,
     write_files,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from support.manifests import replaced
 
 import ckptpub

@@ -9,9 +9,9 @@ from math import prod
 from typing import Any
 
 import pytest
-from checkpoints import v3_forged, v3_parts, v3_written
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.checkpoints import v3_forged, v3_parts, v3_written
 
 import ckptpub
 from ckptpub._format.canonical import canonical_json

@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from checkpoints import flip_byte, model_tensors, run_cli, tensor_range, write_checkpoint
-from hf_cache import cache_dir, cache_model, cache_state
+from support.checkpoints import flip_byte, model_tensors, run_cli, tensor_range, write_checkpoint
+from support.hf_cache import cache_dir, cache_model, cache_state
 
 import ckptpub
 from ckptpub._format.canonical import canonical_json

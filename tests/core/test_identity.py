@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from checkpoints import CONFIG, flip_byte, locate, model_tensors, write_checkpoint
+from support.checkpoints import CONFIG, flip_byte, locate, model_tensors, write_checkpoint
 
 import ckptpub
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import blake3
 import pytest
-from checkpoints import sparse_shard
+from support.checkpoints import sparse_shard
 
 from ckptpub._cli.progress import ProgressBar
 

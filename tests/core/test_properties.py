@@ -7,9 +7,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from checkpoints import flip_byte, model_tensors, write_checkpoint
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.checkpoints import flip_byte, model_tensors, write_checkpoint
 
 import ckptpub
 

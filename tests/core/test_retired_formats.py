@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from checkpoints import run_cli, with_retired_manifest, write_checkpoint
+from support.checkpoints import run_cli, with_retired_manifest, write_checkpoint
 
 import ckptpub
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from checkpoints import model_tensors, write_checkpoint
 from safetensors import safe_open
+from support.checkpoints import model_tensors, write_checkpoint
 
 import ckptpub
 from ckptpub.serving import (

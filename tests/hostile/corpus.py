@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from checkpoints import (
+from support.checkpoints import (
     flip_byte,
     forged_regions,
     locate,

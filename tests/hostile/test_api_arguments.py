@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from checkpoints import deadline, write_checkpoint
+from support.checkpoints import deadline, write_checkpoint
 
 import ckptpub
 

@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from checkpoints import run_cli, snapshot, write_checkpoint
-from corpus import CASES, RUN_CASES, Case, RunCase
-from privileges import without_privileges
+from support.checkpoints import run_cli, snapshot, write_checkpoint
 
 import ckptpub
+from tests.hostile.corpus import CASES, RUN_CASES, Case, RunCase
+from tests.hostile.privileges import without_privileges
 
 AUDITED_CLI = Path(__file__).with_name("audited_cli.py")
 ENTRIES = ("cli", "api")

@@ -18,19 +18,16 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from checkpoints import deadline, write_checkpoint  # noqa: E402
 from ckptpub_vllm.key import checkpoint_key  # noqa: E402
 from ckptpub_vllm.options import Options, split_extra_config  # noqa: E402
 from ckptpub_vllm.startup import check_before_start  # noqa: E402
 from ckptpub_vllm.verify_stream import TensorVerifier  # noqa: E402
-from corpus import CASES  # noqa: E402
-from engine_cases import ENGINE_CASES, PIN, add_engine_files  # noqa: E402
+from support.checkpoints import deadline, write_checkpoint  # noqa: E402
 
 import ckptpub  # noqa: E402
-from ckptpub.serving import (
-    RefusedError,  # noqa: E402
-    check_shards_are_files,  # noqa: E402
-)
+from ckptpub.serving import RefusedError, check_shards_are_files  # noqa: E402
+from tests.hostile.corpus import CASES  # noqa: E402
+from tests.hostile.engine_cases import ENGINE_CASES, PIN, add_engine_files  # noqa: E402
 
 #: Cases whose model, as an engine reads it, is still exactly the published one.
 SERVED = {

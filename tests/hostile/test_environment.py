@@ -20,8 +20,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from checkpoints import write_checkpoint
-from corpus import flip_tensor as flip_tensor_bytes
+from support.checkpoints import write_checkpoint
+
+from tests.hostile.corpus import flip_tensor as flip_tensor_bytes
 
 NAMES = ("café.txt", "日本/設定.json", "emoji-😀.bin", "tab\there.txt")
 

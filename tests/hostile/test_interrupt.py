@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from checkpoints import run_cli, sparse_shard, write_checkpoint
+from support.checkpoints import run_cli, sparse_shard, write_checkpoint
 
 TRIALS = 16
 

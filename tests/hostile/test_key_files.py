@@ -21,12 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from checkpoints import deadline, run_cli, snapshot, write_checkpoint
 from cryptography.hazmat.primitives.asymmetric import ec
-from key_cases import KEY_CASES, KeyCase, key_pair
+from support.checkpoints import deadline, run_cli, snapshot, write_checkpoint
 
 import ckptpub
 from ckptpub import signing
+from tests.hostile.key_cases import KEY_CASES, KeyCase, key_pair
 
 CLI_ENTRIES = ("publish --sign", "verify --public-key", "verify --certificate-chain")
 IN_PROCESS_ENTRIES = ("publish(sign=)", "check_signature", "engine public_key", "engine CKPTPUB_PUBLIC_KEY")

@@ -20,15 +20,15 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from checkpoints import model_tensors, write_checkpoint  # noqa: E402
 from ckptpub_vllm.daemon import keyed_manifest  # noqa: E402
 from ckptpub_vllm.key import checked, checked_for, checkpoint_key  # noqa: E402
 from ckptpub_vllm.options import Options  # noqa: E402
 from ckptpub_vllm.startup import check_before_start  # noqa: E402
-from test_corpus_loader import verify_as_vllm_streams  # noqa: E402
+from support.checkpoints import model_tensors, write_checkpoint  # noqa: E402
 
 import ckptpub  # noqa: E402
 from ckptpub.serving import RefusedError  # noqa: E402
+from tests.hostile.test_corpus_loader import verify_as_vllm_streams  # noqa: E402
 
 SHARD, MANIFEST = "model.safetensors", ckptpub.MANIFEST_NAME
 
@@ -95,8 +95,8 @@ def test_a_hub_id_whose_ref_moves_loads_the_snapshot_it_was_keyed_by(tmp_path, s
     """A hub id is resolved once: its ref moved to another published commit between the key and the load,
     the load still takes the snapshot (and manifest) the key was computed from, and verifies there."""
     from ckptpub_vllm.daemon import manifest_folder
-    from hf_cache import cache_dir, cache_model
     from huggingface_hub import constants
+    from support.hf_cache import cache_dir, cache_model
 
     from ckptpub.serving import model_folder
 

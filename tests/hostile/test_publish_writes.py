@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from checkpoints import run_cli, snapshot, write_checkpoint
-from privileges import without_privileges
+from support.checkpoints import run_cli, snapshot, write_checkpoint
 
 import ckptpub
 import ckptpub._operations.publishing
+from tests.hostile.privileges import without_privileges
 
 
 def test_folder_whose_mtime_cannot_be_restored(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from checkpoints import write_checkpoint
+from support.checkpoints import write_checkpoint
 
 SWAPS = {
     "symlink out of the folder": "is a symlink",

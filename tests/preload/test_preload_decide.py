@@ -8,7 +8,6 @@ import shutil
 import sys
 
 import pytest
-from checkpoints import flip_byte, locate, with_retired_manifest
 from ckptpub_vllm.preload import daemon_process
 from ckptpub_vllm.preload.decide import Failure, Held, Target, decide, explain_change
 from ckptpub_vllm.preload.observe import (
@@ -19,7 +18,8 @@ from ckptpub_vllm.preload.observe import (
     observe_folder,
     observe_run,
 )
-from preload_helpers import Run, make_checkpoint
+from support.checkpoints import flip_byte, locate, with_retired_manifest
+from support.preload_helpers import Run, make_checkpoint
 
 import ckptpub
 

@@ -14,15 +14,15 @@ import subprocess
 import sys
 import time
 
-from checkpoints import flip_byte, locate
 from ckptpub_vllm import daemon_reports
 from ckptpub_vllm.preload.daemon_process import send_command
 from ckptpub_vllm.preload.status import write_json
-from preload_helpers import SupervisorProc, make_checkpoint, pid_alive, ready_with, wait_for
-from standin_daemon import read_message
+from support.checkpoints import flip_byte, locate
+from support.preload_helpers import SupervisorProc, make_checkpoint, pid_alive, ready_with, wait_for
 
 import ckptpub
 from ckptpub._filesystem.model_files import read_layout
+from tests.preload.standin_daemon import read_message
 
 
 def _status_cli(state_dir, *extra):
@@ -198,7 +198,7 @@ def test_restart_does_not_adopt_a_daemon_started_for_another_identity(tmp_path):
     """A live daemon whose command line matches the record but whose environment names another identity."""
     import shlex
 
-    from preload_helpers import STANDIN_CMD
+    from support.preload_helpers import STANDIN_CMD
 
     m = tmp_path / "model"
     identity = make_checkpoint(m, seed=1)
@@ -605,7 +605,7 @@ HOSTILE_INDEX_LINES = [
 
 
 def test_hostile_run_index_lines_are_skipped_and_a_fatal_error_stops_the_daemon(tmp_path):
-    from preload_helpers import Run
+    from support.preload_helpers import Run
 
     run = Run(tmp_path / "run")
     identity = make_checkpoint(run.root / "checkpoint-10", seed=3)
@@ -640,7 +640,7 @@ def test_hostile_run_index_lines_are_skipped_and_a_fatal_error_stops_the_daemon(
 def test_follow_on_an_adapter_run_preloads_the_base_its_adapters_record(tmp_path):
     """A LoRA run's steps are adapters: the daemon is launched on the base their manifests record (found
     through adapter_config.json, checked against the base's own manifest), never on an adapter folder."""
-    from preload_helpers import Run, make_adapter
+    from support.preload_helpers import Run, make_adapter
 
     base = tmp_path / "base"
     base_identity = make_checkpoint(base, seed=7)
@@ -665,7 +665,7 @@ def test_follow_on_an_adapter_run_preloads_the_base_its_adapters_record(tmp_path
 
 
 def test_an_adapter_run_whose_base_is_in_the_run_index(tmp_path):
-    from preload_helpers import Run, make_adapter
+    from support.preload_helpers import Run, make_adapter
 
     run = Run(tmp_path / "lora-run")
     base_identity = make_checkpoint(run.root / "base", seed=7)
@@ -681,7 +681,7 @@ def test_an_adapter_run_whose_base_is_in_the_run_index(tmp_path):
 
 
 def test_an_adapter_run_whose_base_cannot_be_found_stops_naming_the_identity(tmp_path):
-    from preload_helpers import Run, make_adapter
+    from support.preload_helpers import Run, make_adapter
 
     run = Run(tmp_path / "lora-run")
     missing = tmp_path / "moved-away-base"
@@ -707,8 +707,8 @@ def test_a_malformed_step_is_skipped_and_the_held_daemon_kept(tmp_path):
     manifest is refused on reading, every rule of its entries checked: issue 26, item 13) and named with
     the rule in the status's notes; the daemon held keeps serving, and the next usable step is preloaded
     (issue 26, item 3: it used to make the change description raise and the supervisor exit)."""
-    from checkpoints import forged_regions, swap_first_entries, v3_parts
-    from preload_helpers import Run
+    from support.checkpoints import forged_regions, swap_first_entries, v3_parts
+    from support.preload_helpers import Run
 
     run = Run(tmp_path / "run")
     i10 = make_checkpoint(run.root / "checkpoint-10", seed=1)

@@ -15,8 +15,8 @@ import json
 import os
 import shutil
 
-from checkpoints import CONFIG, model_tensors, write_checkpoint
-from preload_helpers import Run, SupervisorProc, make_checkpoint, ready_with, wait_for
+from support.checkpoints import CONFIG, model_tensors, write_checkpoint
+from support.preload_helpers import Run, SupervisorProc, make_checkpoint, ready_with, wait_for
 
 import ckptpub
 

@@ -15,8 +15,8 @@ import sys
 import time
 
 import pytest
-from checkpoints import with_retired_manifest
-from preload_helpers import SupervisorProc, make_adapter, make_checkpoint
+from support.checkpoints import with_retired_manifest
+from support.preload_helpers import SupervisorProc, make_adapter, make_checkpoint
 
 #: Generous for two heavily loaded cores (the probe imports torch and vLLM, 25 s unloaded); far below a
 #: retry back-off, which nothing here may wait for.
@@ -114,6 +114,7 @@ def test_default_command_with_a_vllm_that_cannot_be_imported(tmp_path, without_v
     )
 
 
+@pytest.mark.slow
 def test_default_command_on_a_platform_without_cuda_ipc(tmp_path):
     """The CPU build without the test shim: vLLM's own check says the daemon cannot share weights."""
     pytest.importorskip("vllm")

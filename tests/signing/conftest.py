@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import signhelpers  # noqa: E402
+from support import signhelpers  # noqa: E402
 
 
 @pytest.fixture(scope="session")

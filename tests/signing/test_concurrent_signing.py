@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import signhelpers
-from checkpoints import flip_byte
+from support import signhelpers
+from support.checkpoints import flip_byte
 
 import ckptpub
 from ckptpub import signing

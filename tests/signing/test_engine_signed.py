@@ -8,18 +8,18 @@ signature check the loader takes its disk path and verifies every tensor it stre
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm"))
 
-from checkpoints import flip_byte, locate  # noqa: E402
-from vllm_engine_helpers import run_engines  # noqa: E402
+from support.checkpoints import flip_byte, locate  # noqa: E402
+from support.vllm_engine_helpers import run_engines  # noqa: E402
 
 import ckptpub  # noqa: E402
+
+pytestmark = pytest.mark.slow  # vLLM engines
 
 TENSOR = "model.norm.weight"
 

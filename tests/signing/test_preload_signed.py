@@ -14,11 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "preload"))
-
-from checkpoints import CONFIG, model_tensors, write_checkpoint  # noqa: E402
-from preload_helpers import STANDIN, Run, SupervisorProc, ready_with, wait_for  # noqa: E402
+from support.checkpoints import CONFIG, model_tensors, write_checkpoint  # noqa: E402
+from support.preload_helpers import STANDIN, Run, SupervisorProc, ready_with, wait_for  # noqa: E402
 
 import ckptpub  # noqa: E402
 

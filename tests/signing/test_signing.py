@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import signhelpers
 from blake3 import blake3
-from checkpoints import flip_byte, locate, run_cli
+from support import signhelpers
+from support.checkpoints import flip_byte, locate, run_cli
 from support.manifests import replaced
 
 import ckptpub

@@ -6,20 +6,19 @@ Each checkpoint is checked by the real ``model_signing verify`` CLI and by ``ckp
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("transformers")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "callback"))
 
-import cbhelpers  # noqa: E402
-import signhelpers  # noqa: E402
-from checkpoints import run_cli  # noqa: E402
-from support import tiny_model  # noqa: E402
+from support import signhelpers, tiny_model  # noqa: E402
+from support.checkpoints import run_cli  # noqa: E402
+from support.runs import checkpoints  # noqa: E402
 
 from ckptpub import PublishCallback  # noqa: E402
+
+pytestmark = pytest.mark.slow  # Trainer runs
 
 
 def test_every_saved_checkpoint_is_signed(tmp_path: Path, keys: dict) -> None:
@@ -27,7 +26,7 @@ def test_every_saved_checkpoint_is_signed(tmp_path: Path, keys: dict) -> None:
     trainer = tiny_model.make_trainer(str(tmp_path), callbacks=[callback], max_steps=10, save_steps=5)
     trainer.train()
     assert callback.failures == []
-    names = cbhelpers.checkpoints(tmp_path)
+    names = checkpoints(tmp_path)
     assert names == ["checkpoint-5", "checkpoint-10"]
     for name in names:
         folder = tmp_path / name

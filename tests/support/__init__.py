@@ -6,10 +6,18 @@ themselves. Nothing here is imported by ckptpub or ckptpub-vllm at run time.
 
 Modules:
 
-    tiny_model          the one tiny Qwen3 builder: model, tokenizer, saved folder, Trainer
-    safetensors_files   a tensor's byte range in a shard; a copy with one tensor zeroed
-    manifests           a manifest with some fields replaced (forged manifests, comparisons)
+    tiny_model            the one tiny Qwen3 builder: model, tokenizer, saved folder, Trainer
+    safetensors_files     a tensor's byte range in a shard; a copy with one tensor zeroed
+    manifests             a manifest with some fields replaced (forged manifests, comparisons)
+    checkpoints           small real checkpoint folders on disk; the CLI as a subprocess
+    hf_cache              a Hugging Face cache built offline, laid out as huggingface_hub lays one out
+    slowfs                a slow FUSE filesystem that counts requests (tests and benchmarks)
+    runs                  torchrun commands, process groups, a run's checkpoint folders
+    signhelpers           keys, certificates, signed checkpoints, model_signing's CLI and API
+    preload_helpers       the ``ckptpub preload`` supervisor as a process, its stand-in daemon
+    vllm_engine_helpers   the vLLM engine runner, OpenAI server, weight-cache daemon shim
 
-Helpers of one test folder stay in that folder (``checkpoints``, ``cbhelpers``,
-``corpus``, ``preload_helpers``, ``vllm_engine_helpers``, ``signhelpers``).
+Helpers of one test folder stay in that folder and are imported by their path
+(``tests.hostile.corpus``, ``tests.callback.cbhelpers``, ``tests.vllm.lora_helpers``): the
+repository root is pytest's other ``pythonpath`` entry.
 """

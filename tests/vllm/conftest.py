@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("vllm")
 ckptpub = pytest.importorskip("ckptpub")
 
-from checkpoints import forged_regions, swap_first_entries  # noqa: E402
-from vllm_engine_helpers import TAMPERED_TENSOR, TOGGLED_LOADS, hub_env, run_engines, same_size_edit  # noqa: E402
+from support.checkpoints import forged_regions, swap_first_entries  # noqa: E402
+from support.vllm_engine_helpers import TAMPERED_TENSOR, TOGGLED_LOADS, hub_env, run_engines, same_size_edit  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +28,7 @@ def lora_folders(tmp_path_factory) -> dict[str, str]:
 
     Shared, so never altered: a test that damages an adapter damages its own copy.
     """
-    from lora_helpers import build_lora_folders
+    from tests.vllm.lora_helpers import build_lora_folders
 
     return build_lora_folders(str(tmp_path_factory.mktemp("lora")))
 
@@ -103,7 +103,7 @@ def hub_home(models, tmp_path_factory) -> dict[str, str]:
     """An ``HF_HOME`` whose cache holds v1's files as three models: ``acme/tiny-qwen3`` (published by
     hub id), ``acme/tampered`` (published, then one tensor zeroed in its blob: same header, same
     sizes) and ``acme/unpublished``. Keys: ``home`` and each hub id's snapshot."""
-    from hf_cache import cache_model
+    from support.hf_cache import cache_model
     from support.safetensors_files import find_tensor_file, tensor_location
 
     home = str(tmp_path_factory.mktemp("hf"))

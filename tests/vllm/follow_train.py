@@ -1,6 +1,6 @@
 """A real Trainer run for ``test_real_daemon.py``, paced by the ``ckptpub preload --follow`` supervisor.
 
-    PYTHONPATH=examples python tests/vllm/follow_train.py RUN_DIR STATE_DIR
+    PYTHONPATH=tests python tests/vllm/follow_train.py RUN_DIR STATE_DIR
 
 The tiny Qwen3 of ``support.tiny_model`` with ``PublishCallback`` (synchronous, so a
 checkpoint's manifest and run-index line exist when ``on_save`` returns). Saves at
@@ -11,7 +11,7 @@ status shows that step observed and settled (``ready``, holding the target's ide
 nothing loading), so every checkpoint meets the supervisor one at a time, as in a real
 run whose saves are minutes apart. Exit code 3 when the supervisor does not settle.
 ``support.tiny_model`` is found through the ``PYTHONPATH`` that tests/conftest.py exports to the
-scripts the tests start (by hand: ``PYTHONPATH=examples``).
+scripts the tests start (by hand: ``PYTHONPATH=tests``).
 """
 
 from __future__ import annotations

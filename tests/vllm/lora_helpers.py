@@ -13,7 +13,7 @@ import sys
 
 from support.safetensors_files import tensor_location
 from support.tiny_model import build_tiny_qwen3
-from vllm_engine_helpers import same_size_edit
+from support.vllm_engine_helpers import same_size_edit
 
 import ckptpub
 

@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from vllm_engine_helpers import TINY_ENGINE
+from support.vllm_engine_helpers import TINY_ENGINE
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 

@@ -20,7 +20,7 @@ import json
 import sys
 
 from lora_helpers import flip_bit
-from vllm_engine_helpers import TINY_ENGINE
+from support.vllm_engine_helpers import TINY_ENGINE
 
 PROMPT = "the quick brown fox"
 

@@ -21,10 +21,10 @@ import torch
 from ckptpub_vllm import adapters
 from ckptpub_vllm.adapter_frontend import RefusalReason, raise_refusals
 from ckptpub_vllm.options import split_extra_config
-from lora_helpers import TAMPERED_LORA_B, flip_bit, publish
 
 import ckptpub
 from ckptpub.serving import RefusedError
+from tests.vllm.lora_helpers import TAMPERED_LORA_B, flip_bit, publish
 
 WEIGHTS = "adapter_model.safetensors"
 
@@ -142,7 +142,7 @@ def test_verify_false_skips_only_the_bytes(lora_folders, caplog):
 
 
 def test_an_engine_that_trusts_a_key_serves_only_adapters_that_key_signed(lora_folders, tmp_path):
-    from signhelpers import make_key
+    from support.signhelpers import make_key
 
     key = make_key(tmp_path / "keys", "trainer")
     signed = shutil.copytree(lora_folders["good"], str(tmp_path / "signed"))

@@ -39,11 +39,13 @@ import pytest
 from ckptpub_vllm import daemon_reports
 from ckptpub_vllm.daemon_reports import HAND_OVER_COMMAND
 from ckptpub_vllm.preload.daemon_process import send_command
-from preload_helpers import SupervisorProc, pid_alive, ready_with, wait_for
+from support.preload_helpers import SupervisorProc, pid_alive, ready_with, wait_for
 from support.safetensors_files import find_tensor_file
-from vllm_engine_helpers import DAEMON_ARGS, SHIM_ENV, TAMPERED_TENSOR, EngineRunner
+from support.vllm_engine_helpers import DAEMON_ARGS, SHIM_ENV, TAMPERED_TENSOR, EngineRunner
 
 import ckptpub
+
+pytestmark = pytest.mark.slow  # vLLM engines and the weight-cache daemon
 
 
 def _put(source: str, folder: Path, names: list[str]) -> None:

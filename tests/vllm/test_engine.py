@@ -7,9 +7,12 @@ streams it into the model.
 
 from __future__ import annotations
 
-from vllm_engine_helpers import TAMPERED_TENSOR, TOGGLED_LOADS, run_engines
+import pytest
+from support.vllm_engine_helpers import TAMPERED_TENSOR, TOGGLED_LOADS, run_engines
 
 import ckptpub
+
+pytestmark = pytest.mark.slow  # vLLM engines
 
 
 def test_served_with_exactly_the_tokens_of_auto(engine_results):

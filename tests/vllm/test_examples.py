@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # vLLM engines (examples/serve_demo.py)
+
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "serve_demo.py"
 
 

@@ -26,10 +26,12 @@ import time
 import urllib.request
 
 import pytest
-from checkpoints import with_retired_manifest
-from vllm_engine_helpers import TINY_ENGINE, engine_flags, run_engines
+from support.checkpoints import with_retired_manifest
+from support.vllm_engine_helpers import TINY_ENGINE, engine_flags, run_engines
 
 import ckptpub
+
+pytestmark = pytest.mark.slow  # vLLM engines and the OpenAI server
 
 SERVER = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 ENGINE_ARGS = ["--load-format", "manifest_cache", *engine_flags(TINY_ENGINE)]

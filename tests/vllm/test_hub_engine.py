@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_engine_helpers import TAMPERED_TENSOR, api_server, complete, completion_tokens, hub_env
+import pytest
+from support.vllm_engine_helpers import TAMPERED_TENSOR, api_server, complete, completion_tokens, hub_env
 
 import ckptpub
+
+pytestmark = pytest.mark.slow  # vLLM engines and the OpenAI server
 
 REPO = "acme/tiny-qwen3"
 

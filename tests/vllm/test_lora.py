@@ -19,10 +19,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from lora_helpers import TAMPERED_LORA_B, flip_bit
-from vllm_engine_helpers import api_server, complete, completion_tokens, post
+from support.vllm_engine_helpers import api_server, complete, completion_tokens, post
 
 import ckptpub
+from tests.vllm.lora_helpers import TAMPERED_LORA_B, flip_bit
+
+pytestmark = pytest.mark.slow  # vLLM engines and the OpenAI server
 
 HERE = Path(__file__).parent
 IDS = {"good": 1, "second": 2, "tampered": 3, "config": 4, "wrong_base": 5, "nomanifest": 6, "nobase": 7}

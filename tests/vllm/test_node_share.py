@@ -15,7 +15,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cbhelpers import torchrun
+from support.runs import torchrun
+
+pytestmark = pytest.mark.slow  # ranks under torchrun
 
 HERE = Path(__file__).parent
 

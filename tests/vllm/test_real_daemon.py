@@ -28,10 +28,12 @@ from pathlib import Path
 
 import pytest
 from ckptpub_vllm import daemon_reports
-from preload_helpers import SupervisorProc, wait_for
-from vllm_engine_helpers import DAEMON_ARGS, SHIM, SHIM_ENV, TAMPERED_TENSOR, run_engines
+from support.preload_helpers import SupervisorProc, wait_for
+from support.vllm_engine_helpers import DAEMON_ARGS, SHIM, SHIM_ENV, TAMPERED_TENSOR, run_engines
 
 import ckptpub
+
+pytestmark = pytest.mark.slow  # a Trainer run, the weight-cache daemon and vLLM engines
 
 HERE = Path(__file__).parent
 PLATFORM_LINE = "ckptpub: vllm_launcher pid {pid}: vLLM platform CpuPlatform (device cpu)"

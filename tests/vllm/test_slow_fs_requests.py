@@ -1,4 +1,4 @@
-"""Filesystem requests of an engine start, counted by a real FUSE mount (``benchmarks/slowfs.py``).
+"""Filesystem requests of an engine start, counted by a real FUSE mount (``tests/support/slowfs.py``).
 
 On a network filesystem every request is a round trip, so what ckptpub adds to an
 engine start must not grow with the number of shards. Python's audit hooks cannot
@@ -20,8 +20,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from slowfs import FuseUnavailableError, SlowFS
-from vllm_engine_helpers import run_engines
+from support.slowfs import FuseUnavailableError, SlowFS
+from support.vllm_engine_helpers import run_engines
 
 import ckptpub
 
@@ -129,6 +129,7 @@ def test_daemon_path_start_requests_do_not_grow_with_shards(slow_mount):
     assert many_requests.by_kind() == few_requests.by_kind()
 
 
+@pytest.mark.slow
 def test_verified_disk_load_opens_each_shard_no_more_than_auto(slow_mount):
     fs, mnt = slow_mount
     fs.reset()

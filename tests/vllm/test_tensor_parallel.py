@@ -13,10 +13,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from vllm_engine_helpers import run_engines  # noqa: E402
+from support.vllm_engine_helpers import run_engines  # noqa: E402
 
 import ckptpub  # noqa: E402
 from ckptpub.distributed import assign  # noqa: E402
+
+pytestmark = pytest.mark.slow  # vLLM engines of two worker processes
 
 TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 

@@ -7,10 +7,10 @@ import re
 import shutil
 
 import pytest
-from checkpoints import run_cli
 from ckptpub_vllm.options import Options, split_extra_config
 from ckptpub_vllm.verify_stream import TensorVerifier, raw_bytes, small_bytes
 from safetensors import safe_open
+from support.checkpoints import run_cli
 from support.manifests import replaced
 
 import ckptpub

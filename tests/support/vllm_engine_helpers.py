@@ -1,7 +1,5 @@
-"""Helpers for the vLLM tests: the engine runner subprocess and shared constants.
-
-(A module of its own because ``conftest`` is not importable by name under
-``--import-mode=importlib``; this folder is on pytest's ``pythonpath``, see pyproject.toml.)
+"""Helpers for the tests that run vLLM engines (tests/vllm, tests/signing): the engine runner subprocess
+(``tests/vllm/run_engine.py``), the OpenAI server, the weight-cache daemon's CPU shim, shared constants.
 """
 
 from __future__ import annotations
@@ -18,18 +16,13 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-HERE = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
+#: The engine runner: ``python run_engine.py JOBS_JSON``.
+RUN_ENGINE = TESTS / "vllm" / "run_engine.py"
 TAMPERED_TENSOR = "model.norm.weight"
-SHIM = HERE.parents[1] / "tests" / "daemon_sim"
-#: The CPU shim for vLLM's real weight-cache daemon (tests/daemon_sim/sitecustomize.py), on PYTHONPATH
-#: on purpose: Python's `site` imports a `sitecustomize` found there in every process, including the
-#: daemon children `vllm preload` spawns (see the shim's docstring).
-SHIM_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))}
-#: The engines' settings (run_engine.py) that enter vLLM's weight-cache key: a daemon must match them.
-DAEMON_ARGS = ["--dtype", "float32", "--max-model-len", "128", "--enforce-eager"]
 #: Engine loads of the ``toggled`` checkpoint while a writer changes its bytes under them.
 TOGGLED_LOADS = 4
-SHIM = HERE.parents[1] / "tests" / "daemon_sim"
+SHIM = TESTS / "daemon_sim"
 # the shim goes on PYTHONPATH on purpose: Python's `site` imports a `sitecustomize` found there in every
 # process, including the daemon children `vllm preload` spawns (see the shim's docstring)
 SHIM_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))}
@@ -75,7 +68,7 @@ def same_size_edit(path: str, old: bytes, new: bytes) -> None:
 def run_engines(jobs: list[dict], env: dict | None = None, timeout: int = 600) -> tuple[list[dict], str]:
     """Run ``run_engine.py`` on ``jobs``; return the parsed results and the full log."""
     proc = subprocess.run(
-        [sys.executable, str(HERE / "run_engine.py"), json.dumps(jobs)],
+        [sys.executable, str(RUN_ENGINE), json.dumps(jobs)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -99,7 +92,7 @@ class EngineRunner:
         self.jobs, self.log_path = jobs, log_path
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, str(HERE / "run_engine.py"), json.dumps(jobs)],
+                [sys.executable, str(RUN_ENGINE), json.dumps(jobs)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(env or {})},

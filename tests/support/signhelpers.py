@@ -13,13 +13,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from checkpoints import write_checkpoint
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 import ckptpub
+from support.checkpoints import write_checkpoint
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The supervisor runs as a real process (``python -m ckptpub preload ...``, i.e. through
 the ``ckptpub.commands`` entry point) with the daemon command substituted by
-``standin_daemon.py``; everything the tests check is read from the files processes
+``tests/preload/standin_daemon.py``; everything the tests check is read from the files processes
 write (the decision log, ``status.json``, the stand-in's record).
 """
 
@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-from checkpoints import CONFIG, model_tensors, write_checkpoint
 from safetensors.numpy import save_file
 
 import ckptpub
 from ckptpub._filesystem import jsonfiles, run_index
+from support.checkpoints import CONFIG, model_tensors, write_checkpoint
 
-HERE = Path(__file__).parent
-STANDIN = HERE / "standin_daemon.py"
+#: The stand-in for vLLM's weight-cache daemon (a script of the preload tests).
+STANDIN = Path(__file__).parents[1] / "preload" / "standin_daemon.py"
 STANDIN_CMD = f"{shlex.quote(sys.executable)} {shlex.quote(str(STANDIN))} --model {{folder}}"
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
+
 from support.safetensors_files import tensor_location
 
 CONFIG = {

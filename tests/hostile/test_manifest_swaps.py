@@ -22,9 +22,9 @@ pytest.importorskip("vllm")
 
 from checkpoints import model_tensors, write_checkpoint  # noqa: E402
 from ckptpub_vllm.daemon import keyed_manifest  # noqa: E402
-from ckptpub_vllm.key import checked, checked_for, checkpoint_key  # noqa: E402
-from ckptpub_vllm.options import Options  # noqa: E402
-from ckptpub_vllm.startup import check_before_start  # noqa: E402
+from ckptpub_vllm.shared.key import checked, checked_for, checkpoint_key  # noqa: E402
+from ckptpub_vllm.shared.options import Options  # noqa: E402
+from ckptpub_vllm.shared.startup import check_before_start  # noqa: E402
 from test_corpus_loader import verify_as_vllm_streams  # noqa: E402
 
 import ckptpub  # noqa: E402

@@ -22,6 +22,9 @@ from ckptpub import CkptpubError
 from ckptpub.integration import REQUIRE_MANIFEST_ENV, check_identity, env_flag
 from ckptpub.signing import TrustedKey
 
+#: The ``--load-format`` name this plugin registers (``worker.loader``) and every layer checks for.
+LOAD_FORMAT = "manifest_cache"
+
 
 def require_manifest_from_env() -> bool:
     """Whether ``CKPTPUB_REQUIRE_MANIFEST`` asks every process to refuse folders without a manifest.

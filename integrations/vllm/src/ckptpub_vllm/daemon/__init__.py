@@ -115,10 +115,10 @@ def _daemon_model(
 def manifest_folder(vllm_config: Any, model: str, revision: str | None) -> str:
     """Where the daemon of ``model`` reads its manifest (that folder, or a hub id's snapshot), resolved once.
 
-    Found as the key finds it (``key.folder_of``); a folder with a manifest switches a
+    Found as the key finds it (``shared.key.folder_of``); a folder with a manifest switches a
     plain load format to ``manifest_cache`` (``_upgrade_load_format``), which, as the
     engine's loader does, refuses a hub id with no snapshot in the cache
-    (``ckptpub.serving.model_folder``). The key and the load take this folder (``key.checked``).
+    (``ckptpub.serving.model_folder``). The key and the load take this folder (``shared.key.checked``).
     """
     folder = folder_of(model, revision)
     _upgrade_load_format(vllm_config, folder)
@@ -152,7 +152,7 @@ def run_daemon(*args: Any, **kwargs: Any) -> None:
     (:mod:`.serving`) and its reports (``shared.daemon_reports``).
 
     The manifest is read once, here; the key vLLM computes in ``WeightCacheDaemon.__init__``
-    and the verified load in ``load_weights`` both take that object (``key.checked``,
+    and the verified load in ``load_weights`` both take that object (``shared.key.checked``,
     in force for the daemon's whole life), so swapping another manifest in between
     cannot make the daemon load, or report, anything but the identity it is keyed by.
     """

@@ -8,7 +8,7 @@ any failure as "Engine core initialization failed. See root cause above." So, fo
 * **options** are checked by building the loader (ours and vLLM's ``ipc_cache`` keys):
   a bad value of ``--model-loader-extra-config`` is a ``ValueError`` before any engine
   process starts;
-* **the start checks** run (``startup.check_before_start``: the manifest, its
+* **the start checks** run (``shared.startup.check_before_start``: the manifest, its
   signature, the pin, the engine files): a refusal is raised here, in one line, as the
   last thing the start prints;
 * **the identity** it checked is pinned for the workers (``expect_identity``, unless the

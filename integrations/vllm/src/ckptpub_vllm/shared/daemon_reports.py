@@ -16,7 +16,7 @@ the line). Events and their fields (every report also has ``pid``):
   manifest this daemon read, once; its key and its load both use that object.
 * ``verified``: ``folder``, ``identity``, ``tensors``, ``total``, ``ranks``: every tensor
   loaded matched it; this process hashed ``tensors`` of the identity's ``total``, the
-  rest hashed by the other ranks of its node (``ranks`` in all, ``node_share``) that
+  rest hashed by the other ranks of its node (``ranks`` in all, ``worker.node_share``) that
   agreed on the outcome.
 * ``waiting``: ``identity``, ``socket``: loaded and warmed up; another daemon holds
   the socket path, and this one takes it over when that one hands it over.

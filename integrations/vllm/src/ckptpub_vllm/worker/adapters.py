@@ -10,7 +10,8 @@ an adapter ends there, in the worker:
 vLLM path                                   how the worker gets to ``_load_adapter``
 ==========================================  =================================================
 ``LLM.generate(..., lora_request=...)``     the engine core's admission check
-                                            (``adapter_gate``), before the request is scheduled
+                                            (``engine_core.adapter_gate``), before the
+                                            request is scheduled
 ``--lora-modules`` at server start,         ``add_lora`` (a failure fails that call: the
 ``POST /v1/load_lora_adapter``,             server does not start, the endpoint answers 500,
 LoRA resolver plugins, ``add_lora()``       ``add_lora()`` raises), each with the refusal's line

@@ -2,13 +2,13 @@
 
 :class:`ManifestCacheLoader` subclasses vLLM's ``IpcModelLoader``. On a CUDA host it
 asks the weight-cache daemon for the weights; the key's ``checkpoint`` field is the
-manifest identity (see ``key``), so the daemon maps them only when it holds exactly
+manifest identity (see ``shared.key``), so the daemon maps them only when it holds exactly
 these bytes. Whenever weights come from disk instead (no daemon, a mismatch with
 ``fallback``, a platform without CUDA IPC such as the CPU build, or a daemon loading
 its own copy through ``load_weights``), :class:`VerifyingDiskLoader` streams them
 through a :class:`TensorVerifier` and the engine refuses to start on any difference,
 in the one pass vLLM makes over the shards anyway. Before either,
-``startup.check_before_start`` reads the manifest and checks the files the engine
+``shared.startup.check_before_start`` reads the manifest and checks the files the engine
 reads itself; it opens no shard, so an engine start that maps a daemon's weights
 costs the same few filesystem requests for 16 shards or 163. With LoRA enabled the
 loaded model is marked as served by ``manifest_cache``, so its adapters are checked
@@ -191,7 +191,7 @@ def ipc_unsupported_reason() -> str | None:
 
 
 class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is untyped for mypy here
-    """Loader of ``--load-format manifest_cache`` (options: see ``options.Options``)."""
+    """Loader of ``--load-format manifest_cache`` (options: see ``shared.options.Options``)."""
 
     def __init__(self, load_config: LoadConfig) -> None:
         self.options, rest = split_extra_config(load_config.model_loader_extra_config)

@@ -28,8 +28,7 @@ from typing import Any
 import ckptpub
 from ckptpub.serving import model_folder
 
-from ..shared import daemon_reports
-from ..shared import key as key_patch
+from ..shared import daemon_reports, key
 from ..shared.key import checked, folder_of, has_manifest, read_folder_manifest
 from ..shared.log import logger
 from ..shared.options import LOAD_FORMAT, split_extra_config
@@ -156,7 +155,7 @@ def run_daemon(*args: Any, **kwargs: Any) -> None:
     in force for the daemon's whole life), so swapping another manifest in between
     cannot make the daemon load, or report, anything but the identity it is keyed by.
     """
-    key_patch.install()
+    key.install()
     loader.install()
     install(force=True)
     serving.install()

@@ -111,7 +111,7 @@ def reshard(base: str, dest: str, shards: int) -> None:
 
 
 def vllm_key(folder: str) -> None:
-    from ckptpub_vllm.key import original_hash_checkpoint
+    from ckptpub_vllm.shared.key import original_hash_checkpoint
 
     original_hash_checkpoint()(folder)
 
@@ -119,9 +119,9 @@ def vllm_key(folder: str) -> None:
 def ckptpub_start_work(folder: str) -> None:
     """The checks and the key ckptpub makes before an engine maps weights from a daemon,
     in the loader's order (``ManifestCacheLoader._load_model``)."""
-    from ckptpub_vllm.key import checked, checkpoint_key
-    from ckptpub_vllm.options import Options
-    from ckptpub_vllm.startup import check_before_start
+    from ckptpub_vllm.shared.key import checked, checkpoint_key
+    from ckptpub_vllm.shared.options import Options
+    from ckptpub_vllm.shared.startup import check_before_start
 
     manifest = check_before_start(folder, Options())
     with checked(folder, manifest):

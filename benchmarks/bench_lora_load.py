@@ -111,8 +111,8 @@ def main() -> int:
     args = parser.parse_args()
 
     import torch
-    from ckptpub_vllm import adapters
-    from ckptpub_vllm.options import Options
+    from ckptpub_vllm.shared.options import Options
+    from ckptpub_vllm.worker import adapters
     from vllm.lora.request import LoRARequest
 
     import ckptpub

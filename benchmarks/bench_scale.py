@@ -4,7 +4,7 @@ Builds the synthetic mixture-of-experts checkpoint of ``make_moe_checkpoint.py``
 (98,304 bf16 tensors of 1 KiB in 163 shards) unless ``--folder`` names one, a copy
 with one tensor changed (for ``diff``), and a run folder holding both (for ``ls``),
 then times each command in a fresh process, ``--repeat`` times, and prints a Markdown
-table. The engine's key row is the time of ``ckptpub_vllm.key.checkpoint_key`` (the
+table. The engine's key row is the time of ``ckptpub_vllm.shared.key.checkpoint_key`` (the
 manifest read, its identity recomputed and checked) inside an already started process,
 as an engine pays it; its memory is that whole process's. CPU time (user + system,
 ``wait4``; ``process_time`` for the two in-process rows) is printed beside wall time:
@@ -45,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 CKPTPUB = [sys.executable, "-m", "ckptpub"]
 KEY_SNIPPET = """
 import sys, time
-from ckptpub_vllm.key import checkpoint_key
+from ckptpub_vllm.shared.key import checkpoint_key
 start, cpu = time.perf_counter(), time.process_time()
 key = checkpoint_key(sys.argv[1])
 print(time.perf_counter() - start, time.process_time() - cpu)
@@ -57,7 +57,7 @@ STREAM_SNIPPET = """
 import glob, sys, time
 import ckptpub
 from safetensors import safe_open
-from ckptpub_vllm.verify_stream import TensorVerifier
+from ckptpub_vllm.worker.verify_stream import TensorVerifier
 tensors = []
 for shard in sorted(glob.glob(sys.argv[1] + "/*.safetensors")):
     with safe_open(shard, framework="pt") as handle:

@@ -144,7 +144,7 @@ def stream_phase(folder: str, repeat: int) -> tuple[list[Run], list[Run]]:
     """The weight-streaming phase alone, no engine: safetensors tensors copied into
     preallocated tensors (what a model's ``load_weights`` does), plain vs verified."""
     import torch
-    from ckptpub_vllm.verify_stream import TensorVerifier
+    from ckptpub_vllm.worker.verify_stream import TensorVerifier
     from safetensors import safe_open
 
     import ckptpub
@@ -264,7 +264,7 @@ def main() -> None:
         parallel_rows(folder, dtype, args.parallel, args.repeat)
         return
     import ckptpub_vllm
-    from ckptpub_vllm.loader import ManifestCacheLoader
+    from ckptpub_vllm.worker.loader import ManifestCacheLoader
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
     ckptpub_vllm.register()

@@ -182,8 +182,8 @@ def main() -> int:
     if not cuda_available("gpu_e2e_preload"):
         return 2
 
-    from ckptpub_vllm import daemon_reports
     from ckptpub_vllm.preload.status import read_decisions
+    from ckptpub_vllm.shared import daemon_reports
     from support.tiny_model import build_tiny_qwen3  # gpu_e2e put tests/ on the path
 
     import ckptpub

@@ -1,7 +1,8 @@
-"""The core's layers, read from its source: no import cycle, and no import going up a layer.
+"""The layers of the core and of the vLLM plugin, read from their source: no import cycle, and no
+import going up a layer.
 
-Every ``import`` and ``from ... import`` of ``src/ckptpub`` counts, wherever it is: at
-the top of a module, inside a function (a deferred import) or under ``TYPE_CHECKING``.
+Every ``import`` and ``from ... import`` of ``src/ckptpub`` (or of the plugin) counts, wherever it
+is: at the top of a module, inside a function (a deferred import) or under ``TYPE_CHECKING``.
 A cycle held open by a deferred or type-only import is still a cycle for a reader: each
 of those modules can be understood only together with the others.
 """
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[2] / "src" / "ckptpub"
+PLUGIN = SOURCE.parents[1] / "integrations" / "vllm" / "src" / "ckptpub_vllm"
 
 #: Lowest first. A module may import its own layer (no cycle) and the layers listed before it.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -38,12 +40,24 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
 )
 
+#: The plugin's layers, by the process their code runs in, lowest first (docs/design.md). A
+#: package's name stands for its modules too; the root, ``ckptpub_vllm`` (``register``), for itself.
+PLUGIN_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("ckptpub_vllm.shared",),  # every process
+    ("ckptpub_vllm.worker",),  # engine workers (and a daemon's load)
+    ("ckptpub_vllm.engine_core",),
+    ("ckptpub_vllm.frontend",),  # the process that starts an engine
+    ("ckptpub_vllm.daemon",),  # vllm preload's CLI and its daemon children
+    ("ckptpub_vllm.preload",),  # the supervisor: imports the shared layer only (see below)
+    ("ckptpub_vllm",),  # the entry point
+)
 
-def module_names() -> dict[str, Path]:
+
+def module_names(source: Path = SOURCE) -> dict[str, Path]:
     """Every module of the package by dotted name (a package's ``__init__`` is the package)."""
     names = {}
-    for path in sorted(SOURCE.rglob("*.py")):
-        parts = path.relative_to(SOURCE.parent).with_suffix("").parts
+    for path in sorted(source.rglob("*.py")):
+        parts = path.relative_to(source.parent).with_suffix("").parts
         names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return names
 
@@ -76,17 +90,22 @@ def imports_of(name: str, path: Path, modules: set[str]) -> set[str]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = module_names()
+def import_graph(source: Path = SOURCE) -> dict[str, set[str]]:
+    modules = module_names(source)
     return {name: imports_of(name, path, set(modules)) for name, path in modules.items()}
 
 
-def layer_of(module: str) -> int:
-    """The index in ``LAYERS`` of the layer ``module`` belongs to (the longest prefix named there)."""
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> int:
+    """The index in ``layers`` of the layer ``module`` belongs to (the longest prefix named there).
+
+    A package's root (``ckptpub``, ``ckptpub_vllm``) names itself only, so that a new module is
+    placed on purpose, not by falling under the root.
+    """
     best, index = "", -1
-    for number, names in enumerate(LAYERS):
+    for number, names in enumerate(layers):
         for prefix in names:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(best):
+            below = "." in prefix and module.startswith(prefix + ".")
+            if (module == prefix or below) and len(prefix) > len(best):
                 best, index = prefix, number
     return index
 
@@ -138,13 +157,68 @@ def test_every_module_belongs_to_a_layer() -> None:
 
 
 def test_imports_go_downwards_only() -> None:
-    upwards = sorted(
-        f"{module} (layer {layer_of(module)}) imports {target} (layer {layer_of(target)})"
-        for module, targets in import_graph().items()
+    assert not upward_imports(import_graph(), LAYERS)
+
+
+def upward_imports(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """Each import of ``graph`` that goes up ``layers``, in words."""
+    return sorted(
+        f"{module} (layer {layer_of(module, layers)}) imports {target} (layer {layer_of(target, layers)})"
+        for module, targets in graph.items()
         for target in targets
-        if layer_of(target) > layer_of(module)
+        if layer_of(target, layers) > layer_of(module, layers)
     )
-    assert not upwards, "\n".join(upwards)
+
+
+def test_the_plugin_graph_is_read_from_the_source() -> None:
+    graph = import_graph(PLUGIN)
+    assert "ckptpub_vllm.shared.startup" in graph["ckptpub_vllm.daemon"]
+    assert "ckptpub_vllm.worker.loader" in graph["ckptpub_vllm"]  # deferred, inside register()
+    assert "ckptpub_vllm.shared.daemon_reports" in graph["ckptpub_vllm.preload.daemon_process"]
+    assert "ckptpub_vllm.preload.supervisor" in graph["ckptpub_vllm.preload.cli"]  # deferred
+
+
+def test_the_plugin_has_no_import_cycle() -> None:
+    """Over the whole plugin, ``preload`` included: every package of it is free of cycles."""
+    cycle = find_cycle(import_graph(PLUGIN))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_every_plugin_module_belongs_to_a_layer() -> None:
+    unplaced = sorted(name for name in import_graph(PLUGIN) if layer_of(name, PLUGIN_LAYERS) < 0)
+    assert not unplaced, f"add these modules to a layer in PLUGIN_LAYERS: {unplaced}"
+
+
+def test_the_plugin_imports_go_downwards_only() -> None:
+    assert not upward_imports(import_graph(PLUGIN), PLUGIN_LAYERS)
+
+
+def test_the_preload_supervisor_imports_only_the_shared_layer() -> None:
+    """``ckptpub preload`` runs beside vLLM, not in it: of the plugin, it imports ``shared`` only."""
+    allowed = ("ckptpub_vllm.shared", "ckptpub_vllm.preload")
+    reaching = sorted(
+        f"{module} imports {target}"
+        for module, targets in import_graph(PLUGIN).items()
+        if module.startswith("ckptpub_vllm.preload")
+        for target in targets
+        if not target.startswith(allowed)
+    )
+    assert not reaching, reaching
+
+
+def test_the_shared_layer_and_the_supervisor_import_no_vllm_and_no_torch() -> None:
+    """Importing them (as ``ckptpub preload`` and its CLI do) loads neither vLLM nor torch."""
+    modules = sorted(
+        name
+        for name in module_names(PLUGIN)
+        if name.startswith(("ckptpub_vllm.shared", "ckptpub_vllm.preload")) or name == "ckptpub_vllm"
+    )
+    program = (
+        f"import importlib, sys; [importlib.import_module(m) for m in {modules!r}]; "
+        "print(sorted({'torch', 'vllm'} & set(sys.modules)))"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 def test_import_ckptpub_needs_only_the_standard_library_and_blake3() -> None:
@@ -159,7 +233,7 @@ def test_import_ckptpub_needs_only_the_standard_library_and_blake3() -> None:
 def test_integrations_use_only_public_modules_and_the_core_imports_none() -> None:
     """The vLLM plugin imports ckptpub's public modules only (``ckptpub.integration`` and the like), and
     nothing in ``src/ckptpub`` imports the plugin: so the layers can change beneath it."""
-    plugin = SOURCE.parents[1] / "integrations" / "vllm" / "src"
+    plugin = PLUGIN.parent
     private = []
     for path in sorted(plugin.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

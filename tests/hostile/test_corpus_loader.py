@@ -18,10 +18,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from ckptpub_vllm.key import checkpoint_key  # noqa: E402
-from ckptpub_vllm.options import Options, split_extra_config  # noqa: E402
-from ckptpub_vllm.startup import check_before_start  # noqa: E402
-from ckptpub_vllm.verify_stream import TensorVerifier  # noqa: E402
+from ckptpub_vllm.shared.key import checkpoint_key  # noqa: E402
+from ckptpub_vllm.shared.options import Options, split_extra_config  # noqa: E402
+from ckptpub_vllm.shared.startup import check_before_start  # noqa: E402
+from ckptpub_vllm.worker.verify_stream import TensorVerifier  # noqa: E402
 from support.checkpoints import deadline, write_checkpoint  # noqa: E402
 
 import ckptpub  # noqa: E402

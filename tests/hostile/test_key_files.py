@@ -105,9 +105,9 @@ def refusal_in_process(entry: str, key: Path, folder: Path, monkeypatch: pytest.
 
 def engine_refusal(entry: str, key: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     pytest.importorskip("vllm")
-    from ckptpub_vllm.key import read_folder_manifest
-    from ckptpub_vllm.options import split_extra_config
-    from ckptpub_vllm.startup import check_before_start
+    from ckptpub_vllm.shared.key import read_folder_manifest
+    from ckptpub_vllm.shared.options import split_extra_config
+    from ckptpub_vllm.shared.startup import check_before_start
 
     from ckptpub.integration import PUBLIC_KEY_ENV
     from ckptpub.serving import RefusedError

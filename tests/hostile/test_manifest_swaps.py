@@ -21,9 +21,9 @@ import pytest
 pytest.importorskip("vllm")
 
 from ckptpub_vllm.daemon import keyed_manifest  # noqa: E402
-from ckptpub_vllm.key import checked, checked_for, checkpoint_key  # noqa: E402
-from ckptpub_vllm.options import Options  # noqa: E402
-from ckptpub_vllm.startup import check_before_start  # noqa: E402
+from ckptpub_vllm.shared.key import checked, checked_for, checkpoint_key  # noqa: E402
+from ckptpub_vllm.shared.options import Options  # noqa: E402
+from ckptpub_vllm.shared.startup import check_before_start  # noqa: E402
 from support.checkpoints import model_tensors, write_checkpoint  # noqa: E402
 
 import ckptpub  # noqa: E402

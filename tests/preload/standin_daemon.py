@@ -6,8 +6,8 @@ Behaves like the real launcher with the plugin as far as the supervisor can tell
   socket folder, ``$TMPDIR/vllm_weight_cache_<uid>``); other arguments are accepted
   and recorded, like the user's pass-through arguments;
 * computes its weight-cache key **in this process** with the plugin's
-  ``ckptpub_vllm.key.checkpoint_key`` (what ``hash_checkpoint`` is patched to in a
-  real daemon) and writes the plugin's reports (``ckptpub_vllm.daemon_reports``:
+  ``ckptpub_vllm.shared.key.checkpoint_key`` (what ``hash_checkpoint`` is patched to in a
+  real daemon) and writes the plugin's reports (``ckptpub_vllm.shared.daemon_reports``:
   keyed, verified, waiting, serving, client, handed-over);
 * "loads" for ``STANDIN_LOAD_S`` seconds, then takes an exclusive lock on its socket
   path for its lifetime, as vLLM's daemon takes its per-GPU lock: held by another
@@ -60,7 +60,7 @@ def record(event: str, **data) -> None:
 
 def take_lock(path: str, identity: str, stopping: dict) -> int | None:
     """The socket path's lock, as vLLM's daemon takes it (with the plugin's wait when taking over)."""
-    from ckptpub_vllm import daemon_reports
+    from ckptpub_vllm.shared import daemon_reports
 
     fd = os.open(f"{path}.lock", os.O_CREAT | os.O_RDWR, 0o600)
     waiting = False
@@ -92,7 +92,7 @@ def read_message(conn: socket.socket) -> dict | None:
 
 def answer(conn: socket.socket, identity: str, folder: str) -> str | None:
     """Answer one request; returns its command."""
-    from ckptpub_vllm import daemon_reports
+    from ckptpub_vllm.shared import daemon_reports
 
     request = read_message(conn)
     if request is None:
@@ -130,8 +130,8 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
 
-    from ckptpub_vllm import daemon_reports
-    from ckptpub_vllm.key import checkpoint_key  # the key is computed here, in the daemon process
+    from ckptpub_vllm.shared import daemon_reports
+    from ckptpub_vllm.shared.key import checkpoint_key  # the key is computed here, in the daemon process
 
     daemon_reports.enable()
     try:

@@ -217,11 +217,11 @@ def test_daemon_reports_written_in_a_process_are_what_the_supervisor_reads(tmp_p
     import re
     import subprocess
 
-    from ckptpub_vllm import daemon_reports
+    from ckptpub_vllm.shared import daemon_reports
 
     log = tmp_path / "daemon.log"
     script = (
-        "from ckptpub_vllm import daemon_reports as r\n"
+        "from ckptpub_vllm.shared import daemon_reports as r\n"
         "r.report(r.KEYED, folder='/m/x', identity='I')  # not enabled: an engine writes nothing\n"
         "r.enable()\n"
         "r.report(r.KEYED, folder='/m/\\nx', identity='I')\n"

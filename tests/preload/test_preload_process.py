@@ -14,9 +14,9 @@ import subprocess
 import sys
 import time
 
-from ckptpub_vllm import daemon_reports
 from ckptpub_vllm.preload.daemon_process import send_command
 from ckptpub_vllm.preload.status import write_json
+from ckptpub_vllm.shared import daemon_reports
 from support.checkpoints import flip_byte, locate
 from support.preload_helpers import SupervisorProc, make_checkpoint, pid_alive, ready_with, wait_for
 
@@ -74,7 +74,7 @@ def test_key_is_computed_inside_the_spawned_daemon_from_the_manifest(tmp_path):
     for rec, folder, identity in zip(starts, (a, b), (ia, ib), strict=True):
         assert rec["pid"] != sup.proc.pid
         assert rec["ppid"] == sup.proc.pid
-        assert rec["key_function"] == "ckptpub_vllm.key.checkpoint_key"
+        assert rec["key_function"] == "ckptpub_vllm.shared.key.checkpoint_key"
         assert rec["identity"] == ckptpub.read_manifest(folder).identity == identity
         assert rec["folder"] == str(
             folder.resolve()

@@ -15,8 +15,8 @@ import os
 import sys
 
 import torch.distributed as dist
-from ckptpub_vllm.node_share import READS_ALL, READS_LISTED, Peers
-from ckptpub_vllm.verify_stream import TensorVerifier
+from ckptpub_vllm.worker.node_share import READS_ALL, READS_LISTED, Peers
+from ckptpub_vllm.worker.verify_stream import TensorVerifier
 from safetensors import safe_open
 
 import ckptpub

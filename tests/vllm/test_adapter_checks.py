@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from ckptpub_vllm import adapters
-from ckptpub_vllm.adapter_frontend import RefusalReason, raise_refusals
-from ckptpub_vllm.options import split_extra_config
+from ckptpub_vllm.frontend.adapters import RefusalReason, raise_refusals
+from ckptpub_vllm.shared.options import split_extra_config
+from ckptpub_vllm.worker import adapters
 
 import ckptpub
 from ckptpub.serving import RefusedError
@@ -234,7 +234,7 @@ def test_the_server_records_the_adapters_it_loaded_and_forgets_unloaded_ones(lor
     import asyncio
     import types
 
-    from ckptpub_vllm import adapter_frontend
+    from ckptpub_vllm.frontend import adapters as adapter_frontend
 
     config = types.SimpleNamespace(
         load_config=types.SimpleNamespace(load_format="manifest_cache"),

@@ -135,7 +135,7 @@ def test_engine_loader_and_daemon_over_a_real_socket(models, tmp_path, monkeypat
     mismatch on ``checkpoint`` for the same-layout republished copy."""
     import threading
 
-    from ckptpub_vllm.loader import ManifestCacheLoader
+    from ckptpub_vllm.worker.loader import ManifestCacheLoader
     from vllm.config.load import LoadConfig
     from vllm.model_executor.model_loader.weight_cache import daemon as vllm_daemon
     from vllm.model_executor.model_loader.weight_cache import ipc_loader

@@ -36,9 +36,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from ckptpub_vllm import daemon_reports
-from ckptpub_vllm.daemon_reports import HAND_OVER_COMMAND
 from ckptpub_vllm.preload.daemon_process import send_command
+from ckptpub_vllm.shared import daemon_reports
+from ckptpub_vllm.shared.daemon_reports import HAND_OVER_COMMAND
 from support.preload_helpers import SupervisorProc, pid_alive, ready_with, wait_for
 from support.safetensors_files import find_tensor_file
 from support.vllm_engine_helpers import DAEMON_ARGS, SHIM_ENV, TAMPERED_TENSOR, EngineRunner

@@ -12,7 +12,7 @@ import sys
 
 import ckptpub_vllm
 import pytest
-from ckptpub_vllm.key import original_hash_checkpoint
+from ckptpub_vllm.shared.key import original_hash_checkpoint
 
 import ckptpub
 from ckptpub.serving import RefusedError
@@ -129,7 +129,7 @@ def test_a_manifest_path_that_is_not_a_plain_file_is_refused_not_absent(models, 
 
 
 def test_the_loader_hands_the_key_the_manifest_it_checked(models, tmp_path):
-    from ckptpub_vllm.key import checked
+    from ckptpub_vllm.shared.key import checked
 
     folder = str(shutil.copytree(models["v1"], tmp_path / "handed"))
     checked_manifest = ckptpub.read_manifest(folder)
@@ -158,7 +158,7 @@ def hub_constants(hub_home, monkeypatch):
 
 def test_the_weight_cache_key_of_a_hub_id_is_its_identity_read_from_one_small_file(hub_home, hub_constants):
     """Engines and daemons build the key with this one function: the daemon is keyed by the identity."""
-    from ckptpub_vllm.key import checkpoint_key
+    from ckptpub_vllm.shared.key import checkpoint_key
 
     snapshot = hub_home["acme/tiny-qwen3"]
     identity = ckptpub.read_manifest(snapshot).identity

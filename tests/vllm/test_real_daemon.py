@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ckptpub_vllm import daemon_reports
+from ckptpub_vllm.shared import daemon_reports
 from support.preload_helpers import SupervisorProc, wait_for
 from support.vllm_engine_helpers import DAEMON_ARGS, SHIM, SHIM_ENV, TAMPERED_TENSOR, run_engines
 

@@ -92,9 +92,9 @@ def daemon_path_start(fs: SlowFS, folder: str):
     In the loader's order: the start-time checks, then vLLM's key while the loader
     hands it the manifest it checked (``ManifestCacheLoader._load_model``).
     """
-    from ckptpub_vllm.key import checked, checkpoint_key
-    from ckptpub_vllm.options import Options
-    from ckptpub_vllm.startup import check_before_start
+    from ckptpub_vllm.shared.key import checked, checkpoint_key
+    from ckptpub_vllm.shared.options import Options
+    from ckptpub_vllm.shared.startup import check_before_start
 
     fs.reset()
     manifest = check_before_start(folder, Options())

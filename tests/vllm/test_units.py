@@ -7,8 +7,8 @@ import re
 import shutil
 
 import pytest
-from ckptpub_vllm.options import Options, split_extra_config
-from ckptpub_vllm.verify_stream import TensorVerifier, raw_bytes, small_bytes
+from ckptpub_vllm.shared.options import Options, split_extra_config
+from ckptpub_vllm.worker.verify_stream import TensorVerifier, raw_bytes, small_bytes
 from safetensors import safe_open
 from support.checkpoints import run_cli
 from support.manifests import replaced
@@ -252,7 +252,7 @@ def test_every_refusal_is_one_line_of_one_shape_and_keeps_paths_exact():
 
 def test_no_refusal_or_log_line_of_the_plugin_lets_a_control_character_through(caplog):
     """A terminal escape in a folder or tensor name is escaped (``one_line``), in a refusal and in the log."""
-    from ckptpub_vllm.log import logger
+    from ckptpub_vllm.shared.log import logger
 
     error = RefusedError("/ckpt/\x1b[2J", "tensor 'a\tb' differs")
     assert str(error) == "ckptpub: refusing to serve /ckpt/\\x1b[2J: tensor 'a\\tb' differs"
@@ -265,7 +265,7 @@ def test_no_refusal_or_log_line_of_the_plugin_lets_a_control_character_through(c
 def test_any_ckptpub_error_in_the_loader_is_a_refusal_in_the_same_words():
     """The loader's entry points let no bare ``CkptpubError`` through (a check that raises one
     directly, a table decoded late): each becomes the one refusal line, logged once."""
-    from ckptpub_vllm.loader import refusals_logged
+    from ckptpub_vllm.shared.refusals import refusals_logged
 
     with pytest.raises(RefusedError) as raised, refusals_logged("/ckpt"):
         raise ckptpub.CkptpubError("/ckpt/ckptpub.json: model table: names are not sorted and unique")
@@ -279,7 +279,7 @@ def test_a_write_to_the_shard_after_the_check_never_reaches_the_model(models, tm
     """vLLM's own safetensors iterator yields views of each shard's mapping; a ``pwrite`` of zeros
     lands after the verifier saw a tensor and before the model copies it (as ``weight_loader`` does).
     What the model holds is still the verified bytes: the verifier hands on its own copy."""
-    from ckptpub_vllm.verify_stream import raw_bytes
+    from ckptpub_vllm.worker.verify_stream import raw_bytes
     from support.safetensors_files import find_tensor_file, tensor_location
     from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
 

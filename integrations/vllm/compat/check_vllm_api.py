@@ -512,7 +512,7 @@ def check_facts(src: VllmSource) -> list[Row]:
         _row(
             "fact",
             "WeightCacheKey.from_model_config calls hash_checkpoint(...) by its module name",
-            "key.py (patches protocol.hash_checkpoint)",
+            "shared/key.py (patches protocol.hash_checkpoint)",
             src,
             looks_up,
             f"from_model_config{Signature.of(from_config).text()}" if from_config else "not found",
@@ -527,7 +527,7 @@ def check_facts(src: VllmSource) -> list[Row]:
         _row(
             "fact",
             "daemon._run_daemon is passed a VllmConfig (plugin's run_daemon finds it by type)",
-            "daemon.py",
+            "daemon/__init__.py",
             src,
             takes_config,
             Signature.of(run_daemon).text() if isinstance(run_daemon, ast.FunctionDef) else "not found",
@@ -553,7 +553,7 @@ def check_facts(src: VllmSource) -> list[Row]:
         _row(
             "fact",
             "vllm preload imports daemon._run_daemon when it runs (so it spawns the plugin's)",
-            "daemon.py (install)",
+            "daemon/__init__.py (install)",
             src,
             late,
             "",
@@ -652,17 +652,17 @@ def _adapter_facts(src: VllmSource) -> list[Row]:
     facts = (
         (
             "PEFTHelper.from_local_dir reads adapter_config.json with open(...)",
-            "adapters.py (serves it from the checked bytes)",
+            "worker/adapter_reads.py (serves it from the checked bytes)",
             _calls(find_method(peft, "from_local_dir"), "open"),
         ),
         (
             "LoRAModel.from_local_checkpoint reads the weights with safetensors.safe_open(...)",
-            "adapters.py (serves them from the checked bytes)",
+            "worker/adapter_reads.py (serves them from the checked bytes)",
             _calls(find_method(lora_model, "from_local_checkpoint"), "safe_open", on="safetensors"),
         ),
         (
             "the Scheduler asks self._handle_blocked_waiting_request(request) of each waiting request",
-            "adapter_gate.py (admits a request once its adapter is loaded)",
+            "engine_core/adapter_gate.py (admits a request once its adapter is loaded)",
             any(_calls(cls, "_handle_blocked_waiting_request", on="self") for _, cls in scheduler)
             and all(
                 has_attribute(scheduler, a) for a in ("update_from_output", "finish_requests", "running")
@@ -670,7 +670,7 @@ def _adapter_facts(src: VllmSource) -> list[Row]:
         ),
         (
             "EngineCoreOutput carries a stop_reason (the refusal's line)",
-            "adapter_gate.py",
+            "engine_core/adapter_gate.py",
             has_attribute(output, "stop_reason"),
         ),
     )

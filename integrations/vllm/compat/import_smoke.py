@@ -44,7 +44,7 @@ def main(expected: str) -> int:
 
     import ckptpub_vllm
     from ckptpub_vllm import daemon as plugin_daemon
-    from ckptpub_vllm.loader import ManifestCacheLoader
+    from ckptpub_vllm.worker.loader import ManifestCacheLoader
     from vllm.config.load import LoadConfig
     from vllm.model_executor import model_loader
     from vllm.model_executor.model_loader.weight_cache import daemon, protocol
@@ -57,7 +57,7 @@ def main(expected: str) -> int:
         "manifest_cache registered",
         model_loader._LOAD_FORMAT_TO_MODEL_LOADER.get("manifest_cache") is ManifestCacheLoader,
     )
-    check("hash_checkpoint patched", protocol.hash_checkpoint.__module__ == "ckptpub_vllm.key")
+    check("hash_checkpoint patched", protocol.hash_checkpoint.__module__ == "ckptpub_vllm.shared.key")
     check("_run_daemon wrapped", daemon._run_daemon is plugin_daemon.run_daemon)
 
     # the tiny model's one builder lives with the tests (tests/support): run from a checkout

@@ -6,28 +6,40 @@ It must therefore be idempotent and cheap, and must never fail a process that do
 not use ckptpub: it patches a few attributes and registers one loader name, and each
 patch does nothing unless an engine loads through that name.
 
-What it installs (each step is idempotent):
+The plugin is layered by the process its code runs in, lowest first; each subpackage
+imports only the ones before it (``tests/core/test_layers.py`` checks it):
 
-* ``key.install``: the ``checkpoint`` field of vLLM's ``WeightCacheKey`` becomes the
-  manifest's identity for folders with a ``ckptpub.json`` (read from that file only).
-* ``loader.install``: ``--load-format manifest_cache`` (:class:`ManifestCacheLoader`).
-* ``daemon.install``: ``vllm preload`` spawns its daemons through a wrapper defined
-  here, because daemon children never load plugins themselves.
+* :mod:`.shared` (every process): the logger, the options, refusals and their relay,
+  the weight-cache key, the start checks, the daemons' reports;
+* :mod:`.worker` (engine workers, and the daemon's load): the ``manifest_cache``
+  loader, the streamed tensor checks, LoRA adapters' checked reads;
+* :mod:`.engine_core`: admission of requests whose adapter the workers may refuse;
+* :mod:`.frontend` (the process that starts an engine): config-time checks, refusals
+  raised in their own words, what is served;
+* :mod:`.daemon` (``vllm preload``'s CLI and its weight-cache daemon children);
+* :mod:`.preload` (``ckptpub preload``, the supervisor): imports ``shared`` only, never vLLM.
+
+What :func:`register` installs (each step is idempotent):
+
+* ``shared.key.install``: the ``checkpoint`` field of vLLM's ``WeightCacheKey`` becomes
+  the manifest's identity for folders with a ``ckptpub.json`` (read from that file only).
+* ``worker.loader.install``: ``--load-format manifest_cache`` (``ManifestCacheLoader``).
+* ``engine_core.adapter_gate.install``: LoRA adapters, checked in the workers
+  (``worker.adapters``, installed by the loader once it served a base), are admitted
+  by the engine core only once loaded. Inert for engines with any other load format.
 * ``frontend.install``: in the process that starts an engine, ``manifest_cache``'s
-  options and start checks run at config time, and refusals of its engine processes
-  are raised there in their own words.
-* ``adapter_gate.install`` and ``adapter_frontend.install``: LoRA adapters, checked
-  in the workers (``adapters``, installed by the loader once it served a base), are
-  admitted by the engine core only once loaded, and a refusal reaches the caller as
-  an error of that request. Inert for engines with any other load format.
+  options and start checks run at config time, refusals of its engine processes are
+  raised there in their own words, and a refused adapter reaches the caller as an
+  error of that request.
+* ``daemon.install``: ``vllm preload`` spawns its daemons through a wrapper defined
+  there, because daemon children never load plugins themselves.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
-__all__ = ["register", "LOAD_FORMAT", "__version__"]
+__all__ = ["register", "__version__"]
 
-LOAD_FORMAT = "manifest_cache"
 #: vLLM minor versions whose weight-cache code this plugin was written against.
 SUPPORTED_VLLM = ("0.32.", "0.33.")
 _warned = False
@@ -36,10 +48,15 @@ _warned = False
 def register() -> None:
     """Entry point of the ``vllm.general_plugins`` group (safe to call many times)."""
     global _warned
+    # Imported here, not at the top: importing the package (as ``ckptpub preload`` does, for
+    # its subpackage) must not import vLLM or torch; registering does, in vLLM's processes.
     import vllm
 
-    from . import adapter_frontend, adapter_gate, daemon, frontend, key, loader
-    from .log import logger
+    from . import daemon, frontend
+    from .engine_core import adapter_gate
+    from .shared import key
+    from .shared.log import logger
+    from .worker import loader
 
     if not _warned and not vllm.__version__.startswith(SUPPORTED_VLLM):
         _warned = True
@@ -53,4 +70,3 @@ def register() -> None:
     daemon.install()
     frontend.install()
     adapter_gate.install()
-    adapter_frontend.install()

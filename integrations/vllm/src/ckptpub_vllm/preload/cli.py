@@ -193,6 +193,8 @@ def _trust(args: PreloadArguments) -> None:
 
 
 def _supervise(args: PreloadArguments) -> int:
+    # Imported here, not at the top: ``ckptpub`` imports every command's module to list it,
+    # and only this command's run needs the supervisor (no cycle: it does not import this module).
     from .supervisor import Config, Supervisor
 
     if bool(args.model_dir) == bool(args.follow):

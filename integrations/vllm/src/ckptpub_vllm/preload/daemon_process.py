@@ -19,7 +19,7 @@ then refuses, in the daemon, a folder without a manifest) and, in overlap mode,
 ``CKPTPUB_PRELOAD_TAKEOVER=1`` (wait for the socket path instead of failing).
 
 **Confirmation.** The identity a daemon holds is what the daemon's processes report
-(``ckptpub_vllm.daemon_reports``, written by the plugin inside each of them), not what
+(``ckptpub_vllm.shared.daemon_reports``, written by the plugin inside each of them), not what
 the supervisor expects: the manifest each one was keyed by (read once), the identity
 its load verified every tensor against, and the ``checkpoint`` field of the key it
 serves with; vLLM's launcher logs ``Weight cache daemon READY`` once every rank has
@@ -53,7 +53,8 @@ from typing import Any
 
 from ckptpub.integration import PRELOAD_IDENTITY_ENV, PRELOAD_TAKEOVER_ENV
 
-from .. import daemon_reports
+from ..shared import daemon_reports
+from ..shared.daemon_reports import proc_stat
 from . import failures
 
 #: ``vllm preload`` through :mod:`.vllm_launcher` (vLLM's own CLI, plus logging in the daemon children).
@@ -96,20 +97,6 @@ def build_argv(
 
 # ---------------------------------------------------------------------------
 # /proc helpers (Linux): is this pid still the process we started?
-
-
-def proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in clock ticks since boot) of ``pid``, ``None`` if there is none."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    fields = data[data.rfind(")") + 2 :].split()
-    try:
-        return fields[0], int(fields[19])
-    except (IndexError, ValueError):
-        return None
 
 
 def proc_cmdline(pid: int) -> list[str] | None:

@@ -88,8 +88,9 @@ def _cut(text: str) -> str:
 
 
 def manifest_stamp(folder: str) -> Stamp:
-    """The folder's manifest :data:`~.decide.Stamp` now."""
-    info = os.stat(os.path.join(folder, ckptpub.MANIFEST_NAME))
+    """The folder's manifest :data:`~.decide.Stamp` now: of the path itself, never a symlink's target,
+    as the core's readers take it (they follow no symlink in a checkpoint folder)."""
+    info = os.lstat(os.path.join(folder, ckptpub.MANIFEST_NAME))
     return (info.st_ino, info.st_mtime_ns, info.st_size)
 
 

@@ -17,14 +17,14 @@ from __future__ import annotations
 import json
 import sys
 
+from .vllm_launcher import vllm_version_lookup
+
 #: ``sun_path``'s usable size on Linux.
 AF_UNIX_MAX = 107
 
 
 def probe(socket_dir: str | None) -> str | None:
     """Why a daemon cannot serve engines here, or None when it can."""
-    from .vllm_launcher import vllm_version_lookup
-
     vllm_version_lookup()
     try:
         from vllm.model_executor.model_loader.weight_cache import protocol

@@ -1,7 +1,7 @@
 """What a caller sees of a refused adapter, in the process it called vLLM from.
 
 A request the engine core did not schedule because its adapter was refused
-(``adapter_gate``) finishes with ``finish_reason`` ``error`` and the refusal's one
+(``engine_core.adapter_gate``) finishes with ``finish_reason`` ``error`` and the refusal's one
 line as its ``stop_reason``. Here:
 
 * offline (``LLM.generate`` and the other calls that run the engine to completion),
@@ -12,7 +12,7 @@ line as its ``stop_reason``. Here:
 
 Explicit loads need nothing here: ``add_lora`` already fails with the worker's line
 (``POST /v1/load_lora_adapter`` answers it with a 500, ``--lora-modules`` stops the
-server at start with it). The server also records, in :func:`adapters.served_adapters`,
+server at start with it). The server also records, in ``worker.adapters.served_adapters``,
 each adapter it loaded (identity read from its manifest), for what it shows about them.
 
 Installed only in a process that has imported vLLM's offline or server front end
@@ -29,9 +29,9 @@ from typing import Any
 
 from ckptpub.serving import RefusedError
 
-from . import LOAD_FORMAT
-from .adapters import ServedAdapter, forget_served, record_served
-from .key import read_folder_manifest
+from ..shared.key import read_folder_manifest
+from ..shared.options import LOAD_FORMAT
+from ..worker.adapters import ServedAdapter, forget_served, record_served
 
 REFUSAL_PREFIX = "ckptpub: "
 _PATCH_MARK = "_ckptpub_original"

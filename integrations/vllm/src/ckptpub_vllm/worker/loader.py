@@ -2,17 +2,25 @@
 
 :class:`ManifestCacheLoader` subclasses vLLM's ``IpcModelLoader``. On a CUDA host it
 asks the weight-cache daemon for the weights; the key's ``checkpoint`` field is the
-manifest identity (see ``key``), so the daemon maps them only when it holds exactly
+manifest identity (see ``shared.key``), so the daemon maps them only when it holds exactly
 these bytes. Whenever weights come from disk instead (no daemon, a mismatch with
 ``fallback``, a platform without CUDA IPC such as the CPU build, or a daemon loading
 its own copy through ``load_weights``), :class:`VerifyingDiskLoader` streams them
 through a :class:`TensorVerifier` and the engine refuses to start on any difference,
 in the one pass vLLM makes over the shards anyway. Before either,
-``startup.check_before_start`` reads the manifest and checks the files the engine
+``shared.startup.check_before_start`` reads the manifest and checks the files the engine
 reads itself; it opens no shard, so an engine start that maps a daemon's weights
 costs the same few filesystem requests for 16 shards or 163. With LoRA enabled the
 loaded model is marked as served by ``manifest_cache``, so its adapters are checked
 (``adapters``).
+
+When the daemon holds something else, vLLM's daemon answers a key that differs with
+``{"status": "mismatch", "fields": [...]}`` only, so an engine could say which fields
+differ but not what the daemon holds. The plugin's daemon wrapper answers
+``ckptpub_held`` with the key it holds and the folder it loaded (``daemon.serving``);
+the loader asks once, after a mismatch, and names both values of every field that
+differs in its one line (:func:`describe_mismatch`): for ``checkpoint``, the identity
+it asked for and the identity the daemon holds.
 """
 
 from __future__ import annotations
@@ -33,11 +41,13 @@ from vllm.model_executor.model_loader.weight_cache.ipc_loader import IpcModelLoa
 import ckptpub
 from ckptpub.serving import RefusedError, check_shards_are_files, model_folder
 
-from . import LOAD_FORMAT, adapters, daemon_reports, key, mismatch, node_share
-from .errors import refusals_logged
-from .log import logger
-from .options import Options, split_extra_config
-from .startup import check_before_start
+from ..shared import daemon_reports, key
+from ..shared.daemon_reports import HELD_COMMAND
+from ..shared.log import logger
+from ..shared.options import LOAD_FORMAT, Options, split_extra_config
+from ..shared.refusals import refusals_logged
+from ..shared.startup import check_before_start
+from . import adapters, node_share
 from .verify_stream import TensorVerifier
 
 
@@ -181,7 +191,7 @@ def ipc_unsupported_reason() -> str | None:
 
 
 class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is untyped for mypy here
-    """Loader of ``--load-format manifest_cache`` (options: see ``options.Options``)."""
+    """Loader of ``--load-format manifest_cache`` (options: see ``shared.options.Options``)."""
 
     def __init__(self, load_config: LoadConfig) -> None:
         self.options, rest = split_extra_config(load_config.model_loader_extra_config)
@@ -253,7 +263,7 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         try:
             state = super()._request_state(cache_key, **kwargs)
         except protocol.CacheConfigMismatchError as error:
-            what = mismatch.describe(cache_key, mismatch.ask_held(self), str(error))
+            what = describe_mismatch(cache_key, ask_held(self), str(error))
             if not self.fallback:
                 raise RefusedError(self._folder, f"{what}; fallback is false, so nothing is loaded") from None
             logger.warning("ckptpub: %s: not mapped; falling back to a verified disk load", what)
@@ -271,6 +281,39 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         return self._disk_loader(manifest).load_model(
             vllm_config=vllm_config, model_config=model_config, prefix=prefix
         )
+
+
+def ask_held(loader: Any) -> dict[str, Any] | None:
+    """The daemon's answer to ``ckptpub_held`` (``key``, ``folder``), or None when it gives none.
+
+    Through vLLM's own connection (its socket path and owner checks) and framing.
+    """
+    try:
+        with loader._connect(loader.connect_timeout_s) as conn:
+            protocol.send_msg(conn, {"cmd": HELD_COMMAND})
+            reply = protocol.recv_msg(conn)
+    except (protocol.WeightCacheUnavailableError, OSError, EOFError, ValueError):
+        return None
+    if not isinstance(reply, dict) or reply.get("status") != "ok" or not isinstance(reply.get("key"), dict):
+        return None
+    return reply
+
+
+def describe_mismatch(asked: Any, held: dict[str, Any] | None, vllm_says: str) -> str:
+    """What differs between the key ``asked`` for and the daemon's (``held``, from :func:`ask_held`)."""
+    if held is None:
+        return f"{vllm_says}; the daemon does not say what it holds (not started with the ckptpub plugin?)"
+    held_key = held["key"]
+    differ = [f.name for f in dataclasses.fields(asked) if held_key.get(f.name) != getattr(asked, f.name)]
+    parts = []
+    for name in differ or ["checkpoint"]:
+        ours, theirs = getattr(asked, name), held_key.get(name)
+        if name == "checkpoint":
+            where = f" (loaded from {held['folder']})" if isinstance(held.get("folder"), str) else ""
+            parts.append(f"the daemon holds checkpoint {theirs}{where}, this engine asked for {ours}")
+        else:
+            parts.append(f"{name}: the daemon's is {theirs!r}, this engine's {ours!r}")
+    return "; ".join(parts)
 
 
 def install() -> None:

@@ -1,6 +1,6 @@
 """Where a refused adapter costs its requests only: admission in a ``manifest_cache`` engine's scheduler.
 
-A worker reads an adapter (checked there, see ``adapters``) either in an explicit
+A worker reads an adapter (checked there, see ``worker.adapters``) either in an explicit
 ``add_lora`` call, whose failure fails that call only, or inside ``execute_model``,
 when a scheduled request needs an adapter the worker does not hold: its first use
 by ``generate(lora_request=...)``, or its next use after vLLM's CPU cache
@@ -15,7 +15,7 @@ the workers loaded it in a call of their own (:func:`load_in_worker`, the same l
 and checks as ``add_lora``): on success the request is scheduled as usual and
 ``execute_model`` finds the adapter in place; on a refusal (or any other load
 failure) the request is not scheduled and finishes with ``finish_reason`` ``error``
-and the refusal's line as its ``stop_reason`` (``adapter_frontend`` turns that into
+and the refusal's line as its ``stop_reason`` (``frontend.adapters`` turns that into
 the caller's error). Requests already running are not touched, and a request is only
 checked when vLLM's own ``max_loras`` rule lets it join the batch, so a check never
 evicts an adapter that running requests use.
@@ -33,8 +33,8 @@ from typing import Any
 
 from ckptpub.serving import RefusedError
 
-from . import LOAD_FORMAT
-from .log import logger
+from ..shared.log import logger
+from ..shared.options import LOAD_FORMAT
 
 #: The engine core's attribute holding its gate (None for an engine without one).
 GATE_ATTR = "_ckptpub_adapter_gate"

@@ -15,7 +15,7 @@ with a plain disk format, the daemon's load format is switched to
 ``manifest_cache``, whose ``load_weights`` verifies every tensor while loading,
 against the very manifest object the key was computed from (:func:`run_daemon`).
 What the plugin adds to the daemon while it serves (reports, taking over a socket
-path, hand-over) is in :mod:`.daemon_serving`.
+path, hand-over) is in :mod:`.serving`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,16 @@ from collections.abc import Callable
 from typing import Any
 
 import ckptpub
+from ckptpub.serving import model_folder
+
+from ..shared import daemon_reports, key
+from ..shared.key import checked, folder_of, has_manifest, read_folder_manifest
+from ..shared.log import logger
+from ..shared.options import LOAD_FORMAT, split_extra_config
+from ..shared.refusals import refusals_logged
+from ..shared.startup import check_before_start
+from ..worker import loader
+from . import serving
 
 _ORIGINAL = "_ckptpub_original_run_daemon"
 _PLAIN_FORMATS = ("auto", "safetensors", "hf")
@@ -68,10 +78,6 @@ def _vllm_run_daemon() -> Callable[..., None]:
 
 
 def _upgrade_load_format(vllm_config: Any, folder: str) -> None:
-    from . import LOAD_FORMAT
-    from .key import has_manifest
-    from .log import logger
-
     load_config = vllm_config.load_config
     if (
         load_config.load_format in _PLAIN_FORMATS
@@ -108,16 +114,11 @@ def _daemon_model(
 def manifest_folder(vllm_config: Any, model: str, revision: str | None) -> str:
     """Where the daemon of ``model`` reads its manifest (that folder, or a hub id's snapshot), resolved once.
 
-    Found as the key finds it (``key.folder_of``); a folder with a manifest switches a
+    Found as the key finds it (``shared.key.folder_of``); a folder with a manifest switches a
     plain load format to ``manifest_cache`` (``_upgrade_load_format``), which, as the
     engine's loader does, refuses a hub id with no snapshot in the cache
-    (``ckptpub.serving.model_folder``). The key and the load take this folder (``key.checked``).
+    (``ckptpub.serving.model_folder``). The key and the load take this folder (``shared.key.checked``).
     """
-    from ckptpub.serving import model_folder
-
-    from . import LOAD_FORMAT
-    from .key import folder_of
-
     folder = folder_of(model, revision)
     _upgrade_load_format(vllm_config, folder)
     if vllm_config.load_config.load_format == LOAD_FORMAT and folder == model:
@@ -133,11 +134,6 @@ def keyed_manifest(vllm_config: Any, folder: str) -> ckptpub.Manifest | None:
     keys the daemon, is what its load verifies every tensor against, and is what it
     reports (``daemon_reports.KEYED``).
     """
-    from . import LOAD_FORMAT
-    from .key import read_folder_manifest
-    from .options import split_extra_config
-    from .startup import check_before_start
-
     load_config = vllm_config.load_config
     if load_config.load_format == LOAD_FORMAT:
         options, _ = split_extra_config(load_config.model_loader_extra_config)
@@ -148,18 +144,21 @@ def keyed_manifest(vllm_config: Any, folder: str) -> ckptpub.Manifest | None:
 def run_daemon(*args: Any, **kwargs: Any) -> None:
     """Install the plugin in this (daemon) process, then run vLLM's ``_run_daemon`` keyed by one manifest.
 
+    What a daemon needs, and only that, from the layers below (not the package's
+    ``register``, which also patches front ends and engine cores): the key
+    (``shared.key``), the ``manifest_cache`` loader its load goes through
+    (``worker.loader``), this wrapper, what the daemon adds while it serves
+    (:mod:`.serving`) and its reports (``shared.daemon_reports``).
+
     The manifest is read once, here; the key vLLM computes in ``WeightCacheDaemon.__init__``
-    and the verified load in ``load_weights`` both take that object (``key.checked``,
+    and the verified load in ``load_weights`` both take that object (``shared.key.checked``,
     in force for the daemon's whole life), so swapping another manifest in between
     cannot make the daemon load, or report, anything but the identity it is keyed by.
     """
-    from . import daemon_reports, daemon_serving, register
-    from .errors import refusals_logged
-    from .key import checked
-
-    register()
+    key.install()
+    loader.install()
     install(force=True)
-    daemon_serving.install()
+    serving.install()
     daemon_reports.enable()
     original = _vllm_run_daemon()
     found = _daemon_model(original, args, kwargs)
@@ -176,6 +175,6 @@ def run_daemon(*args: Any, **kwargs: Any) -> None:
     with checked(model, manifest, folder):
         try:
             return original(*args, **kwargs)
-        except daemon_serving.HandOver as handed:
-            daemon_serving.keep_weights_for_mapped_engines(handed)
+        except serving.HandOver as handed:
+            serving.keep_weights_for_mapped_engines(handed)
     return None

@@ -2,7 +2,7 @@
 
 The process that starts an engine records the model it serves (``frontend``, once the
 start checks passed, with the identity the workers are pinned to); the adapters it
-serves are the ones ``adapters.served_adapters`` records (each adapter the OpenAI server
+serves are the ones ``worker.adapters.served_adapters`` records (each adapter the OpenAI server
 loaded, its identity and its base's). The OpenAI server shows both:
 
 * ``/metrics``: ``ckptpub:served_info{name, kind, identity, base_identity, folder} 1`` for
@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import ckptpub
+
+from ..worker.adapters import served_adapters
 
 _PATCH_MARK = "_ckptpub_served"
 METRIC = "ckptpub:served_info"
@@ -48,8 +50,6 @@ _collector: Any = None
 
 def served() -> list[Served]:
     """Everything served now: the model, then each adapter (the latest load of each name)."""
-    from .adapters import served_adapters
-
     adapters = [Served(a.name, "adapter", a.identity, a.path, a.base_identity) for a in served_adapters()]
     return [*_models.values(), *adapters]
 

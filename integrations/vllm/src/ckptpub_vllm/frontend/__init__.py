@@ -8,7 +8,7 @@ any failure as "Engine core initialization failed. See root cause above." So, fo
 * **options** are checked by building the loader (ours and vLLM's ``ipc_cache`` keys):
   a bad value of ``--model-loader-extra-config`` is a ``ValueError`` before any engine
   process starts;
-* **the start checks** run (``startup.check_before_start``: the manifest, its
+* **the start checks** run (``shared.startup.check_before_start``: the manifest, its
   signature, the pin, the engine files): a refusal is raised here, in one line, as the
   last thing the start prints;
 * **the identity** it checked is pinned for the workers (``expect_identity``, unless the
@@ -16,33 +16,41 @@ any failure as "Engine core initialization failed. See root cause above." So, fo
   they refuse (a re-publish between the two reads);
 * a **refusal made in a worker** while loading (a tensor that differs, a daemon holding
   another identity with ``fallback: false``) is written by the worker to a file this
-  process names in ``CKPTPUB_REFUSAL_FILE`` (``errors.refusals_logged``), and raised here
+  process names in ``CKPTPUB_REFUSAL_FILE`` (``shared.refusals``), and raised here
   instead of vLLM's generic startup error;
-* the **served identity** is recorded for tools (``served``: ``/metrics`` and
+* the **served identity** is recorded for tools (:mod:`.served`: ``/metrics`` and
   ``/v1/models`` of the OpenAI server).
+
+A refused LoRA adapter reaches the caller of its request in this process too
+(:mod:`.adapters`, installed with the rest by :func:`install`).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import tempfile
 from typing import Any
 
 from ckptpub.integration import REFUSAL_FILE_ENV
-from ckptpub.serving import RefusedError
+from ckptpub.serving import model_folder
 
-#: A refusal is one line; a relay file larger than this is not read further.
-MAX_RELAY_BYTES = 64 << 10
+from ..shared.options import LOAD_FORMAT
+from ..shared.refusals import refusals_logged, relayed_refusal
+from ..shared.startup import check_before_start
+from ..worker.loader import ManifestCacheLoader
+from . import adapters, served
+
 _PATCH_MARK = "_ckptpub_frontend"
 
 
 def install() -> None:
-    """Wrap ``EngineArgs.create_engine_config`` (idempotent); the rest is installed when it first runs."""
+    """Wrap ``EngineArgs.create_engine_config`` (idempotent; the rest is installed when it first runs),
+    and the front ends' handling of refused adapters (``adapters.install``)."""
     from vllm.engine.arg_utils import EngineArgs
 
+    adapters.install()
     original = EngineArgs.create_engine_config
     if getattr(original, _PATCH_MARK, False):
         return
@@ -58,13 +66,6 @@ def install() -> None:
 
 def check_at_config_time(vllm_config: Any) -> None:
     """For ``manifest_cache``: options, start checks, the pin for the workers, the relay, the record."""
-    from ckptpub.serving import model_folder
-
-    from . import LOAD_FORMAT, served
-    from .errors import refusals_logged
-    from .loader import ManifestCacheLoader
-    from .startup import check_before_start
-
     load_config = vllm_config.load_config
     if load_config.load_format != LOAD_FORMAT:
         return
@@ -116,37 +117,3 @@ def _relay_refusals_from_workers() -> None:
 def _remove(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
-
-
-def relay(error: RefusedError) -> None:
-    """In an engine process: hand ``error`` to the process that started the engine, if it asked."""
-    path = os.environ.get(REFUSAL_FILE_ENV)
-    if not path:
-        return
-    line = json.dumps({"message": str(error)}) + "\n"
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            os.write(fd, line.encode("utf-8", "backslashreplace"))
-        finally:
-            os.close(fd)
-
-
-def relayed_refusal() -> RefusedError | None:
-    """The first refusal an engine process relayed since this engine started, if any."""
-    path = os.environ.get(REFUSAL_FILE_ENV)
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_RELAY_BYTES)
-    except OSError:
-        return None
-    for raw in data.splitlines():
-        try:
-            entry = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and isinstance(entry.get("message"), str):
-            return RefusedError.relayed(entry["message"])
-    return None

@@ -10,7 +10,8 @@ an adapter ends there, in the worker:
 vLLM path                                   how the worker gets to ``_load_adapter``
 ==========================================  =================================================
 ``LLM.generate(..., lora_request=...)``     the engine core's admission check
-                                            (``adapter_gate``), before the request is scheduled
+                                            (``engine_core.adapter_gate``), before the
+                                            request is scheduled
 ``--lora-modules`` at server start,         ``add_lora`` (a failure fails that call: the
 ``POST /v1/load_lora_adapter``,             server does not start, the endpoint answers 500,
 LoRA resolver plugins, ``add_lora()``       ``add_lora()`` raises), each with the refusal's line
@@ -57,12 +58,12 @@ from ckptpub.errors import CkptpubError
 from ckptpub.integration import base_of, layout_in_memory
 from ckptpub.serving import FileMismatchError, RefusedError, read_published, read_weights_file
 
+from ..shared.log import logger
+from ..shared.options import Options
+from ..shared.refusals import refusals_logged
+from ..shared.startup import checked_manifest
 from . import adapter_reads
 from .adapter_reads import CONFIG_FILE, WEIGHTS_FILE, VerifiedAdapter, served_from_memory
-from .errors import refusals_logged
-from .log import logger
-from .options import Options
-from .startup import checked_manifest
 from .verify_stream import TensorVerifier, torch_dtype
 
 PICKLED_WEIGHTS = ("adapter_model.bin", "adapter_model.pt")

@@ -16,20 +16,23 @@ the line). Events and their fields (every report also has ``pid``):
   manifest this daemon read, once; its key and its load both use that object.
 * ``verified``: ``folder``, ``identity``, ``tensors``, ``total``, ``ranks``: every tensor
   loaded matched it; this process hashed ``tensors`` of the identity's ``total``, the
-  rest hashed by the other ranks of its node (``ranks`` in all, ``node_share``) that
+  rest hashed by the other ranks of its node (``ranks`` in all, ``worker.node_share``) that
   agreed on the outcome.
 * ``waiting``: ``identity``, ``socket``: loaded and warmed up; another daemon holds
   the socket path, and this one takes it over when that one hands it over.
 * ``serving``: ``identity``, ``socket``: this daemon holds the socket path's lock.
 * ``client``: ``client_pid``, ``client_start``: an engine process was handed the
-  weights (``client_start``: its start time in clock ticks, to tell a reused pid).
+  weights (``client_start``: its start time in clock ticks, :func:`start_ticks`, to
+  tell a reused pid).
 * ``released``: ``client_pid``: an engine in ``copy`` mode no longer needs them.
 * ``handed-over``: ``socket``: this daemon stopped serving its socket path and keeps
   its weights only for the engines that mapped them.
 
 ``identity`` in ``waiting`` and ``serving`` is the ``checkpoint`` field of the key
 the daemon compares engines' keys with, read from vLLM's daemon object itself.
-Nothing here imports vLLM.
+The two requests ckptpub's daemon wrapper answers (``daemon.serving``) are named and
+framed here too, for the engine that asks one (``worker.loader``) and the supervisor
+that sends the other (``preload.daemon_process``). Nothing here imports vLLM.
 """
 
 from __future__ import annotations
@@ -94,3 +97,23 @@ def parse(line: str) -> dict[str, Any] | None:
     if not isinstance(data, dict) or not isinstance(data.get("event"), str):
         return None
     return data
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks since boot) of ``pid``, ``None`` if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    fields = data[data.rfind(")") + 2 :].split()
+    try:
+        return fields[0], int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """``pid``'s start time in clock ticks since boot (``client_start``), or None when there is none."""
+    info = proc_stat(pid)
+    return info[1] if info is not None else None

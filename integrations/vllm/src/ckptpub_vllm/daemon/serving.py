@@ -38,9 +38,18 @@ from typing import Any
 
 from ckptpub.integration import PRELOAD_TAKEOVER_ENV, env_flag
 
-from . import daemon_reports
-from .daemon_reports import CLIENT, HAND_OVER_COMMAND, HANDED_OVER, HELD_COMMAND, RELEASED, SERVING, WAITING
-from .log import logger
+from ..shared import daemon_reports
+from ..shared.daemon_reports import (
+    CLIENT,
+    HAND_OVER_COMMAND,
+    HANDED_OVER,
+    HELD_COMMAND,
+    RELEASED,
+    SERVING,
+    WAITING,
+    start_ticks,
+)
+from ..shared.log import logger
 
 #: How often a daemon waiting to take over a socket path tries its lock again.
 LOCK_RETRY_S = 0.1
@@ -189,7 +198,7 @@ def install() -> None:
         handle_get_state(self, conn, request)
         pid = peer_pid(conn) if served else None
         if pid is not None:
-            daemon_reports.report(CLIENT, client_pid=pid, client_start=_start_ticks(pid))
+            daemon_reports.report(CLIENT, client_pid=pid, client_start=start_ticks(pid))
 
     def _handle_release(self: Any, conn: Any) -> None:
         handle_release(self, conn)
@@ -200,13 +209,6 @@ def install() -> None:
     cls._handle_get_state = _handle_get_state
     cls._handle_release = _handle_release
     setattr(cls, _PATCHED, True)
-
-
-def _start_ticks(pid: int) -> int | None:
-    from .preload.daemon_process import proc_stat
-
-    info = proc_stat(pid)
-    return info[1] if info is not None else None
 
 
 def keep_weights_for_mapped_engines(handed: HandOver) -> None:

@@ -9,7 +9,7 @@ without ``ckptpub.json`` is refused unless ``require_manifest`` is set to false.
 Environment: ``CKPTPUB_REQUIRE_MANIFEST=1`` also fails closed in processes that never
 see this extra config: plain ``ipc_cache`` engines and ``vllm preload`` daemons.
 
-The ``adapter_*`` options apply to the LoRA adapters the engine serves (``adapters``).
+The ``adapter_*`` options apply to the LoRA adapters the engine serves (``worker.adapters``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from typing import Any
 from ckptpub import CkptpubError
 from ckptpub.integration import REQUIRE_MANIFEST_ENV, check_identity, env_flag
 from ckptpub.signing import TrustedKey
+
+#: The ``--load-format`` name this plugin registers (``worker.loader``) and every layer checks for.
+LOAD_FORMAT = "manifest_cache"
 
 
 def require_manifest_from_env() -> bool:
@@ -53,7 +56,7 @@ class Options:
     sorted pairs), an expected identity per adapter, matched by the adapter's name
     and by its folder; checked like ``expect_identity``.
     ``share_hashing``: when several ranks of one node load the model, each hashes a
-    share of the tensors (``node_share``); false: every rank hashes every tensor it
+    share of the tensors (``worker.node_share``); false: every rank hashes every tensor it
     reads itself (the ranks still agree on the outcome).
     """
 

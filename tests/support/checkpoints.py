@@ -83,7 +83,7 @@ def write_checkpoint(
 
 #: Manifests of the formats before ``ckptpub/3``, byte for byte as their writers wrote them (the /2 one by
 #: ckptpub 0.1.0 at 45107bd, its last writer): nothing reads them now; each is refused in one line.
-RETIRED = Path(__file__).parent / "vectors" / "retired"
+RETIRED = Path(__file__).parents[1] / "vectors" / "retired"
 
 
 def with_retired_manifest(folder: Path, version: str) -> Path:

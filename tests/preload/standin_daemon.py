@@ -20,7 +20,7 @@ Behaves like the real launcher with the plugin as far as the supervisor can tell
   keeps running; refuses, as the plugin's daemon does, one that names another pid);
 * serves until ``SIGTERM``/``SIGINT``, then exits 0.
 
-It appends what it did to ``STANDIN_RECORD`` (JSON lines: start, ready, handed-over,
+It appends what it did to ``STANDIN_RECORD`` (JSON lines: start, ready, released, handed-over,
 stop, fail), which the tests read. ``STANDIN_FAIL`` (comma-separated identities)
 makes it fail while loading those; ``STANDIN_CRASH_AFTER_S`` makes it exit 9 that
 long after READY (once per identity when ``STANDIN_CRASH_ONCE`` names a marker
@@ -216,6 +216,7 @@ def main() -> int:
             server.close()
             server = None
             os.unlink(path)
+            record("released", identity=identity)  # before the lock goes: ordered before the taker's ready
             os.close(lock_fd)
             lock_fd = None
             time.sleep(float(os.environ.get("STANDIN_HANDED_OVER_DELAY_S", "0")))

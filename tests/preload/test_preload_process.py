@@ -337,8 +337,10 @@ def test_the_new_daemon_takes_the_socket_path_over_while_the_old_one_serves(tmp_
     finally:
         sup.cleanup()
     events = [(r["event"], r.get("identity")) for r in sup.standin()]
-    # b started while a served; a handed over before b took the path; a stopped after b was ready
-    assert events.index(("start", ib)) < events.index(("handed-over", ia)) < events.index(("ready", ib))
+    # b started while a served; a let the path go before b took it (its handed-over report may come
+    # later, as vLLM's does: after the lock is released); a stopped after b was ready
+    assert events.index(("start", ib)) < events.index(("released", ia)) < events.index(("ready", ib))
+    assert ("handed-over", ia) in events
     assert events.index(("ready", ib)) < events.index(("stop", ia))
     assert not [r for r in sup.standin() if r["event"] == "fail"]
     whys = [e["why"] for e in sup.decisions()]

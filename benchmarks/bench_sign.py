@@ -33,8 +33,10 @@ import time
 from pathlib import Path
 
 from bench_hash import build_checkpoint, drop_pages
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+
+# the signing key's one maker lives with the tests (tests/support/signhelpers.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.signhelpers import make_key  # noqa: E402
 
 CHECK = (
     "import sys, time, ckptpub; t0 = time.perf_counter(); from ckptpub import signing; "
@@ -49,22 +51,6 @@ CHECK = (
     "    s = time.perf_counter(); ckptpub.read_manifest(sys.argv[1]); reads.append(time.perf_counter() - s)\n"
     "times.sort(); reads.sort(); print(t1 - t0, times[len(times) // 2], reads[len(reads) // 2])"
 )
-
-
-def make_key(folder: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = folder / "bench-key.pem", folder / "bench-key.pub"
-    private.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    public.write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
-    return private, public
 
 
 READS = """
@@ -151,7 +137,8 @@ def main() -> None:
     args = parser.parse_args()
     folder = args.dir / "checkpoint"
     build_checkpoint(folder, args.gb)
-    private, public = make_key(args.dir)
+    key = make_key(args.dir, "bench-key")
+    private, public = key.private, key.public
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and p.name != "model.sig")
     bin_dir = Path(sys.executable).parent
     commands = {

@@ -23,6 +23,8 @@ import ckptpub_vllm
 import pytest
 import torch
 from ckptpub_vllm import daemon as plugin_daemon
+from ckptpub_vllm.shared import daemon_reports
+from support.vllm_engine_helpers import DAEMON_ARGS, SHIM_ENV
 
 import ckptpub
 
@@ -171,3 +173,39 @@ def test_engine_loader_and_daemon_over_a_real_socket(models, tmp_path, monkeypat
     with pytest.raises(CacheConfigMismatchError, match="checkpoint"):
         loader._request_state(key_re)
     shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+@pytest.mark.slow  # vLLM's own `vllm preload` and its daemon child, behind the CPU shim
+@pytest.mark.parametrize(
+    ("load_format", "extra", "what"),
+    [
+        ("runai_streamer", None, "--load-format runai_streamer"),
+        ("auto", {"enable_multithread_load": True}, "--load-format auto with --model-loader-extra-config"),
+    ],
+    ids=["another loader", "auto with extra config"],
+)
+def test_a_daemon_keyed_by_the_identity_never_loads_through_an_unverifying_loader(
+    models, tmp_path, load_format, extra, what
+):
+    """Issue 32 item 1, a fail-open: such a daemon kept vLLM's own loader while its key was the manifest's
+    identity, so unverified bytes were held, and handed to engines, as the published model.
+
+    vLLM's real daemon (``vllm preload`` through ckptpub's launcher; only CUDA IPC and the device
+    simulated, ``tests/daemon_sim``) refuses in one line before it loads or keys anything.
+    """
+    command = [sys.executable, "-m", "ckptpub_vllm.preload.vllm_launcher", "preload", "--model", models["v1"]]
+    command += ["--load-format", load_format, *DAEMON_ARGS]
+    if extra is not None:
+        command += ["--model-loader-extra-config", json.dumps(extra)]
+    env = {**os.environ, **SHIM_ENV, "TMPDIR": str(tmp_path)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output[-3000:]
+    refusal = (
+        f"ckptpub: refusing to serve {models['v1']}: a weight-cache daemon keyed by its manifest's identity "
+        f"loads only through a verifying loader, and {what} does not verify; start it with --load-format "
+        "manifest_cache (its options in --model-loader-extra-config)"
+    )
+    assert [line for line in output.splitlines() if line.endswith(refusal)], output[-3000:]
+    reports = [daemon_reports.parse(line) for line in output.splitlines()]
+    assert not [r for r in reports if r is not None], output[-3000:]  # neither keyed nor loaded

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ckptpub
-from ckptpub.serving import model_folder
+from ckptpub.serving import RefusedError, model_folder
 
 from ..shared import daemon_reports, key
 from ..shared.key import checked, folder_of, has_manifest, read_folder_manifest
@@ -78,16 +78,34 @@ def _vllm_run_daemon() -> Callable[..., None]:
 
 
 def _upgrade_load_format(vllm_config: Any, folder: str) -> None:
+    """A daemon of a folder with a manifest loads through ``manifest_cache``, or refuses to start.
+
+    Its key is the manifest's identity (``shared.key``), so the weights it holds must be
+    verified to be the identity's: a plain disk format (``auto``, ``safetensors``, ``hf``)
+    with no extra config is switched to ``manifest_cache``, whose load verifies every
+    tensor. Any other format (``runai_streamer``, ``tensorizer``, ...), or a plain one with
+    ``--model-loader-extra-config`` (options for vLLM's own loader, which ``manifest_cache``
+    does not take), would load unverified bytes under the published identity: refused in
+    one line (fail closed), before anything is loaded.
+    """
     load_config = vllm_config.load_config
-    if (
-        load_config.load_format in _PLAIN_FORMATS
-        and not load_config.model_loader_extra_config
-        and has_manifest(folder)
-    ):
+    requested = str(load_config.load_format)
+    if requested == LOAD_FORMAT or not has_manifest(folder):
+        return
+    extra = load_config.model_loader_extra_config
+    if requested in _PLAIN_FORMATS and not extra:
         logger.info(
             "ckptpub: weight-cache daemon loads %s with --load-format %s (verified)", folder, LOAD_FORMAT
         )
         load_config.load_format = LOAD_FORMAT
+        return
+    what = f"--load-format {requested}" + (" with --model-loader-extra-config" if extra else "")
+    raise RefusedError(
+        folder,
+        f"a weight-cache daemon keyed by its manifest's identity loads only through a verifying loader, "
+        f"and {what} does not verify",
+        hint=f"start it with --load-format {LOAD_FORMAT} (its options in --model-loader-extra-config)",
+    )
 
 
 def _daemon_model(

@@ -2,7 +2,8 @@
 
 Each case is a real supervisor process: checked before the first daemon (a daemon command
 that does not exist, an adapter given as the model, a model published in a format from
-before ``ckptpub/3`` settled, and, asked of vLLM by the default command's probe, a vLLM
+before ``ckptpub/3`` settled, arguments with which a daemon would load unverified bytes,
+and, asked of vLLM by the default command's probe, a vLLM
 that cannot be imported and a platform without CUDA IPC, the CPU build without the test
 shim), and read from a daemon that exited (a module it cannot import). A transient
 failure, for contrast, backs off (``test_preload_process.py``).
@@ -59,6 +60,32 @@ def test_an_adapter_given_as_the_model(tmp_path):
     make_adapter(adapter, base, base_identity)
     sup = SupervisorProc(tmp_path, [str(adapter)])
     assert_one_line_exit_2(*run_to_exit(sup), "is an adapter", f"preload its base {base_identity}")
+
+
+@pytest.mark.parametrize(
+    ("passthrough", "what"),
+    [
+        (["--load-format", "runai_streamer"], "--load-format runai_streamer"),
+        (["--load_format=tensorizer"], "--load-format tensorizer"),
+        (
+            ["--model-loader-extra-config", '{"enable_multithread_load": true}'],
+            "--load-format auto with --model-loader-extra-config",
+        ),
+    ],
+    ids=["another loader", "underscore spelling", "auto with extra config"],
+)
+def test_daemon_arguments_that_would_load_unverified_bytes(tmp_path, passthrough, what):
+    """Issue 32 item 1: a daemon keyed by the manifest's identity refuses such a load on every retry
+    (tests/vllm/test_daemon.py), so the supervisor refuses the arguments before its first daemon."""
+    model = tmp_path / "model"
+    make_checkpoint(model)
+    sup = SupervisorProc(tmp_path, [str(model)], passthrough=passthrough)
+    assert_one_line_exit_2(
+        *run_to_exit(sup),
+        f"loads only through a verifying loader, and {what} does not verify; pass --load-format "
+        "manifest_cache",
+    )
+    assert not (sup.state_dir / "logs").exists()  # no daemon was started
 
 
 @pytest.mark.parametrize("version", ["ckptpub/1", "ckptpub/2"])

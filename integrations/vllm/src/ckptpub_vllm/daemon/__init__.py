@@ -31,14 +31,13 @@ from ckptpub.serving import RefusedError, model_folder
 from ..shared import daemon_reports, key
 from ..shared.key import checked, folder_of, has_manifest, read_folder_manifest
 from ..shared.log import logger
-from ..shared.options import LOAD_FORMAT, split_extra_config
+from ..shared.options import LOAD_FORMAT, split_extra_config, unverified_daemon_load
 from ..shared.refusals import refusals_logged
 from ..shared.startup import check_before_start
 from ..worker import loader
 from . import serving
 
 _ORIGINAL = "_ckptpub_original_run_daemon"
-_PLAIN_FORMATS = ("auto", "safetensors", "hf")
 
 
 def _daemon_module() -> Any:  # a module of vLLM, which is untyped for mypy here
@@ -83,27 +82,25 @@ def _upgrade_load_format(vllm_config: Any, folder: str) -> None:
     Its key is the manifest's identity (``shared.key``), so the weights it holds must be
     verified to be the identity's: a plain disk format (``auto``, ``safetensors``, ``hf``)
     with no extra config is switched to ``manifest_cache``, whose load verifies every
-    tensor. Any other format (``runai_streamer``, ``tensorizer``, ...), or a plain one with
-    ``--model-loader-extra-config`` (options for vLLM's own loader, which ``manifest_cache``
-    does not take), would load unverified bytes under the published identity: refused in
-    one line (fail closed), before anything is loaded.
+    tensor; any other format, or extra config for vLLM's own loader, would load
+    unverified bytes under the published identity (``shared.options.unverified_daemon_load``):
+    refused in one line (fail closed), before anything is keyed or loaded.
     """
     load_config = vllm_config.load_config
     requested = str(load_config.load_format)
     if requested == LOAD_FORMAT or not has_manifest(folder):
         return
-    extra = load_config.model_loader_extra_config
-    if requested in _PLAIN_FORMATS and not extra:
+    unverified = unverified_daemon_load(requested, load_config.model_loader_extra_config)
+    if unverified is None:
         logger.info(
             "ckptpub: weight-cache daemon loads %s with --load-format %s (verified)", folder, LOAD_FORMAT
         )
         load_config.load_format = LOAD_FORMAT
         return
-    what = f"--load-format {requested}" + (" with --model-loader-extra-config" if extra else "")
     raise RefusedError(
         folder,
         f"a weight-cache daemon keyed by its manifest's identity loads only through a verifying loader, "
-        f"and {what} does not verify",
+        f"and {unverified} does not verify",
         hint=f"start it with --load-format {LOAD_FORMAT} (its options in --model-loader-extra-config)",
     )
 

@@ -220,6 +220,7 @@ def _supervise(args: PreloadArguments) -> int:
     ):
         raise UsageError("pass the socket directory as --socket-dir (before '--'), not to vllm preload")
     start_checks.check_daemon_command(args.daemon_cmd, args.extra, socket_dir)
+    start_checks.check_daemon_loads_verified(args.extra)
     start_checks.probe_vllm(args.daemon_cmd, socket_dir)
     config = Config(
         model_dir=os.path.abspath(args.model_dir) if args.model_dir else None,

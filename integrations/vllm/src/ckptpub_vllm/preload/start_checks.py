@@ -8,6 +8,9 @@ before the loop starts (exit 2, one line):
   only with ``--socket-dir``) and its program exists and is executable;
 * the target is a model, not an adapter (a PEFT adapter is applied by engines on a
   base; the daemon holds bases);
+* the daemon's arguments load through a verifying loader (``--load-format
+  manifest_cache``, or a plain format it is switched to): a daemon keyed by a manifest's
+  identity refuses any other, on every retry (``shared.options.unverified_daemon_load``);
 * for the default daemon command, vLLM itself is asked, in a process like a
   daemon's (:mod:`.vllm_probe`): its weight cache imports, the platform can share
   weights with engines, the socket paths fit the AF_UNIX limit.
@@ -17,6 +20,7 @@ What only shows when a daemon runs is classified when it exits (:mod:`.failures`
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -27,6 +31,7 @@ import ckptpub
 from ckptpub.cli import UsageError
 from ckptpub.integration import base_of, is_adapter
 
+from ..shared.options import LOAD_FORMAT, unverified_daemon_load
 from .daemon_process import DEFAULT_COMMAND, build_argv
 
 #: The probe imports torch and vLLM: tens of seconds on a slow machine, never minutes.
@@ -43,6 +48,37 @@ def check_daemon_command(template: str, extra: list[str], socket_dir: str | None
         raise UsageError(str(error)) from None
     if shutil.which(argv[0]) is None:
         raise UsageError(f"--daemon-cmd: {argv[0]!r} is not a command that can be run here")
+
+
+def check_daemon_loads_verified(extra: list[str]) -> None:
+    """Refuse arguments for ``vllm preload`` with which its daemon would load unverified bytes.
+
+    Read as vLLM reads them (``--load-format X`` or ``--load-format=X``, underscores for
+    dashes); an extra config that is not JSON is left for vLLM to refuse.
+    """
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--load-format", default="auto")
+    parser.add_argument("--model-loader-extra-config")
+    known, _ = parser.parse_known_args([_dashed(argument) for argument in extra])
+    try:
+        extra_config = json.loads(known.model_loader_extra_config or "null")
+    except ValueError:
+        extra_config = known.model_loader_extra_config
+    unverified = unverified_daemon_load(known.load_format, extra_config)
+    if unverified is not None:
+        raise UsageError(
+            f"a weight-cache daemon keyed by a manifest's identity loads only through a verifying loader, "
+            f"and {unverified} does not verify; pass --load-format {LOAD_FORMAT} (its options in "
+            "--model-loader-extra-config)"
+        )
+
+
+def _dashed(argument: str) -> str:
+    """``--load_format=x`` as ``--load-format=x``: vLLM's parser takes either spelling of a flag."""
+    if not argument.startswith("--"):
+        return argument
+    flag, equals, value = argument.partition("=")
+    return flag.replace("_", "-") + equals + value
 
 
 def check_is_a_model(folder: str, manifest: ckptpub.Manifest) -> None:

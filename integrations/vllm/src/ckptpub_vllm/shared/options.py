@@ -24,6 +24,23 @@ from ckptpub.signing import TrustedKey
 
 #: The ``--load-format`` name this plugin registers (``worker.loader``) and every layer checks for.
 LOAD_FORMAT = "manifest_cache"
+#: Disk formats a weight-cache daemon of a published folder loads through ``manifest_cache`` instead.
+PLAIN_FORMATS = ("auto", "safetensors", "hf")
+
+
+def unverified_daemon_load(load_format: str, extra_config: object) -> str | None:
+    """How a daemon of a published folder would load unverified bytes, in words; None when it would not.
+
+    Its key is the manifest's identity, so what it holds must be verified to be the
+    identity's: ``manifest_cache`` verifies, and a plain format without extra config is
+    switched to it (``daemon``). Any other format, or a plain one with
+    ``--model-loader-extra-config`` (options of vLLM's own loader, which ``manifest_cache``
+    does not take), would not verify: the daemon refuses it, and ``ckptpub preload``
+    refuses such arguments before its first daemon (the one rule for both).
+    """
+    if load_format == LOAD_FORMAT or (load_format in PLAIN_FORMATS and not extra_config):
+        return None
+    return f"--load-format {load_format}" + (" with --model-loader-extra-config" if extra_config else "")
 
 
 def require_manifest_from_env() -> bool:

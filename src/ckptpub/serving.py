@@ -31,7 +31,6 @@ its own. Nothing here imports torch or an engine.
 """
 
 from ._serving.engine_files import (
-    TEMPLATES_FOLDER,
     FileMismatchError,
     check_engine_files,
     check_shards_are_files,
@@ -54,7 +53,6 @@ from ._serving.trust import (
 
 __all__ = [
     "INLINE_HASH_BYTES",
-    "TEMPLATES_FOLDER",
     "FileMismatchError",
     "Policy",
     "RefusedError",

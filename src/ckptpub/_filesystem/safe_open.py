@@ -32,6 +32,9 @@ from .._format.names import MANIFEST_NAME, is_ckptpub_file
 from ..errors import CkptpubError
 from .hub_cache import is_cached_blob
 
+#: Which file a folder scan saw: ``(st_dev, st_ino)``, or an object's ``(etag, size)`` (``scan.FolderEntry``).
+FileId = tuple[int | str, int | str]
+
 #: Flags for reading a file of an untrusted folder.
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -50,7 +53,7 @@ class OpenError(CkptpubError):
 
 
 def open_regular(
-    path: str, display_name: str, expect: tuple[int, int] | None = None, flags: int = READ_FLAGS
+    path: str, display_name: str, expect: FileId | None = None, flags: int = READ_FLAGS
 ) -> tuple[int, os.stat_result]:
     """Open ``path`` (for reading, unless ``flags`` say otherwise); return the descriptor and its ``fstat``.
 
@@ -103,7 +106,7 @@ def read_bounded(
     path: str,
     limit: int,
     display_name: str,
-    expect: tuple[int, int] | None = None,
+    expect: FileId | None = None,
     *,
     limit_name: str = "limit for this file",
     follow_symlinks: bool = False,

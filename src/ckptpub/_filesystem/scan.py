@@ -19,24 +19,30 @@ from typing import NamedTuple
 
 from .._format.names import NOT_CONTENT, is_temp_name
 from ..errors import CkptpubError
-from .safe_open import resolve_inside
+from .objects import ObjectUrl, is_object_url, list_objects
+from .safe_open import FileId, resolve_inside
 
 #: A folder with more files than this is refused rather than scanned without end.
 MAX_FILES = 200_000
 
 
 class FolderEntry(NamedTuple):
-    """A file that counts: its '/'-separated path in the folder, where to open it, and its stat."""
+    """A file that counts: its '/'-separated path in the folder, where to open it, and its stat.
+
+    An object below an ``s3://`` prefix is an entry too: ``real_path`` is its URL and
+    ``signature`` its ``(etag, size)``.
+    """
 
     path: str
     real_path: str
     size: int
     mode: int
-    signature: tuple[int, ...]
+    signature: tuple[int | str, ...]
 
     @property
-    def file_id(self) -> tuple[int, int]:
-        """``(st_dev, st_ino)``: which file the scan saw, for ``safe_open`` to check it opens that one."""
+    def file_id(self) -> FileId:
+        """``(st_dev, st_ino)``, or an object's ``(etag, size)``: which file the scan saw, for the reader
+        to check it reads that one."""
         return self.signature[0], self.signature[1]
 
 
@@ -56,9 +62,20 @@ def as_path(value: object, what: str) -> str:
     return path
 
 
+def absolute_location(path: str) -> str:
+    """``path`` as a command shows it: a folder's absolute path; an ``s3://`` URL as given."""
+    return path if is_object_url(path) else os.path.abspath(path)
+
+
 def resolve_folder(folder: str | os.PathLike[str]) -> str:
-    """The folder's real absolute path; refuse anything that is not a directory."""
+    """The folder's real absolute path; refuse anything that is not a directory.
+
+    An ``s3://`` prefix is returned in its normal form (no trailing slash); whether it
+    holds anything is the listing's answer.
+    """
     path = as_path(folder, "folder")
+    if is_object_url(path):
+        return str(ObjectUrl.parse(path))
     try:
         info = os.stat(path)
     except OSError as error:
@@ -69,7 +86,9 @@ def resolve_folder(folder: str | os.PathLike[str]) -> str:
 
 
 def scan_folder(root: str) -> list[FolderEntry]:
-    """All files that count in the real folder ``root``, sorted by path."""
+    """All files that count in the real folder (or ``s3://`` prefix) ``root``, sorted by path."""
+    if is_object_url(root):
+        return _scan_objects(ObjectUrl.parse(root))
     entries: list[FolderEntry] = []
     pending = [("", os.fsencode(root))]
     while pending:
@@ -103,12 +122,34 @@ def signature(info: os.stat_result) -> tuple[int, ...]:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
-def restat(entry: FolderEntry) -> tuple[int, ...] | None:
-    """The entry's signature now, or None if it is gone."""
-    try:
-        return signature(os.lstat(entry.real_path))
-    except OSError:
-        return None
+def first_changed(root: str, entries: list[FolderEntry]) -> FolderEntry | None:
+    """The first of ``entries`` that is no longer the file (or object) the scan saw; None if none changed.
+
+    A folder costs an ``lstat`` per file; a prefix one listing, not a request per object.
+    """
+    if is_object_url(root):
+        now = {entry.path: entry.signature for entry in _scan_objects(ObjectUrl.parse(root))}
+        return next((entry for entry in entries if now.get(entry.path) != entry.signature), None)
+    for entry in entries:
+        try:
+            if signature(os.lstat(entry.real_path)) != entry.signature:
+                return entry
+        except OSError:
+            return entry
+    return None
+
+
+def _scan_objects(prefix: ObjectUrl) -> list[FolderEntry]:
+    """The objects that count below ``prefix``, by the rules a folder's files count (names, ckptpub's own)."""
+    entries = []
+    for item in list_objects(prefix):
+        if "/" not in item.path and (item.path in NOT_CONTENT or is_temp_name(item.path)):
+            continue
+        check_name(item.path)
+        url = str(prefix.child(item.path))
+        entries.append(FolderEntry(item.path, url, item.size, 0o644, (item.etag, item.size)))
+    entries.sort(key=lambda e: e.path)
+    return entries
 
 
 def _decode_name(prefix: str, name: bytes) -> str:
@@ -118,9 +159,14 @@ def _decode_name(prefix: str, name: bytes) -> str:
     except UnicodeDecodeError:
         shown = prefix + name.decode("utf-8", "backslashreplace")
         raise CkptpubError(f"{shown!r}: file name is not valid UTF-8") from None
-    if "\\" in text or "\n" in text:
-        raise CkptpubError(f"{prefix + text!r}: file names with backslashes or newlines are not supported")
-    return text
+    return check_name(prefix + text)[len(prefix) :]
+
+
+def check_name(path: str) -> str:
+    """``path`` when a manifest can record it: no backslash or newline in it."""
+    if "\\" in path or "\n" in path:
+        raise CkptpubError(f"{path!r}: file names with backslashes or newlines are not supported")
+    return path
 
 
 def _file_entry(root: str, relative: str, child: os.DirEntry[bytes]) -> FolderEntry:

@@ -46,6 +46,7 @@ from typing import Any
 
 import blake3
 
+from .._filesystem.objects import is_object_url
 from .._format.digest import DIGEST_PREFIX
 from .._settings import seconds
 from ..errors import CkptpubError
@@ -131,10 +132,16 @@ def files_of(spans: Sequence[Span]) -> list[tuple[int, int]]:
 
 
 def plan_fingerprint(spans: Sequence[Span]) -> bytes:
-    """BLAKE3 of the span names and ranges: equal on ranks that see the same folder (paths may differ)."""
+    """BLAKE3 of the span names and ranges: equal on ranks that see the same folder (paths may differ).
+
+    An object's span adds the ETag its rank's listing saw: ranks that listed different
+    versions of an ``s3://`` prefix (or reached different stores under one URL) see
+    different checkpoints, and are refused as such.
+    """
     hasher = blake3.blake3()
     for span in spans:
-        hasher.update(f"{span.label}\0{span.start}\0{span.end}\n".encode("utf-8", "surrogateescape"))
+        listed = f"\0{span.expect[0]}" if span.expect is not None and is_object_url(span.path) else ""
+        hasher.update(f"{span.label}\0{span.start}\0{span.end}{listed}\n".encode("utf-8", "surrogateescape"))
     return hasher.digest()
 
 

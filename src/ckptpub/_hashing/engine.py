@@ -45,7 +45,9 @@ from typing import NamedTuple, Protocol, TypeVar
 
 import blake3
 
-from .._filesystem.safe_open import open_regular
+from .._filesystem.objects import READ_THREADS, is_object_url
+from .._filesystem.safe_open import FileId
+from .._filesystem.sources import LocalFile, Source, open_source
 from .._format.digest import DIGEST_PREFIX
 from ..errors import CkptpubError
 
@@ -65,17 +67,17 @@ CACHED_BYTES = 512 << 10  # what a core's cache holds while two hashers take it 
 class Span(NamedTuple):
     """Bytes ``[start, end)`` of the file at ``path``, shown as ``name`` (and ``tensor``) in errors.
 
-    ``expect``, when set, is the ``(st_dev, st_ino)`` the folder scan saw: the file
-    opened must be that one (see ``safe_open``). ``tensor`` names the tensor whose
-    bytes these are; kept apart from ``name`` so 100k tensor spans share their
-    file's name instead of each formatting its own label.
+    ``expect``, when set, is which file the folder scan saw (``(st_dev, st_ino)``, or an
+    object's ``(etag, size)``): the file read must be that one (see ``sources``).
+    ``tensor`` names the tensor whose bytes these are; kept apart from ``name`` so 100k
+    tensor spans share their file's name instead of each formatting its own label.
     """
 
     path: str
     start: int
     end: int
     name: str
-    expect: tuple[int, int] | None = None
+    expect: FileId | None = None
     tensor: str | None = None
 
     @property
@@ -91,7 +93,7 @@ class Span(NamedTuple):
 def tensor_spans(
     path: str,
     name: str,
-    expect: tuple[int, int] | None,
+    expect: FileId | None,
     data_start: int,
     tensors: tuple[Iterable[str], Iterable[int], Iterable[int]],
 ) -> Iterator[Span]:
@@ -107,8 +109,11 @@ def tensor_spans(
     return map(tuple.__new__, repeat(Span), rows)  # Span._make, without a call per span
 
 
-def default_threads() -> int:
-    """One worker per CPU this process may run on."""
+def default_threads(spans: Sequence[Span] = ()) -> int:
+    """One worker per CPU this process may run on; for objects (``s3://``), ``READ_THREADS``: their
+    workers mostly wait for the store, so more requests in flight is what makes them fast."""
+    if spans and is_object_url(spans[0].path):
+        return READ_THREADS
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
@@ -132,7 +137,7 @@ def hash_spans(
     total = sum(item.size for item in items)
     report = _progress_reporter(total, on_progress)
     digests: list[str] = [""] * len(spans)
-    workers = min(threads or default_threads(), max(1, len(items)))
+    workers = min(threads or default_threads(spans), max(1, len(items)))
     # Largest first, so the last items to finish are short ones and no core idles long.
     items.sort(key=attrgetter("size"), reverse=True)
     split_above = max(SPLIT_MIN_BYTES, total // (2 * workers))
@@ -244,7 +249,7 @@ def _hash_whole_files(
 
     largest_first = sorted(range(len(groups)), key=lambda g: spans[groups[g][1] - 1].end, reverse=True)
     with _Files(use_mmap) as files:
-        _run_parallel(largest_first, hash_file, min(threads or default_threads(), max(1, len(groups))))
+        _run_parallel(largest_first, hash_file, min(threads or default_threads(spans), max(1, len(groups))))
     return whole_digests
 
 
@@ -388,33 +393,37 @@ def _hash_span(
 
 
 class _Files:
-    """Open files (and their maps) shared by all workers, closed together at the end."""
+    """Open files (and their maps) shared by all workers, closed together at the end.
+
+    A file below an ``s3://`` prefix is an object read by ranged GETs (``sources``):
+    never mapped, always read into the worker's buffer.
+    """
 
     def __init__(self, use_mmap: bool) -> None:
         self._use_mmap = use_mmap
         self._lock = threading.Lock()
-        self._open: dict[str, tuple[int, int, mmap.mmap | None]] = {}
+        self._open: dict[str, tuple[Source, mmap.mmap | None]] = {}
         self._buffers: dict[int, bytearray] = {}  # one read buffer per thread (by thread id)
 
     def __enter__(self) -> _Files:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        for fd, _, mapping in self._open.values():
+        for source, mapping in self._open.values():
             if mapping is not None:
                 with contextlib.suppress(BufferError):  # a worker that failed may still hold a view
                     mapping.close()
-            os.close(fd)
+            source.close()
         self._open.clear()
 
     def size(self, span: Span) -> int:
-        """The size of the span's file, as ``fstat`` saw it when it was opened."""
-        return self._get(span)[1]
+        """The size of the span's file, as ``fstat`` (or the listing) saw it when it was opened."""
+        return self._get(span)[0].size
 
     def pieces(self, span: Span) -> Iterator[memoryview | bytes]:
         """The span's bytes, in pieces of at most ``CHUNK_BYTES`` (mapped) or ``READ_BUFFER_BYTES`` (read)."""
-        fd, size, mapping = self._get(span)
-        _check_within(span.label, size, span.end)
+        source, mapping = self._get(span)
+        _check_within(span.label, source.size, span.end)
         if mapping is not None:
             view = memoryview(mapping)
             try:
@@ -428,7 +437,7 @@ class _Files:
         while offset < span.end:
             want = min(READ_BUFFER_BYTES, span.end - offset)
             view = memoryview(buffer)[:want]
-            got = _pread_into(fd, view, offset, span.label)
+            got = source.read_into(view, offset)
             yield view[:got]
             offset += got
 
@@ -436,44 +445,43 @@ class _Files:
     def block(self, item: _WorkItem, spans: Sequence[Span]) -> Iterator[memoryview]:
         """The bytes ``[item.start, item.end)`` of the item's file (at most ``BATCH_BYTES``) in one view."""
         first = spans[item.first]
-        fd, size, mapping = self._get(first)
-        if item.end > size:  # the file shrank since it was measured: name the first span it cut
-            short = next(span for span in spans[item.first : item.last] if span.end > size)
-            _check_within(short.label, size, short.end)
+        source, mapping = self._get(first)
+        if item.end > source.size:  # the file shrank since it was measured: name the first span it cut
+            short = next(span for span in spans[item.first : item.last] if span.end > source.size)
+            _check_within(short.label, source.size, short.end)
         if mapping is not None:
             view = memoryview(mapping)[item.start : item.end]
         else:
             view = memoryview(self._buffer())[: item.end - item.start]
             filled = 0
             while filled < len(view):
-                filled += _pread_into(fd, view[filled:], item.start + filled, first.name)
+                filled += source.read_into(view[filled:], item.start + filled)
         try:
             yield view
         finally:
             view.release()
 
-    def _get(self, span: Span) -> tuple[int, int, mmap.mmap | None]:
+    def _get(self, span: Span) -> tuple[Source, mmap.mmap | None]:
         with self._lock:
             entry = self._open.get(span.path)
             if entry is None:
                 entry = self._open[span.path] = self._open_file(span)
             return entry
 
-    def _open_file(self, span: Span) -> tuple[int, int, mmap.mmap | None]:
-        fd, info = open_regular(span.path, span.name, span.expect)
+    def _open_file(self, span: Span) -> tuple[Source, mmap.mmap | None]:
+        source = open_source(span.path, span.name, span.expect)
+        if not (self._use_mmap and isinstance(source, LocalFile) and source.size > 0):
+            return source, None
         try:
-            size = info.st_size
-            mapping = None
-            if self._use_mmap and size > 0:
-                mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-                if hasattr(mapping, "madvise"):
-                    mapping.madvise(mmap.MADV_SEQUENTIAL)
+            mapping = mmap.mmap(source.fd, 0, access=mmap.ACCESS_READ)
+            if hasattr(mapping, "madvise"):
+                mapping.madvise(mmap.MADV_SEQUENTIAL)
         except (OSError, ValueError) as error:
-            os.close(fd)
+            source.close()
             raise CkptpubError(
                 f"{span.name}: cannot map: {getattr(error, 'strerror', None) or error}"
             ) from None
-        return fd, size, mapping
+        return source, mapping
 
     def _buffer(self) -> bytearray:
         thread = threading.get_ident()
@@ -488,13 +496,3 @@ def _check_within(name: str, size: int, end: int) -> None:
     """Refuse to hash up to ``end`` in a file of ``size`` bytes (it shrank since it was measured)."""
     if end > size:
         raise CkptpubError(f"{name}: file is {size} bytes, shorter than expected ({end})")
-
-
-def _pread_into(fd: int, view: memoryview, offset: int, name: str) -> int:
-    try:
-        got = os.preadv(fd, [view], offset)
-    except OSError as error:
-        raise CkptpubError(f"{name}: read failed: {error.strerror or error}") from None
-    if got == 0:
-        raise CkptpubError(f"{name}: file shrank while it was being hashed")
-    return got

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import blake3
 
+from .._filesystem.objects import is_object_url
 from ..errors import CkptpubError
 
 #: A collective every rank calls with a row of one agreed length; it returns every rank's row in rank order.
@@ -166,6 +167,9 @@ def storage_fingerprint(paths: Iterable[str], *, one_page_cache: bool) -> bytes:
         except OSError:  # no proof that two ranks share a page cache, so none shares work
             hasher.update(os.urandom(FINGERPRINT_BYTES))
     for path in paths:
+        if is_object_url(path):  # one store's object (which version: ``plan_fingerprint``)
+            hasher.update(f"object {path}\n".encode("utf-8", "surrogateescape"))
+            continue
         try:
             info = os.stat(path)
         except OSError:

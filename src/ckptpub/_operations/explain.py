@@ -248,6 +248,17 @@ def hub_name(record: object) -> str | None:
     return f"{repo_id}@{revision}"
 
 
+def storage_name(record: object) -> str | None:
+    """``s3://bucket/prefix (N objects)`` of a storage record (``provenance.storage``, written by a
+    publish in object storage), or None for anything else; ``--json`` shows each object's ETag and version."""
+    if not isinstance(record, dict):
+        return None
+    url, objects = record.get("url"), record.get("objects")
+    if not isinstance(url, str) or not isinstance(objects, dict):
+        return None
+    return f"{url} ({len(objects)} objects; their ETags and versions: --json)"
+
+
 def base_hub_of(manifest: Manifest) -> str | None:
     """The recorded base by hub id and commit (``provenance.base_hub``), if there is one."""
     return hub_name(manifest.provenance.get(BASE_HUB_KEY))

@@ -7,6 +7,14 @@ under the folder's write lock (``jsonfiles.folder_lock``), so concurrent publish
 never pair one's manifest with another's signature. The folder's modification time
 is restored afterwards because the Trainer's ``save_total_limit`` rotation orders
 checkpoints by it.
+
+Below an ``s3://`` prefix the manifest is written last with a conditional put
+(``objects.put_object``): only if ``ckptpub.json`` is still what this publish saw
+before it hashed (absent, or the same ETag), so of two publishers the second is
+refused rather than interleaved, and a reader never sees a manifest before the
+objects it lists (they were listed, and hashed, first). Each object's ETag and
+version go into the provenance (``storage``), never into the identity, which is of
+the bytes alone: the same model copied between a bucket and a folder keeps it.
 """
 
 from __future__ import annotations
@@ -22,8 +30,16 @@ from typing import TYPE_CHECKING, Any
 from .._filesystem.hub_cache import HUB_KEY, CachedModel, cached_model, locate
 from .._filesystem.jsonfiles import folder_lock, write_together
 from .._filesystem.model_files import config_digests, is_shard_path, read_layout, weight_files
+from .._filesystem.objects import (
+    ObjectAbsentError,
+    ObjectUrl,
+    is_object_url,
+    object_versions,
+    put_object,
+    stat_object,
+)
 from .._filesystem.read import read_manifest
-from .._filesystem.scan import FolderEntry, as_path, resolve_folder, restat, scan_folder
+from .._filesystem.scan import FolderEntry, as_path, first_changed, resolve_folder, scan_folder
 from .._format.canonical import canonical_json
 from .._format.digest import DIGEST_PREFIX
 from .._format.manifest import MAX_MANIFEST_BYTES, Manifest, check_identity, identity_of
@@ -47,6 +63,8 @@ MAX_PROVENANCE_DEPTH = 64
 #: Provenance longer than this (as canonical JSON) is refused, for the same reason; it also bounds
 #: the work of checking a value from Python that shares its parts (``[x, x]`` nested 64 deep).
 MAX_PROVENANCE_CHARS = 1 << 20
+#: Provenance key of a manifest published in object storage: the prefix, and each object's ETag and version.
+STORAGE_KEY = "storage"
 
 
 def build_manifest(
@@ -142,18 +160,21 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
             f"or pass --allow-no-weights (allow_no_weights=True) for a layout without safetensors weights"
         )
     config = config_digests(by_path)
-    provenance = _provenance(options.provenance, cached_model(root))
+    if is_object_url(root):
+        provenance = _provenance(options.provenance, None, _storage_record(root, entries))
+    else:
+        provenance = _provenance(options.provenance, cached_model(root))
     spans = list(_spans(entries, layouts))
     if options.signer is not None:  # a signature lists each whole file's digest: from the same reads
         span_digests, file_digests = options.hashing.file_digests(spans, options.sign_hash)
     else:
         span_digests, file_digests = options.hashing.span_digests(spans), []
     digests = iter(span_digests)
-    for entry in entries:
-        if restat(entry) != entry.signature:
-            raise CkptpubError(
-                f"{entry.path}: changed while it was being hashed; publish again once it is complete"
-            )
+    changed = first_changed(root, entries)
+    if changed is not None:
+        raise CkptpubError(
+            f"{changed.path}: changed while it was being hashed; publish again once it is complete"
+        )
     files: list[FileRecord] = []
     per_file: dict[str, list[Entry]] = {}
     for entry in entries:
@@ -249,6 +270,8 @@ def publish(
         hasher=hasher,
     )
     root = resolve_folder(folder)
+    if is_object_url(root):
+        return _publish_objects(ObjectUrl.parse(root), options)
     try:
         before = os.stat(root)
     except OSError as error:
@@ -271,6 +294,27 @@ def publish(
     if problem is not None:
         log.warning("ckptpub: %s: published %s (a valid manifest), but %s", root, MANIFEST_NAME, problem)
     return manifest
+
+
+def _publish_objects(prefix: ObjectUrl, options: _Options) -> Manifest:
+    """``publish`` of an ``s3://`` prefix: hashed from the bucket, the manifest put last, conditionally."""
+    if options.signer is not None:
+        raise CkptpubError(f"{prefix}: signing needs a local folder; publish and sign it there, then upload")
+    manifest_url = prefix.child(MANIFEST_NAME)
+    try:
+        replaces: str | None = stat_object(manifest_url, str(manifest_url)).etag
+    except ObjectAbsentError:
+        replaces = None
+    manifest = _build(str(prefix), options)[0]
+    put_object(manifest_url, _manifest_bytes(manifest), replaces=replaces, display_name=str(manifest_url))
+    return manifest
+
+
+def _storage_record(root: str, entries: list[FolderEntry]) -> dict[str, Any]:
+    """Where the objects hashed live, and which version of each (``{path: {"etag", "version"}}``)."""
+    versions = object_versions(ObjectUrl.parse(root))
+    objects = {e.path: {"etag": e.signature[0], "version": versions.get(e.path, "null")} for e in entries}
+    return {"url": root, "objects": objects}
 
 
 def _signature(
@@ -344,13 +388,17 @@ def _spans(entries: list[FolderEntry], layouts: Mapping[str, ShardLayout]) -> It
 _NAME, _BEGIN, _END = attrgetter("name"), attrgetter("begin"), attrgetter("end")
 
 
-def _provenance(extra: Mapping[str, Any] | None, cached: CachedModel | None) -> dict[str, Any]:
+def _provenance(
+    extra: Mapping[str, Any] | None, cached: CachedModel | None, storage: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The caller's provenance, with ckptpub's version, the time and, for a model in the Hugging Face
-    cache, its hub id and commit (``hub``)."""
+    cache, its hub id and commit (``hub``); for an ``s3://`` prefix, its objects' versions (``storage``)."""
     try:
         provenance: dict[str, Any] = dict(extra or {})
         if cached is not None:
             provenance.setdefault(HUB_KEY, cached.record())
+        if storage is not None:
+            provenance[STORAGE_KEY] = storage
         producer = dict(provenance.get("producer") or {})
         producer["ckptpub"] = __version__
         provenance["producer"] = producer

@@ -1,0 +1,125 @@
+"""A real S3-compatible server on 127.0.0.1 for the tests: moto's standalone server (``moto_server``).
+
+It speaks S3's HTTP protocol (ranged GET, ListObjectsV2, conditional puts, versioning),
+so ckptpub's own boto3 client, and runai-model-streamer's, reach it exactly as they
+reach AWS: through ``AWS_ENDPOINT_URL`` and the usual credential variables, which
+``env`` returns (for subprocesses, and for the test process through ``monkeypatch``). One
+server per test session (per xdist worker), started on a free port, stopped at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+START_TIMEOUT_S = 30
+
+
+class S3Server:
+    """A running ``moto_server``: its endpoint, the environment that reaches it, a boto3 client."""
+
+    def __init__(self, log_path: Path) -> None:
+        executable = shutil.which("moto_server", path=os.path.dirname(sys.executable))
+        if executable is None:
+            raise RuntimeError(
+                "moto_server is not installed beside this Python (make setup installs moto[server])"
+            )
+        with socket.socket() as probe:  # a free port; moto binds it a moment later
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self._log = open(log_path, "wb")  # noqa: SIM115  # closed in stop()
+        self._process = subprocess.Popen(
+            [executable, "-H", "127.0.0.1", "-p", str(port)], stdout=self._log, stderr=subprocess.STDOUT
+        )
+        self.log_path = log_path
+        self._wait_until_up()
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a client process needs to reach this server, and nothing real."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        }
+
+    def client(self):  # noqa: ANN201  # boto3's client type is generated at run time
+        import boto3
+
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+
+    def new_bucket(self, *, versioned: bool = False) -> str:
+        """A fresh bucket (one per test: tests never see each other's objects)."""
+        name = f"ckpt-{uuid.uuid4().hex[:12]}"
+        client = self.client()
+        client.create_bucket(Bucket=name)
+        if versioned:
+            client.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+        return name
+
+    def upload(self, folder: Path, url: str) -> str:
+        """Every file below ``folder`` uploaded under ``s3://bucket/prefix`` (``url``); returns ``url``."""
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        client = self.client()
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(folder).as_posix()}")
+        return url
+
+    def requests_logged(self) -> list[str]:
+        """The request lines the server logged so far (``GET /bucket/key?...``), oldest first."""
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return [line.split('"')[1] for line in lines if line.count('"') >= 2]
+
+    def stop(self) -> None:
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._log.close()
+
+    def _wait_until_up(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"moto_server exited at start: {self.log_path.read_text()[-2000:]}")
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1),
+            ):
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"moto_server did not answer within {START_TIMEOUT_S} s")
+
+
+@contextlib.contextmanager
+def running_s3_server(log_path: Path) -> Iterator[S3Server]:
+    server = S3Server(log_path)
+    try:
+        yield server
+    finally:
+        server.stop()

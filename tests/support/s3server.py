@@ -10,11 +10,14 @@ server per test session (per xdist worker), started on a free port, stopped at t
 from __future__ import annotations
 
 import contextlib
+import http.client
+import http.server
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -123,3 +126,57 @@ def running_s3_server(log_path: Path) -> Iterator[S3Server]:
         yield server
     finally:
         server.stop()
+
+
+class SlowProxy:
+    """A stand-in for a distant store: forwards every request to ``upstream`` after waiting ``latency_s``.
+
+    Point a client's ``AWS_ENDPOINT_URL`` at ``endpoint``: each request pays one round trip
+    of latency, as from a node to a region's object store, and is counted (``requests``).
+    Requests are served in parallel, each waiting on its own (``ThreadingHTTPServer``).
+    """
+
+    def __init__(self, upstream: str, latency_s: float) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        proxy = self
+
+        class Forward(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _forward(self) -> None:
+                time.sleep(latency_s)
+                with proxy._lock:
+                    proxy.requests += 1
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                connection = http.client.HTTPConnection(host, int(port), timeout=120)
+                try:
+                    connection.request(self.command, self.path, body=body, headers=dict(self.headers))
+                    answer = connection.getresponse()
+                    data = answer.read()
+                finally:
+                    connection.close()
+                self.send_response(answer.status)
+                for name, value in answer.getheaders():
+                    if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _forward  # noqa: N815  # http.server's names
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._lock = threading.Lock()
+        self.requests = 0
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+        self._server.daemon_threads = True
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

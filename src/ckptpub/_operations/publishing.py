@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._filesystem.hub_cache import HUB_KEY, CachedModel, cached_model, locate
 from .._filesystem.jsonfiles import folder_lock, write_together
-from .._filesystem.model_files import config_digests, is_shard_path, read_layout, weight_files
+from .._filesystem.model_files import config_digests, is_shard_path, read_layouts, weight_files
 from .._filesystem.objects import (
     ObjectAbsentError,
     ObjectUrl,
@@ -146,7 +146,11 @@ def _build(root: str, options: _Options) -> tuple[Manifest, list[FolderEntry], l
     if not options.allow_nested:
         _refuse_nested_checkpoints(root, entries)
     by_path = {e.path: e for e in entries}
-    layouts = {e.path: read_layout(e.real_path, e.path, e.file_id) for e in entries if is_shard_path(e.path)}
+    layouts = {}
+    for path, layout in read_layouts([e for e in entries if is_shard_path(e.path)]).items():
+        if isinstance(layout, CkptpubError):
+            raise layout
+        layouts[path] = layout
     for path, layout in layouts.items():
         check_shapes(layout.tensors, path)
         if layout.header_size + (layout.tensors[-1].end if layout.tensors else 0) != by_path[path].size:

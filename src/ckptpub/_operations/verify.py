@@ -12,12 +12,12 @@ import os
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from .._filesystem.model_files import claim_problems, is_shard_path, read_layout
+from .._filesystem.model_files import claim_problems, is_shard_path, read_layouts
 from .._filesystem.read import read_manifest
 from .._filesystem.scan import FolderEntry, resolve_folder, scan_folder
 from .._format.manifest import Manifest, check_identity
 from .._format.names import MANIFEST_NAME
-from .._format.records import ShardTensors
+from .._format.records import FileRecord, ShardTensors
 from .._format.safetensors import ShardLayout
 from .._hashing.engine import ProgressCallback, Span, tensor_spans
 from .._hashing.options import HashOptions, SpanHasher
@@ -83,6 +83,9 @@ def verify(
     problems: list[Problem] = []
     checks = _Checks()
     layouts: dict[str, ShardLayout] = {}
+    headers = read_layouts(
+        [entries[r.path] for r in manifest.files if r.header_size is not None and _same_size(entries, r)]
+    )
     for record in manifest.files:
         entry = entries.get(record.path)
         if entry is None:
@@ -94,10 +97,11 @@ def verify(
             checks.add(span, record.digest, Problem(record.path, "changed", "content differs"))
         else:
             checks.add_shard(manifest.shards()[record.path], entry)
-            try:
-                layouts[record.path] = read_layout(entry.real_path, record.path, entry.file_id)
-            except CkptpubError as error:
-                problems.append(Problem(record.path, "header", str(error).removeprefix(f"{record.path}: ")))
+            layout = headers[record.path]
+            if isinstance(layout, CkptpubError):
+                problems.append(Problem(record.path, "header", str(layout).removeprefix(f"{record.path}: ")))
+            else:
+                layouts[record.path] = layout
     for path in entries.keys() - {f.path for f in manifest.files}:
         problems.append(Problem(path, "added", "in the folder but not in the manifest"))
     problems.extend(checks.mismatches(hashing.span_digests(checks.spans)))
@@ -114,6 +118,12 @@ def verify(
     problems.sort(key=lambda p: (p.path, p.tensor or ""))
     checked = tuple(f.path for f in manifest.files if f.path in entries)
     return VerifyReport(manifest, checked, tuple(problems))
+
+
+def _same_size(entries: dict[str, FolderEntry], record: FileRecord) -> bool:
+    """Whether the folder has the record's file at the recorded size (only then are its contents checked)."""
+    entry = entries.get(record.path)
+    return entry is not None and entry.size == record.size
 
 
 class _Checks:
@@ -168,14 +178,14 @@ def _claims(
     the layout of every file ``publish`` would parse.
     """
     problems = []
-    for path, entry in entries.items():
-        if is_shard_path(path) and path not in layouts:
-            try:
-                layouts[path] = read_layout(entry.real_path, path, entry.file_id)
-            except CkptpubError as error:
-                problems.append(
-                    Problem(path, "manifest", f"not a valid safetensors file, which publish refuses: {error}")
-                )
+    unparsed = [entry for path, entry in entries.items() if is_shard_path(path) and path not in layouts]
+    for path, layout in read_layouts(unparsed).items():
+        if isinstance(layout, CkptpubError):
+            problems.append(
+                Problem(path, "manifest", f"not a valid safetensors file, which publish refuses: {layout}")
+            )
+        else:
+            layouts[path] = layout
     problems.extend(
         Problem(path, "manifest", detail) for path, detail in claim_problems(manifest, entries, layouts)
     )

@@ -243,3 +243,11 @@ def test_throttling_is_retried_a_bounded_number_of_times_then_one_line(throttlin
     assert result.returncode == 2
     assert "throttled by the object store after 5 attempts (SlowDown)" in one_error_line(result)
     assert _Throttling.requests == 5
+
+
+def test_a_manifest_over_the_limit_is_refused_before_its_body_is_read(s3_server, in_bucket):
+    bucket, prefix = in_bucket.removeprefix("s3://").split("/", 1)
+    s3_server.client().put_object(Bucket=bucket, Key=f"{prefix}/ckptpub.json", Body=b" " * ((64 << 20) + 1))
+    result = run_cli("show", in_bucket)
+    assert result.returncode == 2
+    assert "ckptpub.json: 67108865 bytes is over the 67108864-byte manifest limit" in one_error_line(result)

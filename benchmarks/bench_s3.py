@@ -12,6 +12,9 @@ on every request, as a distant region does), alternating, ``--repeat`` times:
 (b) ``ckptpub verify s3://bucket/prefix`` as a subprocess: the listing, each shard's
     header, then every byte hashed and compared with the manifest.
 
+``b3sum`` of the same files on local disk is printed first: what hashing alone costs
+on this machine's cores, the part of (b) that (a) does not do.
+
     python benchmarks/bench_s3.py [--shards 163] [--gb 2] [--latency-ms 0 20] [--repeat 3]
 
 Prints a markdown table: median seconds, MB/s, requests and the ratio (b)/(a). On a
@@ -110,6 +113,15 @@ def verify(endpoint: str, server: S3Server, url: str) -> float:
     return seconds
 
 
+def b3sum_seconds(folder: Path) -> float:
+    """``b3sum`` of the same files on local disk (page cache warm): the hashing this machine's cores cost."""
+    files = sorted(str(p) for p in folder.iterdir() if p.name != "ckptpub.json")
+    subprocess.run(["b3sum", *files], check=True, capture_output=True)  # warm the cache
+    started = time.perf_counter()
+    subprocess.run(["b3sum", *files], check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", type=int, default=163)
@@ -127,6 +139,8 @@ def main() -> None:
             print(
                 f"{args.shards} shards, {args.gb} GB; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}\n"
             )
+            hashing = b3sum_seconds(folder)
+            print(f"b3sum of the same bytes on local disk: {hashing:.2f} s\n")
             header = ["latency", "plain download (s)", "MB/s", "ckptpub verify (s)", "MB/s"]
             print("| " + " | ".join([*header, "verify / download", "verify's requests"]) + " |")
             print("| --- | --- | --- | --- | --- | --- | --- |")

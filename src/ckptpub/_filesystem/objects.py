@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 from .._format.manifest import is_safe_relative_path
 from ..errors import CkptpubError
+from .safe_open import FileId
 
 SCHEME = "s3://"
 #: Schemes of other object stores: refused in one line (``ObjectUrl.parse``) rather than taken for paths.
@@ -207,11 +208,11 @@ class ObjectFile:
         raise AssertionError("unreachable")  # the loop returns or raises
 
 
-def open_object(url: ObjectUrl, display_name: str, expect: tuple[object, object] | None) -> ObjectFile:
+def open_object(url: ObjectUrl, display_name: str, expect: FileId | None) -> ObjectFile:
     """The object at ``url`` for ranged reads: the listing's ``(etag, size)`` as ``expect``, or a HEAD."""
     if expect is not None:
         etag, size = expect
-        return ObjectFile(url, display_name, int(str(size)), str(etag))
+        return ObjectFile(url, display_name, int(size), str(etag))
     entry = stat_object(url, display_name)
     return ObjectFile(url, display_name, entry.size, entry.etag)
 

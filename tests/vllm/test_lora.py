@@ -87,6 +87,8 @@ def offline(lora) -> tuple[dict[str, dict], dict[str, dict], str]:
         # an activation that fails half-way: refused each time, nothing left that answers
         "rank_lie": dict(gen, lora=_lora(lora, "rank_lie")),
         "rank_lie_again": dict(gen, lora=_lora(lora, "rank_lie")),
+        "add_rank_lie": {"op": "add_lora", "lora": _lora(lora, "rank_lie")},  # the explicit add: the same
+        "add_rank_lie_again": {"op": "add_lora", "lora": _lora(lora, "rank_lie")},
         "good_after_rank_lie": dict(gen, lora=_lora(lora, "good")),
         "tampered": dict(gen, lora=_lora(lora, "tampered")),
         "config": dict(gen, lora=_lora(lora, "config")),
@@ -232,6 +234,8 @@ def test_a_failed_activation_leaves_nothing_that_answers(offline, lora):
         result = ours[case]
         assert result.get("type") == "RefusedError", (case, result)
         assert f"ckptpub: cannot load adapter rank_lie ({lora['rank_lie']}): " in result["error"], result
+    for case in ("add_rank_lie", "add_rank_lie_again"):  # add_lora fails each time, with vLLM's error
+        assert "must match the size of tensor" in ours[case].get("error", ""), (case, ours[case])
     assert ours["good_after_rank_lie"]["tokens"] == ours["good"]["tokens"]
     assert "EngineDeadError" not in log
 
@@ -382,3 +386,12 @@ def test_the_server_shows_what_each_name_serves_after_a_re_read_and_refuses_a_pi
     cards, metrics = _shown(url)
     assert cards["first"]["identity"] == metrics["first"] == second  # shown as served
     assert cards["good"]["identity"] == metrics["good"] == good
+    for name in ("adapter_model.safetensors", "adapter_config.json", ckptpub.MANIFEST_NAME):
+        shutil.copy(os.path.join(lora["good"], name), os.path.join(folder, name))  # and back
+    answer = post(
+        f"{url}/v1/load_lora_adapter", {"lora_name": "again", "lora_path": folder, "load_inplace": True}
+    )
+    assert answer[0] == 200, answer
+    cards, metrics = _shown(url)
+    assert cards["again"]["identity"] == metrics["again"] == good  # reloaded in place: its new load
+    assert completion_tokens(complete(url, "again")) == auto["good"]["tokens"]

@@ -43,7 +43,7 @@ class Served:
 
     name: str
     kind: str  # "model" | "adapter"
-    identity: str | None  # None: an adapter served without a manifest (adapter_require_manifest false)
+    identity: str | None  # None: an adapter served without a manifest, or not known to be loaded as shown
     folder: str
     base_identity: str | None = None
 

@@ -80,7 +80,8 @@ def test_vllm_gets_exactly_the_checked_bytes_even_if_the_file_changes_during_the
     lora = adapters.load_checked(_request("good", folder), _base(lora_folders), load_while_a_writer_lands)
     assert not torch.equal(_file_lora_b(folder), published)  # the file did change...
     assert torch.equal(_lora_b(lora), published)  # ...vLLM got the checked bytes
-    served = {a.name: a for a in adapters.served_adapters()}["good"]
+    served = adapters.record_of(lora)  # what the worker records once vLLM added it
+    assert (served.name, served.path, served.requested) == ("good", folder, folder)
     assert served.identity == ckptpub.read_manifest(lora_folders["good"]).identity
     assert served.base_identity == ckptpub.read_manifest(lora_folders["base"]).identity
 
@@ -225,41 +226,69 @@ def test_the_adapter_benchmark_runs_at_toy_size(tmp_path):
     assert all(cells[6].strip().endswith("x") for cells in rows), rows  # the ratio of the medians
 
 
-def test_the_server_records_the_adapters_it_loaded_and_forgets_unloaded_ones(lora_folders):
-    """The record the API server keeps (for what it shows about adapters), around vLLM's load and unload.
+def test_the_server_shows_each_name_with_the_latest_load_of_its_id_in_every_worker(lora_folders):
+    """What ``/v1/models`` and ``/metrics`` show of adapters: asked of the workers each time.
 
-    vLLM's own ``OpenAIServingModels`` needs a running engine (the server test runs the
-    wrapped methods for real); here they are stand-ins answering as vLLM does.
+    vLLM's ``OpenAIServingModels`` and engine client need a running engine (``test_lora.py``
+    runs the server for real); here they are stand-ins holding real ``LoRARequest``s, and
+    the workers' answers are rows as ``worker.adapters`` gives them.
     """
     import asyncio
     import types
 
-    from ckptpub_vllm.frontend import adapters as adapter_frontend
+    from ckptpub_vllm.frontend import served
+    from vllm.lora.request import LoRARequest
+
+    good, second = lora_folders["good"], lora_folders["second"]
+    identity = {
+        name: ckptpub.read_manifest(lora_folders[name]).identity for name in ("good", "second", "base")
+    }
+    rows = {  # LoRA id -> the worker's record of its latest load
+        1: [1, "a", good, good, identity["good"], identity["base"]],
+        2: [2, "b", good, good, identity["second"], identity["base"]],  # b read the folder re-published
+        3: [3, "c", second, second, identity["second"], identity["base"]],
+        4: [4, "other", second, second, identity["second"], identity["base"]],
+    }
+    requests = {
+        "a": LoRARequest("a", 1, good),
+        "b": LoRARequest("b", 2, good),  # another name for the same folder: its own record
+        "c": LoRARequest("c", 3, second),
+        "d": LoRARequest("d", 4, second),  # id 4 holds another name: nothing to show for d
+        "e": LoRARequest("e", 5, second),  # the ranks disagree on id 5
+    }
+    answers = [[*rows.values(), [5, "e", second, second, identity["second"], None]], [*rows.values()]]
+
+    async def collective_rpc(method):
+        assert method == adapters.LOADED_METHOD
+        return answers
 
     config = types.SimpleNamespace(
-        load_config=types.SimpleNamespace(load_format="manifest_cache"),
-        model_config=types.SimpleNamespace(model=lora_folders["base"]),
+        load_config=types.SimpleNamespace(load_format="manifest_cache"), lora_config=object()
     )
-    models = types.SimpleNamespace(engine_client=types.SimpleNamespace(vllm_config=config))
+    engine = types.SimpleNamespace(vllm_config=config, collective_rpc=collective_rpc)
+    models = types.SimpleNamespace(engine_client=engine, lora_requests=requests)
+    asyncio.run(served.refresh_adapters(models))
+    shown = {item.name: item for item in served.served() if item.kind == "adapter"}
+    assert {name: item.identity for name, item in shown.items()} == {
+        "a": identity["good"],
+        "b": identity["second"],
+        "c": identity["second"],
+        "d": None,
+        "e": None,
+    }
+    assert served.adapter_named("b").card() == {
+        "identity": identity["second"],
+        "kind": "adapter",
+        "base_identity": identity["base"],
+    }
+    del requests["a"]  # unloaded: no longer shown
+    answers[:] = [[*rows.values()]]
+    asyncio.run(served.refresh_adapters(models))
+    assert served.adapter_named("a") is None
 
-    async def vllm_load(self, request):
-        return "Success" if request.lora_path != "/refused" else object()  # vLLM's ErrorResponse
+    async def failing(method):
+        raise RuntimeError("engine gone")
 
-    async def vllm_unload(self, request):
-        return "Success"
-
-    load = adapter_frontend._recording_loads(vllm_load)
-    unload = adapter_frontend._recording_unloads(vllm_unload)
-    good = types.SimpleNamespace(lora_name="served-good", lora_path=lora_folders["good"])
-    asyncio.run(load(models, good))
-    asyncio.run(load(models, types.SimpleNamespace(lora_name="served-refused", lora_path="/refused")))
-    served = {a.name: a for a in adapters.served_adapters()}
-    assert served["served-good"] == adapters.ServedAdapter(
-        "served-good",
-        lora_folders["good"],
-        ckptpub.read_manifest(lora_folders["good"]).identity,
-        ckptpub.read_manifest(lora_folders["base"]).identity,
-    )
-    assert "served-refused" not in served
-    asyncio.run(unload(models, types.SimpleNamespace(lora_name="served-good")))
-    assert "served-good" not in {a.name for a in adapters.served_adapters()}
+    engine.collective_rpc = failing  # the workers cannot say: shown with no identity, never a stale one
+    asyncio.run(served.refresh_adapters(models))
+    assert {item.identity for item in served.served() if item.kind == "adapter"} == {None}

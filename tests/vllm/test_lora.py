@@ -22,19 +22,37 @@ import pytest
 from support.vllm_engine_helpers import api_server, complete, completion_tokens, post
 
 import ckptpub
-from tests.vllm.lora_helpers import TAMPERED_LORA_B, flip_bit
+from tests.vllm.lora_helpers import TAMPERED_LORA_B, build_adapter, flip_bit, publish
 
 pytestmark = pytest.mark.slow  # vLLM engines and the OpenAI server
 
 HERE = Path(__file__).parent
 IDS = {"good": 1, "second": 2, "tampered": 3, "config": 4, "wrong_base": 5, "nomanifest": 6, "nobase": 7}
-IDS |= {"pinned": 8, "evicted": 9}
+IDS |= {"pinned": 8, "evicted": 9, "by_path": 10, "rank_lie": 11}
 
 
 @pytest.fixture(scope="module")
 def lora(lora_folders, tmp_path_factory) -> dict[str, str]:
-    evicted = shutil.copytree(lora_folders["good"], str(tmp_path_factory.mktemp("lora_run") / "evicted"))
-    return dict(lora_folders, evicted=evicted)
+    """The shared folders, and: ``evicted`` (a copy of good), ``by_path`` (second, pinned by its path
+    to good's identity) with ``link`` (a symlink to it) and ``parent_link`` (to its parent), and
+    ``rank_lie`` (rank-16 tensors, ``r: 8`` in its config, published with ``--base``)."""
+    run = tmp_path_factory.mktemp("lora_run")
+    evicted = shutil.copytree(lora_folders["good"], str(run / "evicted"))
+    by_path = shutil.copytree(lora_folders["second"], str(run / "pinned" / "by_path"))
+    os.symlink(by_path, run / "link")
+    os.symlink(run / "pinned", run / "parent_link")
+    rank_lie = build_adapter(lora_folders["base"], str(run / "rank_lie"), seed=3, rank=16)
+    config_path = Path(rank_lie) / "adapter_config.json"
+    config_path.write_text(json.dumps(dict(json.loads(config_path.read_text()), r=8)))
+    publish(rank_lie, "--base", lora_folders["base"])
+    return dict(
+        lora_folders,
+        evicted=evicted,
+        by_path=by_path,
+        link=str(run / "link"),
+        parent_link=str(run / "parent_link"),
+        rank_lie=rank_lie,
+    )
 
 
 def _lora(folders: dict[str, str], name: str, path: str | None = None) -> list:
@@ -59,6 +77,19 @@ def offline(lora) -> tuple[dict[str, dict], dict[str, dict], str]:
     ours = {
         "base": dict(gen, lora=None),
         "good": dict(gen, lora=_lora(lora, "good")),
+        # good is held under id 1: another folder, or a name pinned otherwise, under id 1 is refused
+        "id_held_other_folder": dict(gen, lora=["good", IDS["good"], lora["second"]]),
+        "id_held_spelt_otherwise": dict(gen, lora=["good", IDS["good"], lora["good"] + "/../good"]),
+        "id_held_pinned_name": dict(gen, lora=["pinned_second", IDS["good"], lora["good"]]),
+        # a folder pinned by its path, asked for through a symlink and through a symlinked parent
+        "by_path_link": dict(gen, lora=["by_path", IDS["by_path"], lora["link"]]),
+        "by_path_parent_link": dict(gen, lora=["by_path", IDS["by_path"], lora["parent_link"] + "/by_path"]),
+        # an activation that fails half-way: refused each time, nothing left that answers
+        "rank_lie": dict(gen, lora=_lora(lora, "rank_lie")),
+        "rank_lie_again": dict(gen, lora=_lora(lora, "rank_lie")),
+        "add_rank_lie": {"op": "add_lora", "lora": _lora(lora, "rank_lie")},  # the explicit add: the same
+        "add_rank_lie_again": {"op": "add_lora", "lora": _lora(lora, "rank_lie")},
+        "good_after_rank_lie": dict(gen, lora=_lora(lora, "good")),
         "tampered": dict(gen, lora=_lora(lora, "tampered")),
         "config": dict(gen, lora=_lora(lora, "config")),
         "wrong_base": dict(gen, lora=_lora(lora, "wrong_base")),
@@ -77,6 +108,7 @@ def offline(lora) -> tuple[dict[str, dict], dict[str, dict], str]:
         "base_after": dict(gen, lora=None),
     }
     pins = {lora["good"]: _identity(lora["good"]), "pinned": _identity(lora["good"])}
+    pins |= {lora["by_path"]: _identity(lora["good"]), "pinned_second": _identity(lora["second"])}
     plan = [
         {"model": lora["base"], "load_format": "auto", "steps": list(auto.values())},
         {
@@ -174,6 +206,40 @@ def test_a_pin_by_name_is_checked(offline, lora):
     assert f"its identity {_identity(lora['second'])} is not the expected {_identity(lora['good'])}" in error
 
 
+def test_every_path_to_a_folder_pinned_by_path_meets_its_pin(offline, lora):
+    _, ours, _ = offline
+    expected = f"its identity {_identity(lora['second'])} is not the expected {_identity(lora['good'])}"
+    for case in ("by_path_link", "by_path_parent_link"):
+        assert expected in _refusal(ours[case], lora["by_path"]), case  # named by its resolved folder
+
+
+def test_a_held_lora_id_answers_only_for_its_own_folder_and_pins(offline, lora):
+    _, ours, _ = offline
+    error = _refusal(ours["id_held_other_folder"], lora["second"])
+    assert f"LoRA id {IDS['good']} already holds adapter 'good' from {lora['good']}" in error
+    assert (
+        ours["id_held_spelt_otherwise"]["tokens"] == ours["good"]["tokens"]
+    )  # the same folder, spelt otherwise
+    error = _refusal(ours["id_held_pinned_name"], lora["good"])
+    assert (
+        f"holds it with identity {_identity(lora['good'])}, not the expected {_identity(lora['second'])}"
+        in (error)
+    )
+
+
+def test_a_failed_activation_leaves_nothing_that_answers(offline, lora):
+    """vLLM registers the adapter, then fails copying rank-16 tensors into a rank-8 slot."""
+    _, ours, log = offline
+    for case in ("rank_lie", "rank_lie_again"):
+        result = ours[case]
+        assert result.get("type") == "RefusedError", (case, result)
+        assert f"ckptpub: cannot load adapter rank_lie ({lora['rank_lie']}): " in result["error"], result
+    for case in ("add_rank_lie", "add_rank_lie_again"):  # add_lora fails each time, with vLLM's error
+        assert "must match the size of tensor" in ours[case].get("error", ""), (case, ours[case])
+    assert ours["good_after_rank_lie"]["tokens"] == ours["good"]["tokens"]
+    assert "EngineDeadError" not in log
+
+
 def test_an_evicted_adapter_is_checked_again_when_read_again(offline, lora):
     _, ours, _ = offline
     good = ours["good"]["tokens"]
@@ -201,10 +267,13 @@ def server(lora, offline, tmp_path_factory):
     """``python -m vllm.entrypoints.openai.api_server`` with ``--lora-modules`` and runtime loading.
 
     It opts out of the manifest requirement, so an adapter without one is served
-    unverified (with a warning); every other check stays on.
+    unverified (with a warning); every other check stays on. ``by_path`` is pinned by its path.
     """
     log_path = tmp_path_factory.mktemp("server") / "server.log"
-    extra = {"adapter_require_manifest": False}
+    extra = {
+        "adapter_require_manifest": False,
+        "adapter_identities": {lora["by_path"]: _identity(lora["good"])},
+    }
     args = [
         "--model", lora["base"], "--load-format", "manifest_cache",
         "--model-loader-extra-config", json.dumps(extra),
@@ -276,3 +345,53 @@ def test_the_server_shows_each_served_adapters_identity_and_its_base(server, lor
         metrics
     )
     assert any(f'identity="{base}"' in m and 'kind="model"' in m for m in metrics), metrics
+
+
+def _shown(url: str) -> tuple[dict[str, dict], dict[str, str]]:
+    """The ``ckptpub`` field of each adapter card, and the identity ``/metrics`` shows, by name."""
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as response:
+        cards = {c["id"]: c["ckptpub"] for c in json.loads(response.read())["data"] if c.get("parent")}
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        lines = [m for m in response.read().decode().splitlines() if 'kind="adapter"' in m]
+    metrics = {}
+    for line in lines:
+        labels = dict(part.split("=", 1) for part in line.split("{", 1)[1].rsplit("}", 1)[0].split(","))
+        metrics[json.loads(labels["name"])] = json.loads(labels["identity"])
+    return cards, metrics
+
+
+def test_the_server_shows_what_each_name_serves_after_a_re_read_and_refuses_a_pin_by_another_path(
+    server, offline, lora
+):
+    """The record is the latest load of each name in the workers (issue 34, A3), and a pin by path
+    meets the runtime load through a symlink (A1)."""
+    url, log_path = server
+    auto, _, _ = offline
+    good, second = _identity(lora["good"]), _identity(lora["second"])
+    status, body = _load(url, "linked", lora["link"])
+    assert status == 500, (status, body)
+    assert f"its identity {second} is not the expected {good}" in body["error"]["message"], body
+    folder = shutil.copytree(lora["good"], str(log_path.parent / "republished"))
+    assert _load(url, "first", folder)[0] == 200
+    assert completion_tokens(complete(url, "first")) == auto["good"]["tokens"]
+    assert _shown(url)[0]["first"]["identity"] == good
+    assert _load(url, "evictor", lora["second"])[0] == 200  # max_cpu_loras = 1: this evicts "first"
+    for name in ("adapter_model.safetensors", "adapter_config.json", ckptpub.MANIFEST_NAME):
+        shutil.copy(os.path.join(lora["second"], name), os.path.join(folder, name))  # published again
+    assert _load(url, "again", folder)[0] == 200  # a second name for the folder: its own record
+    cards, metrics = _shown(url)
+    assert cards["again"] == {"identity": second, "kind": "adapter", "base_identity": _identity(lora["base"])}
+    assert metrics["again"] == second
+    assert completion_tokens(complete(url, "first")) == auto["second"]["tokens"]  # read again: the new one
+    cards, metrics = _shown(url)
+    assert cards["first"]["identity"] == metrics["first"] == second  # shown as served
+    assert cards["good"]["identity"] == metrics["good"] == good
+    for name in ("adapter_model.safetensors", "adapter_config.json", ckptpub.MANIFEST_NAME):
+        shutil.copy(os.path.join(lora["good"], name), os.path.join(folder, name))  # and back
+    answer = post(
+        f"{url}/v1/load_lora_adapter", {"lora_name": "again", "lora_path": folder, "load_inplace": True}
+    )
+    assert answer[0] == 200, answer
+    cards, metrics = _shown(url)
+    assert cards["again"]["identity"] == metrics["again"] == good  # reloaded in place: its new load
+    assert completion_tokens(complete(url, "again")) == auto["good"]["tokens"]

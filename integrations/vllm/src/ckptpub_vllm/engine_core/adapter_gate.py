@@ -20,9 +20,13 @@ the caller's error). Requests already running are not touched, and a request is 
 checked when vLLM's own ``max_loras`` rule lets it join the batch, so a check never
 evicts an adapter that running requests use.
 
-What the workers hold is remembered from each such call and forgotten after every
-``add_lora``/``remove_lora``/``pin_lora``, so a request whose adapter is known to be
-in place costs nothing. Any other engine is left exactly as vLLM made it.
+What the workers hold is remembered from each such call, by LoRA id with the name and
+path the gate loaded it as, and forgotten after every ``add_lora``/``remove_lora``/
+``pin_lora``, so a request whose adapter is known to be in place costs nothing. A
+request naming another name or path under a held id goes to the workers, which answer
+for it only if it is the held adapter (``worker.adapters.check_held``); an id whose
+load failed is never counted as held, whatever vLLM left of it (the workers remove it).
+Any other engine is left exactly as vLLM made it.
 """
 
 from __future__ import annotations
@@ -62,7 +66,10 @@ def load_in_worker(worker: Any, lora_request: Any, running: list[Any]) -> tuple[
             f"{type(error).__name__}: {error}".split()
         )
         logger.error("%s", line)
-    return line, sorted(worker.list_loras())
+    held_now = set(worker.list_loras())
+    if line is not None:
+        held_now.discard(lora_request.lora_int_id)
+    return line, sorted(held_now)
 
 
 class AdmissionGate:
@@ -72,42 +79,49 @@ class AdmissionGate:
         self.scheduler = engine.scheduler
         self.executor = engine.model_executor
         self.max_loras: int = engine.vllm_config.lora_config.max_loras
-        self.held: frozenset[int] = frozenset()
+        #: LoRA id -> (name, path) of the request the workers were last seen holding it for.
+        self.held: dict[int, tuple[str, str]] = {}
         #: Refused waiting requests by id, with their line: finished at the next ``update_from_output``.
         self.refused: dict[str, tuple[Any, str]] = {}
-        #: Lines of adapters refused since then, by LoRA id: other requests for them are not re-read.
-        self.refused_adapters: dict[int, str] = {}
+        #: Lines of adapters refused since then, by LoRA id, name and path: other requests for them
+        #: are not re-read.
+        self.refused_adapters: dict[tuple[int, str, str], str] = {}
         scheduler = self.scheduler
         scheduler._handle_blocked_waiting_request = self._admitting(scheduler._handle_blocked_waiting_request)
         scheduler.update_from_output = self._failing_refused(scheduler.update_from_output)
 
     def forget_held(self) -> None:
         """Something else changed what the workers hold: ask them again next time."""
-        self.held = frozenset()
+        self.held = {}
 
     def admits(self, request: Any) -> bool:
         """Whether the waiting ``request`` may be scheduled as far as its adapter is concerned."""
         lora = request.lora_request
         if request.request_id in self.refused:
             return False
-        if lora.lora_int_id in self.held:
+        if self.held.get(lora.lora_int_id) == (lora.lora_name, lora.lora_path):
             return True
         running = {
             r.lora_request.lora_int_id: r.lora_request for r in self.scheduler.running if r.lora_request
         }
         if lora.lora_int_id not in running and len(running) >= self.max_loras:
             return True  # vLLM's max_loras rule keeps it waiting: loading it now could evict a running one
-        line = self.refused_adapters.get(lora.lora_int_id) or self._load(lora, list(running.values()))
+        asked = (lora.lora_int_id, lora.lora_name, lora.lora_path)
+        line = self.refused_adapters.get(asked) or self._load(lora, list(running.values()))
         if line is None:
             return True
-        self.refused_adapters[lora.lora_int_id] = line
+        self.refused_adapters[asked] = line
         self.refused[request.request_id] = (request, line)
         return False
 
     def _load(self, lora_request: Any, running: list[Any]) -> str | None:
         results = self.executor.collective_rpc(load_in_worker, args=(lora_request, running))
-        self.held = frozenset.intersection(*(frozenset(held) for _, held in results))
-        return next((line for line, _ in results if line is not None), None)
+        held = frozenset.intersection(*(frozenset(ids) for _, ids in results))
+        line = next((line for line, _ in results if line is not None), None)
+        self.held = {lora_id: spec for lora_id, spec in self.held.items() if lora_id in held}
+        if line is None and lora_request.lora_int_id in held:
+            self.held[lora_request.lora_int_id] = (lora_request.lora_name, lora_request.lora_path)
+        return line
 
     def _admitting(self, original: Callable[[Any], bool]) -> Callable[[Any], bool]:
         @functools.wraps(original)

@@ -12,8 +12,8 @@ line as its ``stop_reason``. Here:
 
 Explicit loads need nothing here: ``add_lora`` already fails with the worker's line
 (``POST /v1/load_lora_adapter`` answers it with a 500, ``--lora-modules`` stops the
-server at start with it). The server also records, in ``worker.adapters.served_adapters``,
-each adapter it loaded (identity read from its manifest), for what it shows about them.
+server at start with it). What the server shows of its adapters is asked of the workers
+that loaded them (``served``).
 
 Installed only in a process that has imported vLLM's offline or server front end
 when plugins load (vLLM loads them while it builds the engine's config, after those
@@ -29,9 +29,7 @@ from typing import Any
 
 from ckptpub.serving import RefusedError
 
-from ..shared.key import read_folder_manifest
 from ..shared.options import LOAD_FORMAT
-from ..worker.adapters import ServedAdapter, forget_served, record_served
 
 REFUSAL_PREFIX = "ckptpub: "
 _PATCH_MARK = "_ckptpub_original"
@@ -110,43 +108,6 @@ def _raising_refusals(original: Callable[..., None]) -> Callable[..., None]:
     return _raise_if_error
 
 
-def _recording_loads(original: Callable[..., Any]) -> Callable[..., Any]:
-    async def load_lora_adapter(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        result = await original(self, request, *args, **kwargs)
-        config = self.engine_client.vllm_config
-        if isinstance(result, str) and config.load_config.load_format == LOAD_FORMAT:
-            record_served(_served(request.lora_name, request.lora_path, config.model_config.model))
-        return result
-
-    return load_lora_adapter
-
-
-def _recording_unloads(original: Callable[..., Any]) -> Callable[..., Any]:
-    async def unload_lora_adapter(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        result = await original(self, request, *args, **kwargs)
-        if isinstance(result, str):
-            forget_served(request.lora_name)
-        return result
-
-    return unload_lora_adapter
-
-
-def _served(name: str, path: str, base_folder: str) -> ServedAdapter:
-    """The record of an adapter the workers just loaded and checked, from the two manifests."""
-    from vllm.lora.utils import get_adapter_absolute_path
-
-    folder = get_adapter_absolute_path(path)
-
-    def identity(folder: str) -> str | None:
-        try:
-            manifest = read_folder_manifest(folder)
-        except RefusedError:  # changed since the worker read it: it still holds what it checked
-            return None
-        return manifest.identity if manifest else None
-
-    return ServedAdapter(name, folder, identity(folder), identity(base_folder))
-
-
 def install() -> None:
     """Patch the front ends this process has imported (idempotent)."""
     if "vllm.entrypoints.common.offline" in sys.modules:
@@ -155,10 +116,7 @@ def install() -> None:
         _patched(OfflineInferenceMixin, "_run_engine", _offline)
     if "vllm.entrypoints.openai.models.serving" in sys.modules:
         from vllm.entrypoints.generate.base.serving import GenerateBaseServing
-        from vllm.entrypoints.openai.models.serving import OpenAIServingModels
         from vllm.v1.engine.output_processor import RequestState
 
         _patched(RequestState, "_new_completion_output", _marking_refusals)
         _patched(GenerateBaseServing, "_raise_if_error", _raising_refusals)
-        _patched(OpenAIServingModels, "load_lora_adapter", _recording_loads)
-        _patched(OpenAIServingModels, "unload_lora_adapter", _recording_unloads)

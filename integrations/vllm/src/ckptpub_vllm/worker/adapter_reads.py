@@ -33,7 +33,10 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 
 @dataclass
 class VerifiedAdapter:
-    """An adapter's files as read and checked, which vLLM's two reads are then served from."""
+    """An adapter's files as read and checked, which vLLM's two reads are then served from.
+
+    ``folder``: where they were read (the resolved folder); ``served_as``: the folder as
+    vLLM names it while it loads (set by :func:`served_from_memory`)."""
 
     folder: str
     manifest: ckptpub.Manifest
@@ -41,14 +44,15 @@ class VerifiedAdapter:
     tensors: dict[str, torch.Tensor]
     config_read: bool = False
     tensors_read: bool = False
+    served_as: str = ""
 
     @property
     def config_path(self) -> str:
-        return os.path.join(self.folder, CONFIG_FILE)
+        return os.path.join(self.served_as, CONFIG_FILE)
 
     @property
     def weights_path(self) -> str:
-        return os.path.join(self.folder, WEIGHTS_FILE)
+        return os.path.join(self.served_as, WEIGHTS_FILE)
 
     @property
     def size(self) -> int:
@@ -59,8 +63,10 @@ _reading: ContextVar[VerifiedAdapter | None] = ContextVar("ckptpub_adapter_readi
 
 
 @contextlib.contextmanager
-def served_from_memory(adapter: VerifiedAdapter) -> Iterator[None]:
-    """While vLLM loads ``adapter``, its reads of the adapter's two files return the checked bytes."""
+def served_from_memory(adapter: VerifiedAdapter, served_as: str) -> Iterator[None]:
+    """While vLLM loads ``adapter`` from the folder it names ``served_as``, its reads of the
+    adapter's two files there return the checked bytes (no file is opened)."""
+    adapter.served_as = served_as
     token = _reading.set(adapter)
     try:
         yield

@@ -25,7 +25,9 @@ an engine with any other load format loads adapters exactly as vLLM does):
 
 1. the adapter folder's manifest: required unless ``adapter_require_manifest`` is
    false; signed by the engine's trusted key when one is set; its identity equal to
-   an ``adapter_identities`` pin for the adapter's name or folder;
+   an ``adapter_identities`` pin for the adapter's name or for its folder by any path
+   (a folder is named by :func:`adapter_folder`, its symlinks resolved, wherever a pin
+   or a record is looked up);
 2. the base: the manifest's ``base_identity`` must be the identity of the base this
    engine serves (unless ``adapter_base_check`` is false); an adapter that records
    no base is served with one warning;
@@ -36,6 +38,13 @@ an engine with any other load format loads adapters exactly as vLLM does):
    compared with the manifest; then vLLM's own loading code runs with its two reads
    served from those bytes (``adapter_reads``), so every byte it puts into the model
    is a byte that was checked, whatever happens to the files meanwhile.
+
+vLLM keys what a worker holds by LoRA id alone and never reads a held id again;
+:func:`add_checked` wraps each add so that a held adapter answers only the requests
+that name it (its folder and pins), and an add that fails leaves nothing of the id
+behind (vLLM registers an adapter before it copies it into a slot, where a tensor of
+another rank than its config says fails half-way). Each successful add is recorded
+(:func:`loaded_adapters`, by LoRA id): what the server shows (``frontend.served``).
 
 ``adapter_model.bin``/``.pt`` adapters are pickles: ckptpub never unpickles, so
 with a manifest required they are refused (with ``adapter_require_manifest`` false
@@ -48,7 +57,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -83,32 +92,45 @@ class ServedBase:
 
 @dataclass(frozen=True)
 class ServedAdapter:
-    """An adapter this process served: its name, folder, identity and the identity of the base under it."""
+    """What one load of an adapter put in a worker: the LoRA id and name it was asked under, the
+    path it was asked by (``requested``), its folder (:func:`adapter_folder`), its identity and its base's.
 
+    ``how`` (how it was checked, for the log) is left out of comparisons."""
+
+    lora_id: int
     name: str
+    requested: str
     path: str
     identity: str | None  # None: no manifest (adapter_require_manifest false)
     base_identity: str | None
+    how: str = field(default="", compare=False)
 
 
-_served: dict[str, ServedAdapter] = {}
+#: The latest load of each LoRA id in this process, as it was added: what the server shows.
+_loaded: dict[int, ServedAdapter] = {}
 _warned: set[tuple[str, str]] = set()
+#: The attribute of a loaded ``LoRAModel`` holding its :class:`ServedAdapter`.
+RECORD_ATTR = "_ckptpub_loaded"
 
 
-def served_adapters() -> tuple[ServedAdapter, ...]:
-    """The adapters served in this process, by name (the latest load of each name), oldest first."""
-    return tuple(_served.values())
+def adapter_folder(path: str) -> str:
+    """The one name of an adapter folder: the folder ``path`` leads to, every symlink resolved.
+
+    Pins and records are looked up by it, so every path to a folder (a symlink to it,
+    a symlinked parent, ``..``, ``~``) meets the same pin and the same record.
+    """
+    return os.path.realpath(os.path.expanduser(path))
 
 
-def record_served(adapter: ServedAdapter) -> bool:
-    """Remember ``adapter`` as served under its name; True the first time it is seen so."""
-    new = _served.get(adapter.name) != adapter
-    _served[adapter.name] = adapter
-    return new
+def loaded_adapters() -> tuple[ServedAdapter, ...]:
+    """The latest load of each LoRA id in this process (oldest id first)."""
+    return tuple(_loaded[lora_id] for lora_id in sorted(_loaded))
 
 
-def forget_served(name: str) -> None:
-    _served.pop(name, None)
+def record_of(lora: Any) -> ServedAdapter | None:
+    """The record :func:`load_checked` gave a loaded ``LoRAModel`` (None: not loaded by it)."""
+    record: ServedAdapter | None = getattr(lora, RECORD_ATTR, None)
+    return record
 
 
 def serve_base(model: Any, folder: str, manifest: ckptpub.Manifest | None, options: Options) -> None:
@@ -118,13 +140,14 @@ def serve_base(model: Any, folder: str, manifest: ckptpub.Manifest | None, optio
 
 
 def check_adapter(folder: str, name: str, base: ServedBase) -> ckptpub.Manifest | None:
-    """The manifest of the adapter at ``folder`` once it, its pin and its base are right.
+    """The manifest of the adapter at ``folder`` (a resolved :func:`adapter_folder`) once it, its pin
+    and its base are right.
 
     None only when there is no manifest and ``adapter_require_manifest`` is false
     (after a warning). Refuses otherwise (``RefusedError``). Reads ``ckptpub.json`` only.
     """
     options = base.options
-    pins = sorted({identity for key, identity in options.adapter_identities if _names(key, name, folder)})
+    pins = pins_for(name, folder, options)
     if len(pins) > 1:
         raise RefusedError(folder, f"it is pinned to two identities: {', '.join(pins)}", kind=KIND)
     manifest = checked_manifest(
@@ -142,11 +165,17 @@ def check_adapter(folder: str, name: str, base: ServedBase) -> ckptpub.Manifest 
     return manifest
 
 
-def _names(key: str, name: str, folder: str) -> bool:
-    """Whether an ``adapter_identities`` key is the adapter's name or names its folder."""
-    if key == name:
-        return True
-    return os.path.normpath(os.path.abspath(os.path.expanduser(key))) == os.path.normpath(folder)
+def pins_for(name: str, folder: str, options: Options) -> list[str]:
+    """The ``adapter_identities`` pins of the adapter ``name`` at ``folder``: by its name, or by any
+    path to its folder (both sides resolved by :func:`adapter_folder`), sorted, each once."""
+    real = adapter_folder(folder)
+    return sorted(
+        {
+            identity
+            for key, identity in options.adapter_identities
+            if key == name or adapter_folder(key) == real
+        }
+    )
 
 
 def check_base(folder: str, manifest: ckptpub.Manifest, base: ServedBase) -> None:
@@ -246,14 +275,20 @@ def _view(data: bytearray, start: int, end: int, dtype: torch.dtype) -> torch.Te
 
 
 def load_checked(lora_request: Any, base: ServedBase, load: Callable[[Any], Any]) -> Any:
-    """vLLM's ``load`` of ``lora_request`` (a ``LoRARequest``), on checked bytes only."""
+    """vLLM's ``load`` of ``lora_request`` (a ``LoRARequest``), on checked bytes only.
+
+    The folder is checked and read by its :func:`adapter_folder`; vLLM's two reads, by the
+    path it names the folder with, are served from those bytes. The loaded ``LoRAModel``
+    carries its :class:`ServedAdapter` (:func:`record_of`), recorded once it is added.
+    """
     from vllm.exceptions import LoRAAdapterNotFoundError
     from vllm.lora.utils import get_adapter_absolute_path
 
     name = lora_request.lora_name
-    folder = get_adapter_absolute_path(lora_request.lora_path)
-    if not os.path.isdir(folder):
+    requested = get_adapter_absolute_path(lora_request.lora_path)
+    if not os.path.isdir(requested):
         raise LoRAAdapterNotFoundError(name, lora_request.lora_path)
+    folder = adapter_folder(requested)
     started = time.perf_counter()
     manifest = check_adapter(folder, name, base)
     if manifest is None or not base.options.verify:
@@ -261,45 +296,113 @@ def load_checked(lora_request: Any, base: ServedBase, load: Callable[[Any], Any]
             logger.warning("ckptpub: loading adapter %s WITHOUT verification (verify=false)", folder)
         lora = load(lora_request)
         identity = manifest.identity if manifest is not None else None
-        _note_served(ServedAdapter(name, folder, identity, base.identity), "UNVERIFIED")
-        return lora
+        return _recorded(lora, lora_request, folder, identity, base, "UNVERIFIED")
     adapter = read_checked(folder, manifest, base.options)
-    with served_from_memory(adapter):
+    with served_from_memory(adapter, requested):
         lora = load(lora_request)
     if not (adapter.config_read and adapter.tensors_read):
         unread = CONFIG_FILE if not adapter.config_read else WEIGHTS_FILE
         reason = f"vLLM read it without going through ckptpub's check of {unread}"
         raise RefusedError(folder, reason, kind=KIND)
-    _note_served(
-        ServedAdapter(name, folder, adapter.manifest.identity, base.identity),
+    how = (
         f"verified {len(adapter.tensors)} tensors ({adapter.size / 2**20:.1f} MiB) "
-        f"in {time.perf_counter() - started:.2f} s",
+        f"in {time.perf_counter() - started:.2f} s"
     )
+    return _recorded(lora, lora_request, folder, manifest.identity, base, how)
+
+
+def _recorded(lora: Any, request: Any, folder: str, identity: str | None, base: ServedBase, how: str) -> Any:
+    record = ServedAdapter(
+        request.lora_int_id, request.lora_name, request.lora_path, folder, identity, base.identity, how
+    )
+    setattr(lora, RECORD_ATTR, record)
     return lora
 
 
-def _note_served(adapter: ServedAdapter, how: str) -> None:
-    """Log an adapter the first time this process serves it (name, folder, identity, base)."""
-    if record_served(adapter):
+def add_checked(manager: Any, lora_request: Any, base: ServedBase, add: Callable[[Any], bool]) -> bool:
+    """vLLM's ``add`` of ``lora_request`` to ``manager`` (a ``WorkerLoRAManager``), held or loaded.
+
+    vLLM keys what a worker holds by LoRA id alone: a held adapter answers for the
+    request only if it is the one the request names (:func:`check_held`). An add that
+    fails (a refused read, or vLLM's own failure once it registered the adapter, such
+    as a tensor of another rank than its config says, which leaves a half-written
+    slot) leaves nothing of the id behind, so the next request reads and checks the
+    folder again instead of using what is left. A successful add is recorded.
+    """
+    models = manager._adapter_manager
+    lora_id = lora_request.lora_int_id
+    held = models.get_adapter(lora_id)
+    if held is not None and not lora_request.load_inplace:
+        with refusals_logged():  # (a refused load is logged where it is found, in the load)
+            check_held(record_of(held), lora_request, base)
+    try:
+        loaded = add(lora_request)
+    except BaseException:
+        models.remove_adapter(lora_id)
+        _loaded.pop(lora_id, None)
+        raise
+    record = record_of(models.get_adapter(lora_id))
+    if record is not None and _loaded.get(lora_id) != record:
+        _loaded[lora_id] = record
         logger.info(
             "ckptpub: serving adapter %r from %s, identity %s, %s; base identity %s",
-            adapter.name,
-            adapter.path,
-            adapter.identity or "unknown (no manifest)",
-            how,
-            adapter.base_identity or "unknown (no manifest)",
+            record.name,
+            record.path,
+            record.identity or "unknown (no manifest)",
+            record.how,
+            record.base_identity or "unknown (no manifest)",
+        )
+    return loaded
+
+
+def check_held(record: ServedAdapter | None, lora_request: Any, base: ServedBase) -> None:
+    """Refuse ``lora_request`` unless the adapter held under its LoRA id (``record``) is the one it names:
+    the same folder (:func:`adapter_folder`), and no pin of the request's name that differs."""
+    from vllm.lora.utils import get_adapter_absolute_path
+
+    if record is not None and (record.name, record.requested) == (
+        lora_request.lora_name,
+        lora_request.lora_path,
+    ):
+        return
+    lora_id = lora_request.lora_int_id
+    folder = adapter_folder(get_adapter_absolute_path(lora_request.lora_path))
+    if record is None or record.path != folder:
+        held = f"adapter {record.name!r} from {record.path}" if record else "an adapter ckptpub did not load"
+        raise RefusedError(
+            folder,
+            f"LoRA id {lora_id} already holds {held}, which vLLM would answer with",
+            hint="give each adapter folder its own lora_int_id",
+            kind=KIND,
+        )
+    other = [pin for pin in pins_for(lora_request.lora_name, folder, base.options) if pin != record.identity]
+    if other:
+        raise RefusedError(
+            folder,
+            f"LoRA id {lora_id} holds it with identity {record.identity or 'unknown (no manifest)'}, "
+            f"not the expected {other[0]}",
+            kind=KIND,
         )
 
 
 _PATCH_MARK = "_ckptpub_original"
+#: The worker method the server calls (``collective_rpc``) to show what its workers loaded.
+LOADED_METHOD = "ckptpub_loaded_adapters"
+
+
+def _loaded_rows(worker: Any) -> list[list[Any]]:
+    """What :data:`LOADED_METHOD` answers: :func:`loaded_adapters` as plain rows (they cross processes)."""
+    return [[a.lora_id, a.name, a.requested, a.path, a.identity, a.base_identity] for a in loaded_adapters()]
 
 
 def install() -> None:
-    """Route vLLM's adapter loads through :func:`load_checked` in this process (idempotent).
+    """Route vLLM's adapter loads through :func:`load_checked`, and its adds through
+    :func:`add_checked`, in this process (idempotent); give its workers :data:`LOADED_METHOD`.
 
-    Each load checks only a base marked by :func:`serve_base`; others load as in vLLM.
+    Each checks only a base marked by :func:`serve_base`; others load as in vLLM.
     """
-    from vllm.lora.worker_manager import WorkerLoRAManager
+    from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager, WorkerLoRAManager
+    from vllm.v1.worker.worker_base import WorkerBase
 
     original = WorkerLoRAManager._load_adapter
     if getattr(original, _PATCH_MARK, None) is not None:
@@ -314,4 +417,18 @@ def install() -> None:
 
     setattr(_load_adapter, _PATCH_MARK, original)
     adapter_reads.install()
+    for manager in (WorkerLoRAManager, LRUCacheWorkerLoRAManager):
+        manager.add_adapter = _adding_checked(vars(manager)["add_adapter"])
+    setattr(WorkerBase, LOADED_METHOD, _loaded_rows)
     WorkerLoRAManager._load_adapter = _load_adapter
+
+
+def _adding_checked(original: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
+    def add_adapter(self: Any, lora_request: Any) -> bool:
+        base = getattr(self._adapter_manager.model, BASE_ATTR, None)
+        if base is None:
+            return original(self, lora_request)
+        return add_checked(self, lora_request, base, lambda request: original(self, request))
+
+    setattr(add_adapter, _PATCH_MARK, original)
+    return add_adapter

@@ -89,9 +89,9 @@ def read_status(state_dir: str) -> dict[str, Any]:
             ) from None
         raise
     why = schema.problem(schema.STATUS, data)
-    if why is not None:
+    if why is not None or not isinstance(data, dict):
         raise CkptpubError(f"{path}: not what a supervisor writes ({why}); not shown")
-    return data  # type: ignore[no-any-return]
+    return data
 
 
 def read_record(path: str) -> dict[str, Any] | None:

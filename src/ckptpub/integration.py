@@ -12,6 +12,10 @@ the way the core does (``docs/design.md`` lists where each rule lives):
   and not to ckptpub's own files, or into the blobs of the cached model whose snapshot
   the folder is), ``open_inside`` (the open alone, for a reader of a prefix such as a
   shard's header);
+* opening a file by the same rule with the flags a writer or a lock needs:
+  ``open_regular`` (the flags keep ``O_NOFOLLOW`` and ``O_NONBLOCK``; for an
+  integration's own files, such as the vLLM plugin's relay file and the preload
+  supervisor's lock and daemon logs);
 * decoding: ``loads_strict`` (JSON as every ckptpub reader decodes it), ``config_meaning``
   (a config's bytes to its object and the digest its identity covers),
   ``check_identity`` (``blake3:<64 lowercase hex>`` or a ``CkptpubError``),
@@ -40,7 +44,14 @@ manifest" is ``ckptpub.signing.read_trusted_manifest`` with ``TrustedKey.of`` or
 
 from ._filesystem import jsonfiles
 from ._filesystem.hub_cache import cached_model, locate
-from ._filesystem.safe_open import OpenError, open_inside, read_bounded, read_inside, resolve_inside
+from ._filesystem.safe_open import (
+    OpenError,
+    open_inside,
+    open_regular,
+    read_bounded,
+    read_inside,
+    resolve_inside,
+)
 from ._format.manifest import check_identity, config_meaning
 from ._format.names import (
     CONFIG_FILES,
@@ -97,6 +108,7 @@ __all__ = [
     "loads_strict",
     "locate",
     "open_inside",
+    "open_regular",
     "read_bounded",
     "read_inside",
     "resolve_inside",

@@ -179,7 +179,10 @@ class SupervisorProc:
     def status(self) -> dict:
         from ckptpub_vllm.preload.status import read_json
 
-        return read_json(str(self.state_dir / "status.json")) or {}
+        status = read_json(str(self.state_dir / "status.json"))
+        return (
+            status if isinstance(status, dict) else {}
+        )  # a planted one, until the supervisor writes its own
 
     def standin(self) -> list[dict]:
         return records(self.record)

@@ -47,7 +47,18 @@ def retired(models, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def offline(models, retired):
+def relay_planted(tmp_path_factory):
+    """``CKPTPUB_REFUSAL_FILE`` set, in the environment the engines start from, to a symlink to a file
+    outside (issue 34): the relay must neither empty nor write it, and still relay the worker's refusal."""
+    folder = tmp_path_factory.mktemp("relay")
+    outside = folder / "outside.jsonl"
+    outside.write_text("outside: never written\n")
+    os.symlink(outside, folder / "planted.jsonl")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def offline(models, retired, relay_planted):
     """One process, six engine starts with the engine core in its own process (vLLM's default)."""
     jobs = [  # the engine process of the last one is the only one started
         {"model": models["v1"], "load_format": "manifest_cache", "extra": {"expect_identity": OTHER}},
@@ -64,7 +75,11 @@ def offline(models, retired):
             "load_format": "manifest_cache",
         },  # refused in the worker, while loading
     ]
-    results, log = run_engines(jobs, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, timeout=1500)
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        "CKPTPUB_REFUSAL_FILE": str(relay_planted / "planted.jsonl"),
+    }
+    results, log = run_engines(jobs, env=env, timeout=1500)
     return results, log.split("CKPTPUB_RESULT ")
 
 
@@ -74,6 +89,12 @@ def test_offline_refusal_in_the_worker_is_what_the_caller_gets(offline, models):
         f"RefusedError: ckptpub: refusing to serve {models['tampered']}: tensor 'model.norm.weight' differs"
     ), tampered
     assert "WorkerProc initialization failed" in logs[-1]  # it happened in the engine's own processes
+
+
+def test_the_relay_never_writes_through_a_symlink_the_variable_names(offline, relay_planted):
+    """The refusal above was relayed through a file the start made, not the planted name (issue 34)."""
+    assert (relay_planted / "outside.jsonl").read_text() == "outside: never written\n"
+    assert os.path.islink(relay_planted / "planted.jsonl")
 
 
 def test_offline_refusals_at_config_time_come_before_any_engine_process(offline, models):

@@ -16,8 +16,8 @@ any failure as "Engine core initialization failed. See root cause above." So, fo
   they refuse (a re-publish between the two reads);
 * a **refusal made in a worker** while loading (a tensor that differs, a daemon holding
   another identity with ``fallback: false``) is written by the worker to a file this
-  process names in ``CKPTPUB_REFUSAL_FILE`` (``shared.refusals``), and raised here
-  instead of vLLM's generic startup error;
+  process makes for each start and names in ``CKPTPUB_REFUSAL_FILE`` (``shared.refusals``),
+  and raised here instead of vLLM's generic startup error;
 * the **served identity** is recorded for tools (:mod:`.served`: ``/metrics`` and
   ``/v1/models`` of the OpenAI server).
 
@@ -27,17 +27,12 @@ A refused LoRA adapter reaches the caller of its request in this process too
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import os
-import tempfile
 from typing import Any
 
-from ckptpub.integration import REFUSAL_FILE_ENV
 from ckptpub.serving import model_folder
 
 from ..shared.options import LOAD_FORMAT
-from ..shared.refusals import refusals_logged, relayed_refusal
+from ..shared.refusals import end_relay, refusals_logged, relayed_refusal, start_relay
 from ..shared.startup import check_before_start
 from ..worker.loader import ManifestCacheLoader
 from . import adapters, served
@@ -84,17 +79,10 @@ def check_at_config_time(vllm_config: Any) -> None:
 
 
 def _relay_refusals_from_workers() -> None:
-    """Name a relay file for this process's engine processes, and raise what they write to it."""
+    """Make a relay file for this engine start's processes, and raise what they write to it."""
     from vllm.v1.engine import utils as engine_utils
 
-    path = os.environ.get(REFUSAL_FILE_ENV)
-    if path is None or not os.path.isfile(path):
-        fd, path = tempfile.mkstemp(prefix="ckptpub-refusal-", suffix=".jsonl")
-        os.close(fd)
-        os.environ[REFUSAL_FILE_ENV] = path
-        atexit.register(_remove, path)
-    with open(path, "wb"):  # a new engine start: what an earlier one relayed is over
-        pass
+    start_relay()
     original = engine_utils.wait_for_engine_startup
     if getattr(original, _PATCH_MARK, False):
         return
@@ -104,16 +92,12 @@ def _relay_refusals_from_workers() -> None:
             started = original(*args, **kwargs)
         except RuntimeError as error:
             refusal = relayed_refusal()
+            end_relay()
             if refusal is None:
                 raise
             raise refusal from error
-        _remove(os.environ.get(REFUSAL_FILE_ENV, ""))  # started: later refusals (adapters) are the requests'
+        end_relay()  # started: later refusals (adapters) are the requests'
         return started
 
     setattr(wait_for_engine_startup, _PATCH_MARK, True)
     engine_utils.wait_for_engine_startup = wait_for_engine_startup
-
-
-def _remove(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)

@@ -13,6 +13,7 @@ Modules (imports go downwards only; none of them imports vLLM):
   the manifests, the run index and ``ckptpub verify`` results ``decide`` is given.
 * :mod:`.daemon_process`: start, confirm, stop and adopt one daemon command.
 * :mod:`.status`: the state directory (status file, decision log, daemon records).
+* :mod:`.schema`: the shapes of what the supervisor writes there, checked on reading.
 * :mod:`.supervisor`: the loop that ties them together (a state machine over ``State``).
 * :mod:`.cli`: ``ckptpub preload`` (an entry point of ``ckptpub.commands``).
 """

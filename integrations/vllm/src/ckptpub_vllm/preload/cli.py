@@ -16,14 +16,15 @@ supervisor's own log lines.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 from ckptpub import CkptpubError
 from ckptpub.cli import Command, ExitCode, UsageError, seconds_argument
+from ckptpub.errors import one_line
 from ckptpub.integration import CERTIFICATE_CHAIN_ENV, PRELOAD_STATE_DIR_ENV, PUBLIC_KEY_ENV
 from ckptpub.signing import TrustedKey, read_trusted_manifest
 
@@ -240,40 +241,30 @@ def _supervise(args: PreloadArguments) -> int:
     )
     try:
         return Supervisor(config).run()
-    except (RuntimeError, ValueError) as error:  # a state directory in use; a --daemon-cmd shlex cannot split
+    except ValueError as error:  # a --daemon-cmd shlex cannot split
         raise CkptpubError(str(error)) from error
-
-
-def supervisor_alive(state_dir: str) -> bool:
-    """Whether a supervisor holds the state directory's lock right now."""
-    try:
-        fd = os.open(os.path.join(state_dir, st.LOCK), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def _history(args: PreloadArguments) -> int:
     state_dir = args.state_dir or st.default_state_dir()
-    if not os.path.isfile(os.path.join(state_dir, st.DECISIONS)):
+    st.check_readable(state_dir)
+    if not os.path.lexists(os.path.join(state_dir, st.DECISIONS)):
         raise CkptpubError(f"{state_dir}: no decision log (has a supervisor run with this --state-dir?)")
-    for entry in st.read_decisions(state_dir):
+    for entry in st.read_decisions(state_dir, _skipped):
         print(json.dumps(entry, sort_keys=True) if args.json else st.format_entry(entry))
     return ExitCode.OK
 
 
+def _skipped(number: int, why: str) -> None:
+    """A decision-log line that is not an entry, in one line on stderr (as the run index's are)."""
+    print(one_line(f"ckptpub preload: {st.DECISIONS} line {number} skipped: {why}"), file=sys.stderr)
+
+
 def _status(args: PreloadArguments) -> int:
     state_dir = args.state_dir or st.default_state_dir()
-    data = st.read_json(os.path.join(state_dir, st.STATUS))
-    if not isinstance(data, dict):
-        raise CkptpubError(f"{state_dir}: no status (has a supervisor run with this --state-dir?)")
-    data["supervisor_alive"] = supervisor_alive(state_dir)
+    st.check_readable(state_dir)
+    data = st.read_status(state_dir)
+    data["supervisor_alive"] = st.SupervisorLock(state_dir).held()
     if not data["supervisor_alive"] and data.get("state") not in ("stopped",):
         data["state_note"] = "the supervisor is not running; this status may be stale"
     if args.json:

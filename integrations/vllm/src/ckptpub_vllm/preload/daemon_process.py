@@ -11,7 +11,8 @@ preload ...``, ``docker exec ...``); tests substitute a stand-in.
 
 **Process.** Each daemon command runs in a session (and process group) of its own,
 with stdin from ``/dev/null`` and stdout/stderr to ``logs/daemon-G.log`` in the state
-directory, not a pipe: it keeps running and logging when the supervisor dies, which
+directory (opened, and read back, by ``shared.own_files``: never through a symlink, never
+blocking on a FIFO), not a pipe: it keeps running and logging when the supervisor dies, which
 is what lets a restarted supervisor adopt it. Its environment carries
 ``CKPTPUB_PRELOAD_IDENTITY`` (the identity it was started for, checked again on
 adoption through ``/proc/PID/environ``), ``CKPTPUB_REQUIRE_MANIFEST=1`` (the plugin
@@ -51,10 +52,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptpub.integration import PRELOAD_IDENTITY_ENV, PRELOAD_TAKEOVER_ENV
+from ckptpub.errors import CkptpubError
+from ckptpub.integration import PRELOAD_IDENTITY_ENV, PRELOAD_TAKEOVER_ENV, OpenError
 
 from ..shared import daemon_reports
 from ..shared.daemon_reports import proc_stat
+from ..shared.own_files import APPEND, make_folder, open_own, read_own
 from . import failures
 
 #: ``vllm preload`` through :mod:`.vllm_launcher` (vLLM's own CLI, plus logging in the daemon children).
@@ -163,15 +166,19 @@ class LogWatch:
     handed_over: dict[int, str] = field(default_factory=dict)  # pid -> socket path given up
     clients: dict[int, int | None] = field(default_factory=dict)  # engine pid -> its start ticks
     ready: bool = False
+    unreadable: str | None = None  # why the log cannot be read (a symlink, a FIFO at its name)
     last_exception: str | None = None
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=5))
 
     def poll(self) -> None:
         try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read(4 << 20)
-        except OSError:
+            data = read_own(self.path, 4 << 20, self.offset)
+        except OpenError as error:
+            if not error.absent:
+                self.unreadable = str(error)
+            return
+        except CkptpubError as error:  # a FIFO, a folder, a device planted at its name
+            self.unreadable = str(error)
             return
         self.offset += len(data)
         lines = (self.partial + data).split(b"\n")
@@ -270,15 +277,16 @@ class Daemon:
         ``takeover``: the daemon waits for the socket path's lock when another daemon
         holds it, instead of failing (``daemon_serving``).
         """
-        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        make_folder(os.path.dirname(log_path))
         child_env = dict(os.environ)
         child_env[PRELOAD_IDENTITY_ENV] = identity
         child_env.setdefault("CKPTPUB_REQUIRE_MANIFEST", "1")
         child_env.setdefault("PYTHONUNBUFFERED", "1")
         if takeover:
             child_env[PRELOAD_TAKEOVER_ENV] = "1"
-        with open(log_path, "ab") as log:
-            offset = log.tell()
+        log = open_own(log_path, APPEND)  # CkptpubError naming it: a symlink, a FIFO, a folder there
+        try:
+            offset = os.lseek(log, 0, os.SEEK_END)
             popen = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -288,6 +296,8 @@ class Daemon:
                 start_new_session=True,
                 close_fds=True,
             )
+        finally:
+            os.close(log)
         info = proc_stat(popen.pid)
         return cls(
             generation=generation,
@@ -327,6 +337,8 @@ class Daemon:
         """
         self.watch.poll()
         watch = self.watch
+        if watch.unreadable is not None:
+            return "permanent", f"its log cannot be read: {watch.unreadable}"
         wrong = [i for i in watch.identities() if i != self.identity]
         if wrong:
             if wrong[0] is None:

@@ -14,7 +14,14 @@ Every JSON file is replaced atomically and the decision log appended a whole lin
 at a time, both by :mod:`ckptpub.integration.jsonfiles` (the manifest's and the run index's
 writer): a reader (``ckptpub preload --status``, a health check, the next
 supervisor) never sees half a file, and a crash leaves at worst a torn last log
-line, which readers skip.
+line, which readers skip. The lock and the daemon logs are opened by
+``shared.own_files``. So no file here is written or read through a symlink, and none is
+blocked on when it is a FIFO: a failure names the file. The folder itself, and ``logs``,
+must be folders no other user may change (``own_files.check_folder``): the supervisor
+acts on what it finds here (it adopts and stops the daemons its records name).
+What is read is checked against the shapes the supervisor writes (:mod:`.schema`):
+``--status`` refuses a ``status.json`` of another shape in one line, ``--history``
+skips a line of another shape, saying so in one line.
 """
 
 from __future__ import annotations
@@ -24,10 +31,15 @@ import errno
 import fcntl
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ckptpub.errors import CkptpubError, one_line
-from ckptpub.integration import PRELOAD_STATE_DIR_ENV, jsonfiles
+from ckptpub.integration import PRELOAD_STATE_DIR_ENV, OpenError, jsonfiles
+
+from ..shared.own_files import LOCK as LOCK_FILE
+from ..shared.own_files import READ, check_folder, make_folder, open_own, read_own
+from . import schema
 
 STATUS = "status.json"
 DECISIONS = "decisions.jsonl"
@@ -35,6 +47,7 @@ DAEMON = "daemon.json"
 LOADING = "loading.json"
 RETIRED = "retired.json"
 LOCK = "supervisor.lock"
+LOGS = "logs"
 
 #: A status or daemon record larger than this is treated as unusable (it holds notes, not data).
 MAX_FILE_BYTES = 64 << 20
@@ -64,6 +77,29 @@ def read_json(path: str) -> Any | None:
         return None
 
 
+def read_status(state_dir: str) -> dict[str, Any]:
+    """``status.json`` as the supervisor wrote it; else ``CkptpubError`` naming the file and what is wrong."""
+    path = os.path.join(state_dir, STATUS)
+    try:
+        data = jsonfiles.read_json(path, MAX_FILE_BYTES, path)
+    except OpenError as error:
+        if error.absent:
+            raise CkptpubError(
+                f"{state_dir}: no status (has a supervisor run with this --state-dir?)"
+            ) from None
+        raise
+    why = schema.problem(schema.STATUS, data)
+    if why is not None or not isinstance(data, dict):
+        raise CkptpubError(f"{path}: not what a supervisor writes ({why}); not shown")
+    return data
+
+
+def read_record(path: str) -> dict[str, Any] | None:
+    """A daemon record (``daemon.json``, ``loading.json``) as the supervisor wrote it; ``None`` otherwise."""
+    data = read_json(path)
+    return data if data is not None and schema.problem(schema.DAEMON_RECORD, data) is None else None
+
+
 def remove(path: str) -> None:
     """Remove ``path`` if it is there."""
     with contextlib.suppress(FileNotFoundError):
@@ -75,10 +111,21 @@ def append_decision(state_dir: str, entry: dict[str, Any]) -> None:
     jsonfiles.append_line(os.path.join(state_dir, DECISIONS), entry, DECISIONS)
 
 
-def read_decisions(state_dir: str) -> list[dict[str, Any]]:
-    """Every complete entry of the decision log, oldest first (a torn or corrupt line is skipped)."""
-    lines = jsonfiles.read_lines(os.path.join(state_dir, DECISIONS), MAX_LOG_BYTES, DECISIONS)
-    return [entry for _, entry in lines if isinstance(entry, dict)]
+def read_decisions(state_dir: str, on_skip: Callable[[int, str], None] | None = None) -> list[dict[str, Any]]:
+    """Every entry of the decision log as the supervisor wrote it, oldest first.
+
+    A torn, corrupt or hostile line (not JSON, or not the shape of an entry:
+    ``schema.ENTRY``) is skipped and ``on_skip(line_number, why)`` told, as the run
+    index's readers are.
+    """
+    lines = jsonfiles.read_lines(
+        os.path.join(state_dir, DECISIONS),
+        MAX_LOG_BYTES,
+        DECISIONS,
+        on_skip,
+        check=lambda value: schema.problem(schema.ENTRY, value),
+    )
+    return [entry for _, entry in lines]
 
 
 class SupervisorLock:
@@ -86,6 +133,7 @@ class SupervisorLock:
 
     The descriptor is close-on-exec, so daemons started by the supervisor do not
     inherit it and the lock goes away with the supervisor, even after ``SIGKILL``.
+    Opened, like every file of the state directory, by ``shared.own_files``'s rule.
     """
 
     def __init__(self, state_dir: str) -> None:
@@ -93,15 +141,15 @@ class SupervisorLock:
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_own(self.path, LOCK_FILE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
             os.close(fd)
             if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                owner = _read_small(self.path).strip() or "?"
-                raise RuntimeError(f"another supervisor (pid {owner}) uses this state directory") from None
-            raise
+                owner = self._holder()
+                raise CkptpubError(f"another supervisor (pid {owner}) uses this state directory") from None
+            raise CkptpubError(f"{self.path}: cannot lock: {error.strerror or error}") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd
@@ -111,13 +159,48 @@ class SupervisorLock:
             os.close(self.fd)
             self.fd = None
 
+    def held(self) -> bool:
+        """Whether a supervisor holds the lock right now (``False`` when there is no lock file)."""
+        try:
+            fd = open_own(self.path, READ)
+        except OpenError as error:
+            if error.absent:
+                return False
+            raise
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+        return False
 
-def _read_small(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read(64)
-    except OSError:
-        return ""
+    def _holder(self) -> str:
+        """The pid the holder wrote, as text, or ``?``."""
+        try:
+            text = read_own(self.path, 64).decode("ascii").strip()
+        except (CkptpubError, UnicodeDecodeError):
+            return "?"
+        return text if text.isdigit() else "?"
+
+
+def prepare(state_dir: str) -> None:
+    """Make (or check) the state directory and its ``logs`` for a supervisor: ``CkptpubError`` naming the
+    folder when it is not a folder, or one another user may change (``own_files.check_folder``)."""
+    make_folder(state_dir, follow_symlink=True)
+    make_folder(os.path.join(state_dir, LOGS))
+
+
+def check_readable(state_dir: str) -> None:
+    """Check the state directory before ``--status`` or ``--history`` trust what is in it."""
+    if not os.path.lexists(state_dir):
+        raise CkptpubError(f"{state_dir}: no state directory (has a supervisor run with this --state-dir?)")
+    check_folder(state_dir, follow_symlink=True)
+
+
+def log_path(state_dir: str, generation: int) -> str:
+    """Where generation ``generation``'s daemon command writes its output."""
+    return os.path.join(state_dir, LOGS, f"daemon-{generation}.log")
 
 
 def _ago(seconds: float) -> str:

@@ -40,7 +40,7 @@ from typing import Any
 from ckptpub import CkptpubError
 from ckptpub.errors import one_line
 
-from . import adapter_runs
+from . import adapter_runs, schema
 from . import status as st
 from .daemon_process import DEFAULT_COMMAND, READY_PATTERN, Daemon, build_argv
 from .decide import Decision, Failure, Held, Target, decide
@@ -129,7 +129,7 @@ class Supervisor:
     # ------------------------------------------------------------------ run
 
     def run(self) -> int:
-        os.makedirs(self.state_dir, exist_ok=True)
+        st.prepare(self.state_dir)
         self.lock.acquire()
         previous_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -314,7 +314,7 @@ class Supervisor:
             )
         except ValueError as error:
             raise CkptpubError(str(error)) from None
-        log_path = os.path.join(self.state_dir, "logs", f"daemon-{gen}.log")
+        log_path = st.log_path(self.state_dir, gen)
         try:
             new = Daemon.launch(
                 generation=gen,
@@ -511,9 +511,12 @@ class Supervisor:
 
     def _recover(self) -> None:
         """Adopt the daemons a previous supervisor left running, if the live processes prove they are ours."""
-        previous = st.read_json(os.path.join(self.state_dir, st.STATUS)) or {}
+        try:
+            previous = st.read_status(self.state_dir)
+        except CkptpubError:  # none, or not a supervisor's: this supervisor writes its own
+            previous = {}
         self.generation = int(previous.get("generation") or 0)
-        loading = st.read_json(os.path.join(self.state_dir, st.LOADING))
+        loading = st.read_record(os.path.join(self.state_dir, st.LOADING))
         if loading:
             self.generation = max(self.generation, int(loading.get("generation") or 0))
             daemon, why = Daemon.adopt(loading, self.ready_re)
@@ -529,15 +532,19 @@ class Supervisor:
             st.remove(os.path.join(self.state_dir, st.LOADING))
         retired = st.read_json(os.path.join(self.state_dir, st.RETIRED))
         for record in retired if isinstance(retired, list) else []:
-            if isinstance(record, dict):
+            if schema.problem(schema.DAEMON_RECORD, record) is None:
                 daemon, why = Daemon.adopt(record, self.ready_re, retired=True)
                 if daemon is not None and not why:
                     self.retired.append(daemon)
                 elif daemon is not None:
                     daemon.stop(self.cfg.stop_timeout)
         self._write_retired()
-        record = st.read_json(os.path.join(self.state_dir, st.DAEMON))
-        if not record:
+        record = st.read_record(os.path.join(self.state_dir, st.DAEMON))
+        if record is None:
+            if os.path.lexists(os.path.join(self.state_dir, st.DAEMON)):
+                self._outcome(
+                    "not-adopted", "not-adopted", f"previous daemon not adopted: {st.DAEMON} is not a record"
+                )
             return
         self.generation = max(self.generation, int(record.get("generation") or 0))
         daemon, why = Daemon.adopt(record, self.ready_re)

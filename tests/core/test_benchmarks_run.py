@@ -99,3 +99,17 @@ def test_bench_hash_compares_with_b3sum(tmp_path: Path) -> None:
     assert "ckptpub publish" in rows, output
     assert "ckptpub verify" in rows, output
     assert rows["ckptpub publish"][3].endswith("x"), rows  # the ratio to b3sum
+
+
+def test_bench_listing_times_ls_and_log_beside_show(tmp_path: Path) -> None:
+    checkout = Path(__file__).resolve().parents[2]  # against itself: the before/after columns filled
+    sizes = ("--layers", "2", "--experts", "16", "--shards", "3", "--steps", "3")
+    output = run(
+        "bench_listing.py", *sizes, "--work", str(tmp_path), "--repeat", "1", "--against", str(checkout)
+    )
+    rows = table_rows(output)
+    assert set(rows) == {"command", "show (one step)", "ls (3 steps)", "log (3 steps)"}, output
+    for name in ("show (one step)", "ls (3 steps)", "log (3 steps)"):
+        assert float(rows[name][0]) > 0, rows  # this checkout's wall
+        assert float(rows[name][3]) > 0, rows  # the other's
+    assert len(list((tmp_path / "run").glob("checkpoint-*"))) == 3

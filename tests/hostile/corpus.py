@@ -1084,7 +1084,8 @@ CASES = [
 ]
 
 #: Manifests whose regions break a rule while the first line and identity agree with them (a careful
-#: forger's): every reader must refuse them alike (show and ls as verify and diff do).
+#: forger's): every reader of entries must refuse them alike (show as verify and diff do); ls and log,
+#: which read no entry, list them by the identity they commit to (RUN_CASES).
 REGION_CASES = [
     Case(
         "model region unsorted",
@@ -1236,11 +1237,20 @@ RUN_CASES = [
         ("checkpoint-20",),
     ),
     RunCase(
-        "manifest of a checkpoint breaks a region rule",
-        lambda r: REGION_CASES[0].damage(r / "checkpoint-20"),
+        "manifest of a checkpoint has an identity not its entries'",
+        lambda r: next(c for c in CASES if c.name == "manifest identity not its entries'").damage(
+            r / "checkpoint-20"
+        ),
         2,
         ("checkpoint-10",),
         ("checkpoint-20",),
+    ),
+    RunCase(  # a listing checks the first line and identity, not each entry (docs/format.md): show refuses it
+        "manifest of a checkpoint breaks a region rule only",
+        lambda r: REGION_CASES[0].damage(r / "checkpoint-20"),
+        0,
+        ("checkpoint-10", "checkpoint-20"),
+        (),
     ),
     RunCase(
         "run index is a FIFO",

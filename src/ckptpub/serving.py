@@ -18,14 +18,16 @@ its own. Nothing here imports torch or an engine.
 * **Which manifest**: ``trusted_model(reference, revision, policy=Policy(...))`` resolves
   a folder or hub id once to a ``TrustedModel`` (folder, manifest, ``cache_key``), under
   a ``Policy`` (manifest required, pinned identity, trusted signing key;
-  ``Policy.from_environment()`` for processes that see no engine option). Lower-level:
-  ``model_folder``, ``read_folder_manifest``, ``publish_command``.
-* **The files the engine reads itself**: ``check_engine_files`` (refuses),
+  ``Policy.from_environment()`` for processes that see no engine option). A reference may be
+  an ``s3://`` prefix: its manifest is one GET of the bucket's ``ckptpub.json``. Lower-level:
+  ``model_folder``, ``has_manifest``, ``read_folder_manifest``, ``publish_command``.
+* **The files the engine reads itself**: ``check_engine_files`` (refuses; ``copy_of=`` for
+  the local copy an engine pulled of an object-store prefix's small files),
   ``engine_file_problems`` (lists), ``read_published`` (one file's checked bytes, for an
   integration that hands them to its engine), ``read_weights_file`` (a whole weights file
   read once into writable memory, to verify as it is handed on), ``engine_reads`` (which names count).
-* **The shards**, on the disk path: ``check_shards_are_files`` before the engine opens
-  them, ``shard_problems`` after its reading failed.
+* **The shards**, in a folder or an ``s3://`` prefix: ``check_shards_are_files`` before the
+  engine opens them, ``shard_problems`` after its reading failed.
 * **Every streamed tensor**: ``StreamVerifier`` (``expect``, ``hash``, ``finish``).
 * **Refusals**: ``RefusedError``, one line, ``ckptpub: refusing to serve FOLDER: REASON``.
 """
@@ -45,6 +47,7 @@ from ._serving.stream import INLINE_HASH_BYTES, StreamVerifier
 from ._serving.trust import (
     Policy,
     TrustedModel,
+    has_manifest,
     model_folder,
     publish_command,
     read_folder_manifest,
@@ -62,6 +65,7 @@ __all__ = [
     "check_shards_are_files",
     "engine_file_problems",
     "engine_reads",
+    "has_manifest",
     "model_folder",
     "publish_command",
     "read_folder_manifest",

@@ -16,6 +16,8 @@ Modules:
     signhelpers           keys, certificates, signed checkpoints, model_signing's CLI and API
     preload_helpers       the ``ckptpub preload`` supervisor as a process, its stand-in daemon
     vllm_engine_helpers   the vLLM engine runner, OpenAI server, weight-cache daemon shim
+    s3server              a real S3 server (moto's) on 127.0.0.1, its request log
+    s3fixtures            the ``s3_server`` and ``bucket`` fixtures, imported by the conftests that need them
 
 Helpers of one test folder stay in that folder and are imported by their path
 (``tests.hostile.corpus``, ``tests.callback.cbhelpers``, ``tests.vllm.lora_helpers``): the

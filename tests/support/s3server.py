@@ -13,6 +13,7 @@ import contextlib
 import http.client
 import http.server
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 START_TIMEOUT_S = 30
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+_ABSOLUTE = re.compile(r" https?://[^/ ]+/")
 
 
 class S3Server:
@@ -91,9 +94,15 @@ class S3Server:
         return url
 
     def requests_logged(self) -> list[str]:
-        """The request lines the server logged so far (``GET /bucket/key?...``), oldest first."""
-        lines = self.log_path.read_text(errors="replace").splitlines()
-        return [line.split('"')[1] for line in lines if line.count('"') >= 2]
+        """The request lines the server logged so far (``GET /bucket/key?... HTTP/1.1``), oldest first.
+
+        The server colours some lines (a 206 answer to a ranged GET) and logs a request made in
+        absolute form (runai-model-streamer's ``GET http://host:port/bucket/key``) as it came: both are
+        written here as every other line is.
+        """
+        text = _COLOUR.sub("", self.log_path.read_text(errors="replace"))
+        lines = [line.split('"')[1] for line in text.splitlines() if line.count('"') >= 2]
+        return [_ABSOLUTE.sub(" /", line, count=1) for line in lines]
 
     def stop(self) -> None:
         self._process.terminate()

@@ -19,6 +19,7 @@ pytest.importorskip("vllm")
 ckptpub = pytest.importorskip("ckptpub")
 
 from support.checkpoints import forged_regions, swap_first_entries  # noqa: E402
+from support.s3fixtures import bucket, s3_server  # noqa: E402, F401  # the S3 server of test_object_store.py
 from support.vllm_engine_helpers import TAMPERED_TENSOR, TOGGLED_LOADS, hub_env, run_engines, same_size_edit  # noqa: E402
 
 

@@ -24,8 +24,14 @@ a new use of a vLLM name is checked without editing this file:
 * ``super``: every ``super().m(...)`` names a method of the base, with arguments it accepts;
 * ``self``: every ``self.x`` a plugin subclass reads but never sets exists on the base.
 
+A plugin class's own mixins (``class VerifyingDiskLoader(_VerifiedLoad, DefaultModelLoader)``)
+count as part of it: their methods are checked as overrides of the vLLM base, their ``super()``
+calls against it, what they set as set.
+
 Plus the protocol facts the plugin relies on that are not names (``fact`` rows): the
-key's ``checkpoint`` comes from ``hash_checkpoint`` looked up at call time; the daemon's
+key's ``checkpoint`` comes from ``hash_checkpoint`` looked up at call time; vLLM's refusal of
+other load formats for object-store models is made only in ``VllmConfig.try_verify_and_update_config``
+and admits ``runai_streamer`` (``frontend/object_store.py`` relies on both); the daemon's
 ``_run_daemon`` is handed a ``VllmConfig``; plugins load from ``vllm.general_plugins``;
 and informational rows on what changed (the daemon's key attribute, the ``get_state``
 request field, whether ``_run_daemon`` configures logging itself).
@@ -296,9 +302,9 @@ def override_problem(base: Signature, plugin: Signature) -> str | None:
 class PluginUse:
     imports: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (module, name) -> where
     module_attrs: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (module, attr) -> where
-    subclasses: list[tuple[str, ast.ClassDef, str, str]] = field(
+    subclasses: list[tuple[str, ast.ClassDef, str, str, list[ast.ClassDef]]] = field(
         default_factory=list
-    )  # file, class, base mod, base
+    )  # file, class, base mod, base, the plugin's own classes it also derives from (mixins), in order
 
 
 def read_plugin(root: Path) -> PluginUse:
@@ -308,6 +314,7 @@ def read_plugin(root: Path) -> PluginUse:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         names: dict[str, tuple[str, str]] = {}  # local name -> (vllm module, name)
         modules: dict[str, str] = {}  # local name -> vllm module it is
+        own = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}  # the module's classes
         for node in ast.walk(tree):
             if (
                 isinstance(node, ast.ImportFrom)
@@ -337,9 +344,12 @@ def read_plugin(root: Path) -> PluginUse:
             if named is not None and named[0] in modules:
                 use.module_attrs.setdefault((modules[named[0]], named[1]), set()).add(f"{rel}:{node.lineno}")
             if isinstance(node, ast.ClassDef):
+                mixins = [
+                    own[base.id] for base in node.bases if isinstance(base, ast.Name) and base.id in own
+                ]
                 for base in node.bases:
                     if isinstance(base, ast.Name) and base.id in names:
-                        use.subclasses.append((rel, node, *names[base.id]))
+                        use.subclasses.append((rel, node, *names[base.id], mixins))
     return use
 
 
@@ -353,10 +363,13 @@ def _attribute_named_by_string(node: ast.AST) -> tuple[str, str] | None:
     return None
 
 
-def _self_reads_and_writes(cls: ast.ClassDef) -> tuple[dict[str, int], set[str]]:
+def _self_reads_and_writes(classes: list[ast.ClassDef]) -> tuple[dict[str, int], set[str]]:
+    """``self.x`` read and set in a class and the plugin's mixins it derives from (one object's)."""
     reads: dict[str, int] = {}
-    writes = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    for node in ast.walk(cls):
+    writes = {
+        n.name for cls in classes for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    for node in (node for cls in classes for node in ast.walk(cls)):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
             if isinstance(node.ctx, ast.Store):
                 writes.add(node.attr)
@@ -431,13 +444,14 @@ def _class_attribute(dotted: str, attr: str, where: set[str], src: VllmSource) -
 
 def check_subclasses(use: PluginUse, src: VllmSource) -> list[Row]:
     rows = []
-    for rel, cls, base_module, base_name in use.subclasses:
+    for rel, cls, base_module, base_name, mixins in use.subclasses:
         chain = class_chain(src, base_module, base_name)
         label = f"{cls.name}({base_name})"
         if not chain:
             rows.append(_row("class", label, f"{rel}:{cls.lineno}", src, False, "base class not found"))
             continue
-        for fn in [n for n in cls.body if isinstance(n, ast.FunctionDef)]:
+        # a method of a mixin before the vLLM base overrides the base's too, and its super() calls reach it
+        for fn in [n for c in (cls, *mixins) for n in c.body if isinstance(n, ast.FunctionDef)]:
             base_fn = find_method(chain, fn.name)
             if base_fn is not None and fn.name != "__init__":
                 base_sig, mine = Signature.of(base_fn), Signature.of(fn)
@@ -483,7 +497,7 @@ def check_subclasses(use: PluginUse, src: VllmSource) -> list[Row]:
                         why or f"vLLM: {Signature.of(target).text()}",
                     )
                 )
-        reads, writes = _self_reads_and_writes(cls)
+        reads, writes = _self_reads_and_writes([cls, *mixins])
         for attr, line in sorted(reads.items()):
             if attr not in writes:
                 found = has_attribute(chain, attr)
@@ -560,6 +574,7 @@ def check_facts(src: VllmSource) -> list[Row]:
         )
     )
     rows += _adapter_facts(src)
+    rows.append(_object_store_fact(src))
     plugins = src.module_text("vllm.plugins") or ""
     rows.append(
         _row(
@@ -623,6 +638,26 @@ def check_facts(src: VllmSource) -> list[Row]:
         )
     )
     return rows
+
+
+def _object_store_fact(src: VllmSource) -> Row:
+    """Where vLLM refuses ``manifest_cache`` for an object-store model: ``frontend/object_store.py`` swaps the
+    load format to ``runai_streamer`` while ``try_verify_and_update_config`` runs, which works only while
+    that method alone makes the check and ``runai_streamer`` passes it."""
+    refusal = "To load a model from object storage"
+    method = find_method(class_chain(src, "vllm.config.vllm", "VllmConfig"), "try_verify_and_update_config")
+    inside = ast.unparse(method) if method is not None else ""
+    module = src.module_text("vllm.config.vllm") or ""
+    ok = refusal in inside and "'runai_streamer'" in inside and module.count(refusal) == inside.count(refusal)
+    return _row(
+        "fact",
+        "the object-store load-format check is made in VllmConfig.try_verify_and_update_config only, "
+        "and admits runai_streamer",
+        "frontend/object_store.py",
+        src,
+        ok,
+        "",
+    )
 
 
 def _calls(fn: ast.AST | None, name: str, on: str | None = None) -> bool:

@@ -16,8 +16,16 @@ bounded by the manifest's before a byte is read; ``ckptpub verify`` refuses the 
 layouts. The weight shards are never opened here: the work is one directory listing
 plus one open, ``fstat`` and read per engine file, the same for 16 shards or 163.
 
-``check_shards_are_files`` and ``shard_problems`` are for the disk path only: before
+``check_shards_are_files`` and ``shard_problems`` are for the loading path only: before
 an engine opens the shards itself, and after its reading failed, to name the shard.
+
+A model in object storage (``s3://bucket/prefix``) is read by an engine from two places:
+its small files from a local copy the engine pulled (vLLM keeps one per URL and never
+cleans it: a file deleted from the bucket stays there), its shards from the bucket.
+``check_engine_files(copy, manifest, copy_of=url)`` checks that copy against the
+manifest read from the bucket, so a stale or altered pulled file is refused like a
+changed one; the shard checks take the URL itself (objects are neither symlinks nor FIFOs;
+their sizes and headers come from one listing and a ranged GET each).
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ from __future__ import annotations
 import os
 import stat
 
+from .._filesystem.objects import ObjectUrl, is_object_url, list_objects
 from .._filesystem.safe_open import OpenError, kind_of, open_inside, read_inside, resolve_inside
+from .._filesystem.sources import open_source, read_at
 from .._format.digest import digest_bytes
 from .._format.manifest import FileRecord, Manifest, config_meaning
 from .._format.names import MANIFEST_NAME, SAFETENSORS_INDEX_NAME, TRAINER_STATE_NAME
@@ -137,11 +147,26 @@ def engine_file_problems(folder: str, manifest: Manifest) -> list[str]:
     return problems
 
 
-def check_engine_files(folder: str, manifest: Manifest, kind: str = "") -> None:
-    """Refuse unless every file an engine reads is exactly as published."""
+def check_engine_files(
+    folder: str, manifest: Manifest, kind: str = "", *, copy_of: str | None = None
+) -> None:
+    """Refuse unless every file an engine reads is exactly as published.
+
+    ``copy_of``: ``folder`` is the engine's local copy of the small files of that object-store
+    prefix, whose manifest ``manifest`` is; the refusal names the prefix and the copy.
+    """
     problems = engine_file_problems(folder, manifest)
-    if problems:
+    if not problems:
+        return
+    if copy_of is None:
         raise RefusedError.for_problems(folder, problems, hint=f"run `ckptpub verify {folder}`", kind=kind)
+    raise RefusedError.for_problems(
+        copy_of,
+        [f"the engine's copy of its files ({folder}): {problem}" for problem in problems],
+        hint=f"run `ckptpub verify {copy_of}`; a copy that is stale (a file deleted from the bucket "
+        "stays in it) or altered is removed for the engine to pull the files again",
+        kind=kind,
+    )
 
 
 def _present_engine_files(folder: str) -> list[str]:
@@ -180,8 +205,11 @@ def check_shards_are_files(folder: str) -> None:
     Engines open the shards with a blocking open that follows symlinks: a FIFO would
     hang the engine start, a symlink could read outside the folder. One listing (the
     entry types come with it) and a ``stat`` only for symlinks, on the disk path
-    only: the daemon path touches no shard.
+    only: the daemon path touches no shard. Objects of an ``s3://`` prefix are neither:
+    nothing to check, no request made.
     """
+    if is_object_url(folder):
+        return
     problems = []
     root = os.path.realpath(folder)
     with os.scandir(folder) as entries:
@@ -211,6 +239,8 @@ def shard_problems(folder: str, manifest: Manifest) -> list[str]:
     Run only after an engine's reading failed: it opens every shard, which a successful
     load never needs.
     """
+    if is_object_url(folder):
+        return _object_shard_problems(folder, manifest)
     problems = []
     records = {record.path: record for record in manifest.files}
     for shard in manifest.weights:
@@ -234,4 +264,31 @@ def shard_problems(folder: str, manifest: Manifest) -> list[str]:
             problems.append(f"shard {shard} has {info.st_size} bytes, the manifest says {record.size}")
         elif digest_bytes(header) != record.digest:
             problems.append(f"shard {shard}: its header differs from the manifest (damaged?)")
+    return problems
+
+
+def _object_shard_problems(url: str, manifest: Manifest) -> list[str]:
+    """``shard_problems`` below an ``s3://`` prefix: one listing, then a ranged GET of each header."""
+    prefix = ObjectUrl.parse(url)
+    try:
+        listed = {entry.path: entry for entry in list_objects(prefix)}
+    except CkptpubError as error:
+        return [f"the shards cannot be listed ({error})"]
+    problems = []
+    records = {record.path: record for record in manifest.files}
+    for shard in manifest.weights:
+        record, entry = records[shard], listed.get(shard)
+        if entry is None:
+            problems.append(f"shard {shard} is missing")
+        elif entry.size != record.size:
+            problems.append(f"shard {shard} has {entry.size} bytes, the manifest says {record.size}")
+        else:
+            try:
+                source = open_source(str(prefix.child(shard)), shard, (entry.etag, entry.size))
+                header = read_at(source, 0, record.header_size or 0)
+            except CkptpubError as error:
+                problems.append(f"shard {shard} cannot be read ({error})")
+                continue
+            if digest_bytes(header) != record.digest:
+                problems.append(f"shard {shard}: its header differs from the manifest (damaged?)")
     return problems

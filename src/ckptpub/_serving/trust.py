@@ -4,10 +4,11 @@ An engine names a model by a folder or a hub id; everything it then checks (the 
 key, the files it reads, every tensor it streams) must be checked against one manifest,
 read once, from one folder. ``trusted_model`` is that one decision:
 
-* the reference becomes a folder (``model_folder``: a path as given, or a hub id's
-  snapshot in the Hugging Face cache, resolved offline; a hub id not in the cache is
-  refused, since nothing there could be checked);
-* the folder's manifest is read in a handful of filesystem requests, no shard opened:
+* the reference becomes a folder (``model_folder``: a path as given, an ``s3://`` prefix as
+  given, or a hub id's snapshot in the Hugging Face cache, resolved offline; a hub id not in
+  the cache is refused, since nothing there could be checked);
+* the folder's manifest is read in a handful of filesystem requests (one GET for a
+  prefix: the bucket's own ``ckptpub.json``, never a copy an engine pulled), no shard opened:
   with a trusted key (``Policy.trusted``) only the manifest that key signed, anything
   unsigned refused; without one, the folder's own. Anything at the manifest's path
   that is not a valid manifest is refused, never taken as "no manifest";
@@ -27,12 +28,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .._filesystem.hub_cache import cached_model, locate
+from .._filesystem.objects import ObjectAbsentError, ObjectUrl, is_object_url, stat_object
 from .._filesystem.read import read_manifest
 from .._format.manifest import Manifest
 from .._format.names import MANIFEST_NAME
 from .._operations.signing import TrustedKey, read_trusted_manifest
 from .._settings import REQUIRE_MANIFEST_ENV, env_flag
-from ..errors import CkptpubError
+from ..errors import CkptpubError, NoManifestError
 from .refusal import RefusedError
 
 
@@ -85,9 +87,15 @@ class TrustedModel:
 
 
 def model_folder(reference: str, revision: str | None = None) -> str:
-    """The folder an engine's model reference names: the path when something is there (an engine that
-    resolved a hub id hands over its snapshot path), else the hub id's snapshot at ``revision`` in the
-    Hugging Face cache, resolved offline. A hub id not in the cache is a ``RefusedError``."""
+    """The folder an engine's model reference names: an ``s3://`` prefix as given (another store's
+    scheme is refused), the path when something is there (an engine that resolved a hub id hands over its
+    snapshot path), else the hub id's snapshot at ``revision`` in the Hugging Face cache, resolved
+    offline. A hub id not in the cache is a ``RefusedError``."""
+    if is_object_url(reference):
+        try:
+            return str(ObjectUrl.parse(reference))
+        except CkptpubError as error:
+            raise RefusedError(reference, str(error)) from None
     if os.path.lexists(reference):
         return reference
     try:
@@ -104,13 +112,29 @@ def publish_command(folder: str) -> str:
     return f"ckptpub publish {cached.repo_id} --revision {cached.revision}"
 
 
+def has_manifest(folder: str) -> bool:
+    """Whether anything (a valid manifest or not) is at the folder's manifest path: one ``lstat``, or one
+    HEAD request for an ``s3://`` prefix (a failure other than "nothing there" is a ``RefusedError``; a
+    HEAD cannot tell a missing bucket from a missing object, which ``read_folder_manifest`` refuses)."""
+    if not is_object_url(folder):
+        return os.path.lexists(os.path.join(folder, MANIFEST_NAME))
+    try:
+        stat_object(ObjectUrl.parse(folder).child(MANIFEST_NAME), f"{folder}/{MANIFEST_NAME}")
+    except ObjectAbsentError:
+        return False
+    except CkptpubError as error:
+        raise RefusedError(folder, str(error)) from None
+    return True
+
+
 def read_folder_manifest(
     folder: str, trusted: TrustedKey | None = None, *, kind: str = "", check_tables: bool = True
 ) -> Manifest | None:
     """The folder's manifest (the one ``trusted`` signed, with a key); None only when nothing is at its path.
 
     One open, ``fstat`` and read of ``ckptpub.json`` (and of ``model.sig`` and the key,
-    with a key); no shard. ``kind`` names what the folder holds in a refusal.
+    with a key), or one GET of it below an ``s3://`` prefix; no shard. ``kind`` names what
+    the folder holds in a refusal.
     ``check_tables=False`` leaves the entries' own checks for their first use (a reader
     that needs the identity alone, such as a cache key: it commits to those bytes).
     """
@@ -127,8 +151,10 @@ def read_folder_manifest(
     path = os.path.join(folder, MANIFEST_NAME)
     try:
         return read_manifest(path, check_tables=check_tables)
+    except NoManifestError:
+        return None
     except CkptpubError as error:
-        if not os.path.lexists(path):
+        if not is_object_url(folder) and not os.path.lexists(path):
             return None
         raise RefusedError(folder, f"its {MANIFEST_NAME} is unusable: {error}", kind=kind) from None
 

@@ -14,6 +14,9 @@ exactly those bytes: when the folder has a manifest and the daemon would load it
 with a plain disk format, the daemon's load format is switched to
 ``manifest_cache``, whose ``load_weights`` verifies every tensor while loading,
 against the very manifest object the key was computed from (:func:`run_daemon`).
+A daemon of an ``s3://`` model is keyed the same way: by one GET of the bucket's
+``ckptpub.json`` (never vLLM's pulled copy of it), its pulled files checked against it,
+its weights streamed from the bucket and verified (``shared.object_store``).
 What the plugin adds to the daemon while it serves (reports, taking over a socket
 path, hand-over) is in :mod:`.serving`.
 """
@@ -26,11 +29,12 @@ from collections.abc import Callable
 from typing import Any
 
 import ckptpub
-from ckptpub.serving import RefusedError, model_folder
+from ckptpub.serving import RefusedError, has_manifest, model_folder
 
 from ..shared import daemon_reports, key
-from ..shared.key import checked, folder_of, has_manifest, read_folder_manifest
+from ..shared.key import checked, folder_of, read_folder_manifest
 from ..shared.log import logger
+from ..shared.object_store import Location, locate, object_store_url
 from ..shared.options import LOAD_FORMAT, split_extra_config, unverified_daemon_load
 from ..shared.refusals import refusals_logged
 from ..shared.startup import check_before_start
@@ -88,7 +92,7 @@ def _upgrade_load_format(vllm_config: Any, folder: str) -> None:
     """
     load_config = vllm_config.load_config
     requested = str(load_config.load_format)
-    if requested == LOAD_FORMAT or not has_manifest(folder):
+    if requested == LOAD_FORMAT or not has_manifest(folder):  # one HEAD for an s3:// prefix
         return
     unverified = unverified_daemon_load(requested, load_config.model_loader_extra_config)
     if unverified is None:
@@ -141,18 +145,28 @@ def manifest_folder(vllm_config: Any, model: str, revision: str | None) -> str:
     return folder
 
 
-def keyed_manifest(vllm_config: Any, folder: str) -> ckptpub.Manifest | None:
+def daemon_location(vllm_config: Any, model_config: Any) -> Location:
+    """``manifest_folder`` for any model: an object-store model's ``s3://`` prefix (its format switched
+    or refused by the same rule) with vLLM's pulled copy of its small files, or a folder."""
+    if object_store_url(model_config) is None:
+        return Location(manifest_folder(vllm_config, str(model_config.model), model_config.revision))
+    location = locate(model_config)
+    _upgrade_load_format(vllm_config, location.folder)
+    return location
+
+
+def keyed_manifest(vllm_config: Any, folder: str, copy: str | None = None) -> ckptpub.Manifest | None:
     """The daemon's one read of ``folder``'s manifest, with every check its load would apply.
 
     With ``manifest_cache`` these are the engine's start-time checks (pin, signature,
-    engine files); with another load format the key's own read. The object returned
-    keys the daemon, is what its load verifies every tensor against, and is what it
-    reports (``daemon_reports.KEYED``).
+    engine files, in vLLM's pulled ``copy`` for an object-store model); with another load
+    format the key's own read. The object returned keys the daemon, is what its load
+    verifies every tensor against, and is what it reports (``daemon_reports.KEYED``).
     """
     load_config = vllm_config.load_config
     if load_config.load_format == LOAD_FORMAT:
         options, _ = split_extra_config(load_config.model_loader_extra_config)
-        return check_before_start(folder, options)
+        return check_before_start(folder, options, copy)
     return read_folder_manifest(folder)
 
 
@@ -182,8 +196,9 @@ def run_daemon(*args: Any, **kwargs: Any) -> None:
     vllm_config, model_config = found
     model = str(model_config.model)
     with refusals_logged(model):
-        folder = manifest_folder(vllm_config, model, model_config.revision)
-        manifest = keyed_manifest(vllm_config, folder)
+        location = daemon_location(vllm_config, model_config)
+        folder = location.folder
+        manifest = keyed_manifest(vllm_config, folder, location.copy)
     daemon_reports.report(
         daemon_reports.KEYED, folder=folder, identity=manifest.identity if manifest is not None else None
     )

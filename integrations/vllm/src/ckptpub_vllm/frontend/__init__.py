@@ -22,30 +22,33 @@ any failure as "Engine core initialization failed. See root cause above." So, fo
   ``/v1/models`` of the OpenAI server).
 
 A refused LoRA adapter reaches the caller of its request in this process too
-(:mod:`.adapters`, installed with the rest by :func:`install`).
+(:mod:`.adapters`, installed with the rest by :func:`install`). A model in object storage
+(``s3://``) gets past vLLM's config check with ``manifest_cache`` (:mod:`.object_store`);
+its start checks read the bucket's manifest and check vLLM's pulled copy of its small files.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ckptpub.serving import model_folder
-
+from ..shared.object_store import locate
 from ..shared.options import LOAD_FORMAT
 from ..shared.refusals import end_relay, refusals_logged, relayed_refusal, start_relay
 from ..shared.startup import check_before_start
 from ..worker.loader import ManifestCacheLoader
-from . import adapters, served
+from . import adapters, object_store, served
 
 _PATCH_MARK = "_ckptpub_frontend"
 
 
 def install() -> None:
     """Wrap ``EngineArgs.create_engine_config`` (idempotent; the rest is installed when it first runs),
-    and the front ends' handling of refused adapters (``adapters.install``)."""
+    the front ends' handling of refused adapters (``adapters.install``) and vLLM's object-store config
+    check (``object_store.install``)."""
     from vllm.engine.arg_utils import EngineArgs
 
     adapters.install()
+    object_store.install()
     original = EngineArgs.create_engine_config
     if getattr(original, _PATCH_MARK, False):
         return
@@ -67,8 +70,9 @@ def check_at_config_time(vllm_config: Any) -> None:
     loader = ManifestCacheLoader(load_config)  # ValueError for a bad option, ours or vLLM's
     model_config = vllm_config.model_config
     with refusals_logged(model_config.model):
-        # a hub id's snapshot as the workers' loader finds it (``ManifestCacheLoader._prepare``)
-        manifest = check_before_start(model_folder(model_config.model, model_config.revision), loader.options)
+        # a hub id's snapshot or an s3:// prefix, as the workers' loader finds it (``_prepare``)
+        location = locate(model_config)
+        manifest = check_before_start(location.folder, loader.options, location.copy)
     if manifest is None:
         return
     extra = load_config.model_loader_extra_config

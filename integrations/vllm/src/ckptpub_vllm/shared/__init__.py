@@ -12,4 +12,5 @@ a layer above, and none imports vLLM or torch at import time (``ckptpub preload`
 * :mod:`.key`: vLLM's ``hash_checkpoint`` patched to the manifest's identity (workers, daemons).
 * :mod:`.startup`: the checks at every engine start, before any weight arrives.
 * :mod:`.daemon_reports`: the daemons' report lines and ckptpub's requests to a daemon.
+* :mod:`.object_store`: an ``s3://`` model's prefix, and vLLM's pulled copy of its small files.
 """

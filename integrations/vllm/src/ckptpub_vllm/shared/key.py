@@ -15,12 +15,16 @@ path that is not a valid manifest (a directory, a FIFO, a symlink, a damaged fil
 refused, never taken as "no manifest". Folders with nothing at that path keep vLLM's
 own hash (plain ``ipc_cache`` users are unaffected) unless ``CKPTPUB_REQUIRE_MANIFEST=1``
 asks to fail closed.
+
+For a model in object storage vLLM hands ``hash_checkpoint`` its local copy of the small
+files (``shared.object_store``), whose ``ckptpub.json`` may be stale. Such a model is keyed
+only inside ``checked``, by the manifest its loader or daemon read with one GET from the
+bucket; outside it the copy is refused, never keyed by its pulled manifest.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -30,6 +34,7 @@ from ckptpub.serving import RefusedError
 from ckptpub.signing import TrustedKey
 
 from .log import logger
+from .object_store import is_pulled_copy
 
 _PATCH_MARK = "_ckptpub_original"
 _logged: set[tuple[str, str]] = set()
@@ -77,11 +82,6 @@ def checked_for(model: str) -> Checked | None:
     return _checked.get(model)
 
 
-def has_manifest(folder: str) -> bool:
-    """Whether anything (a valid manifest or not) is at the folder's manifest path (one ``lstat``)."""
-    return os.path.lexists(os.path.join(folder, ckptpub.MANIFEST_NAME))
-
-
 def trusted_from_env(folder: str, kind: str = "") -> TrustedKey | None:
     """The key the environment trusts (``CKPTPUB_PUBLIC_KEY``/``CKPTPUB_CERTIFICATE_CHAIN``), for processes
     that see no engine option; both set is a refusal of ``folder`` (``kind``): fail closed."""
@@ -115,6 +115,13 @@ def checkpoint_key(model: str) -> str | None:
     if decided is not None:
         identity = None if decided.manifest is None else decided.manifest.identity
     elif isinstance(model, str):
+        if is_pulled_copy(model):
+            raise RefusedError(
+                model,
+                "vLLM's copy of an object-store model's files, whose ckptpub.json may be stale, is keyed "
+                "only by the manifest in the bucket",
+                hint="serve it with --load-format manifest_cache",
+            )
         try:
             policy = serving.Policy.from_environment()
         except ckptpub.CkptpubError as error:

@@ -29,11 +29,14 @@ from .log import logger
 from .options import Options
 
 
-def check_before_start(folder: str, options: Options) -> ckptpub.Manifest | None:
+def check_before_start(folder: str, options: Options, copy: str | None = None) -> ckptpub.Manifest | None:
     """The folder's manifest once it passed every start-time check; refuses otherwise.
 
-    Returns None only for a folder without a manifest when ``require_manifest`` is
-    off and no identity is pinned (vLLM's own key and an unverified load apply).
+    ``copy``: for an object-store model (``folder`` its ``s3://`` prefix), the local folder
+    vLLM pulled its small files into and reads them from (``shared.object_store``): they are
+    checked there, against the manifest read from the bucket. Returns None only for a folder
+    without a manifest when ``require_manifest`` is off and no identity is pinned (vLLM's own
+    key and an unverified load apply).
     """
     manifest = checked_manifest(
         folder,
@@ -46,7 +49,7 @@ def check_before_start(folder: str, options: Options) -> ckptpub.Manifest | None
     if manifest is None:
         return None
     if options.verify:
-        check_engine_files(folder, manifest)
+        check_engine_files(copy or folder, manifest, copy_of=folder if copy else None)
     logger.info("ckptpub: requested %s, identity %s", folder, manifest.identity)
     return manifest
 

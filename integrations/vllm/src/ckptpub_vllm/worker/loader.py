@@ -7,7 +7,9 @@ these bytes. Whenever weights come from disk instead (no daemon, a mismatch with
 ``fallback``, a platform without CUDA IPC such as the CPU build, or a daemon loading
 its own copy through ``load_weights``), :class:`VerifyingDiskLoader` streams them
 through a :class:`TensorVerifier` and the engine refuses to start on any difference,
-in the one pass vLLM makes over the shards anyway. Before either,
+in the one pass vLLM makes over the shards anyway; for a model in object storage
+(``s3://``), :class:`VerifyingStreamLoader` does the same over vLLM's own object-store
+streamer, against the manifest read from the bucket (``shared.object_store``). Before either,
 ``shared.startup.check_before_start`` reads the manifest and checks the files the engine
 reads itself; it opens no shard, so an engine start that maps a daemon's weights
 costs the same few filesystem requests for 16 shards or 163. With LoRA enabled the
@@ -35,15 +37,17 @@ from torch import nn
 from vllm.config import ModelConfig, VllmConfig
 from vllm.config.load import LoadConfig
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+from vllm.model_executor.model_loader.runai_streamer_loader import RunaiModelStreamerLoader
 from vllm.model_executor.model_loader.weight_cache import protocol
 from vllm.model_executor.model_loader.weight_cache.ipc_loader import IpcModelLoader
 
 import ckptpub
-from ckptpub.serving import RefusedError, check_shards_are_files, model_folder
+from ckptpub.serving import RefusedError, check_shards_are_files
 
 from ..shared import daemon_reports, key
 from ..shared.daemon_reports import HELD_COMMAND
 from ..shared.log import logger
+from ..shared.object_store import STREAMER, locate, object_store_url
 from ..shared.options import LOAD_FORMAT, Options, split_extra_config
 from ..shared.refusals import refusals_logged
 from ..shared.startup import check_before_start
@@ -51,26 +55,25 @@ from . import adapters, node_share
 from .verify_stream import TensorVerifier
 
 
-class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is untyped for mypy here
-    """vLLM's default disk loader with every tensor of the main checkpoint verified.
+class _VerifiedLoad:
+    """What both verifying loaders do around their vLLM base loader's ``load_model``/``load_weights``.
 
-    Tensors are hashed on a few threads as vLLM streams them into the model; when
-    several ranks load the model (tensor, context or pipeline parallel: vLLM's groups),
-    the ranks of one node split the hashing and agree on the outcome (``node_share``). In a
-    full ``load_model`` the last hashes are awaited only after vLLM's weight
-    post-processing, so they overlap it instead of delaying it: on real shapes the
-    hashing costs more CPU than the copy it runs beside. The model is returned only
-    once every tensor verified; a refusal discards it. A bare ``load_weights`` (the
-    weight-cache daemon's) waits for its hashes before returning.
+    Tensors are hashed on a few threads as vLLM streams them into the model. In a full
+    ``load_model`` the last hashes are awaited only after vLLM's weight post-processing,
+    so they overlap it instead of delaying it: on real shapes the hashing costs more CPU
+    than the copy it runs beside. The model is returned only once every tensor verified;
+    a refusal discards it. A bare ``load_weights`` (the weight-cache daemon's) waits for
+    its hashes before returning. A subclass wraps its base's weight iterator in
+    ``self.verifier``.
     """
 
     def __init__(
         self, load_config: LoadConfig, manifest: ckptpub.Manifest | None, options: Options, folder: str
     ) -> None:
-        super().__init__(load_config)
+        super().__init__(load_config)  # type: ignore[call-arg]  # the vLLM loader this is mixed into
         self.manifest = manifest
         self.options = options
-        self.folder = folder  # where the checkpoint is: vLLM's model, or the snapshot its hub id names
+        self.folder = folder  # where the checkpoint is: vLLM's model, a hub id's snapshot, an s3:// prefix
         self.verifier: TensorVerifier | None = None
         self._source: str | None = None
         self._started = 0.0
@@ -79,7 +82,9 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
     def load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str = "") -> nn.Module:
         self._finish_after_post_processing = True
         try:
-            model = super().load_model(vllm_config=vllm_config, model_config=model_config, prefix=prefix)
+            model: nn.Module = super().load_model(  # type: ignore[misc]
+                vllm_config=vllm_config, model_config=model_config, prefix=prefix
+            )
         except BaseException:
             if self.verifier is not None:
                 self.verifier.close()
@@ -94,9 +99,11 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
         if self.manifest is None or not self.options.verify:
             if self.manifest is not None:
                 logger.warning(
-                    "ckptpub: loading %s from disk WITHOUT verification (verify=false)", model_config.model
+                    "ckptpub: loading %s from %s WITHOUT verification (verify=false)",
+                    model_config.model,
+                    self.reads_from(),
                 )
-            super().load_weights(model, model_config)
+            super().load_weights(model, model_config)  # type: ignore[misc]
             return
         self._source = model_config.model
         self._started = time.perf_counter()
@@ -106,18 +113,27 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
             self.manifest,
             threads=self.options.hash_threads,
             max_pending_mib=self.options.max_pending_mib,
-            peers=node_share.peers_from_vllm(),
-            share_hashing=self.options.share_hashing,
+            **self._verifier_arguments(),
         )
         try:
-            super().load_weights(model, model_config)
+            super().load_weights(model, model_config)  # type: ignore[misc]
         except BaseException:
             self.verifier.close()
             raise
-        if self.local_expert_ids is not None:
-            self.verifier.mark_partial("expert-parallel weight filter")
+        self._loaded(self.verifier)
         if not self._finish_after_post_processing:
             self._finish_verification(model_config)
+
+    def _verifier_arguments(self) -> dict[str, Any]:
+        """This loader's own ``TensorVerifier`` arguments (the node's peers; private copies)."""
+        return {}
+
+    def reads_from(self) -> str:
+        """Where the weights come from, in the log's words."""
+        return "disk"
+
+    def _loaded(self, verifier: TensorVerifier) -> None:
+        """What the base loader's filters left out on purpose, told to ``verifier`` once the stream ended."""
 
     def _finish_verification(self, model_config: ModelConfig) -> None:
         """Wait for the last hashes (refusing on any difference) and say what was verified."""
@@ -135,16 +151,32 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
         )
         others = verifier.helpers - 1
         logger.info(
-            "ckptpub: loaded and verified %d of %d tensors (%.2f GiB here) of %s from disk in %.2f s%s; "
+            "ckptpub: loaded and verified %d of %d tensors (%.2f GiB here) of %s from %s in %.2f s%s; "
             "identity %s",
             verifier.verified_tensors,
             verifier.total_tensors,
             verifier.verified_bytes / 2**30,
             model_config.model,
+            self.reads_from(),
             time.perf_counter() - self._started,
             f" (the rest by {others} other rank{'s' if others > 1 else ''} of this node)" if others else "",
             self.manifest.identity,
         )
+
+
+class VerifyingDiskLoader(_VerifiedLoad, DefaultModelLoader):  # type: ignore[misc]  # vLLM is untyped here
+    """vLLM's default disk loader with every tensor of the main checkpoint verified.
+
+    When several ranks load the model (tensor, context or pipeline parallel: vLLM's
+    groups), the ranks of one node split the hashing and agree on the outcome (``node_share``).
+    """
+
+    def _verifier_arguments(self) -> dict[str, Any]:
+        return {"peers": node_share.peers_from_vllm(), "share_hashing": self.options.share_hashing}
+
+    def _loaded(self, verifier: TensorVerifier) -> None:
+        if self.local_expert_ids is not None:
+            verifier.mark_partial("expert-parallel weight filter")
 
     def _get_weights_iterator(self, source: DefaultModelLoader.Source) -> Iterator[tuple[str, torch.Tensor]]:
         weights: Iterator[tuple[str, torch.Tensor]] = super()._get_weights_iterator(source)
@@ -164,6 +196,36 @@ class VerifyingDiskLoader(DefaultModelLoader):  # type: ignore[misc]  # vLLM is 
             self.verifier.share(node_share.READS_LISTED, expert_filter(self.local_expert_ids))
         else:
             self.verifier.share(node_share.READS_ALL)
+        return self.verifier.wrap(weights)
+
+
+class VerifyingStreamLoader(_VerifiedLoad, RunaiModelStreamerLoader):  # type: ignore[misc]  # vLLM is untyped
+    """vLLM's object-store loader (runai-model-streamer) with every tensor verified as it streams.
+
+    For a model in an ``s3://`` prefix (``folder``). The streamer yields each tensor as
+    a clone, memory of its own, so that clone is what is hashed and what the model gets,
+    with no second copy (``TensorVerifier(private=True)``). Every rank hashes all it
+    streams: the node's ranks share the hashing of files, not of a bucket's objects.
+    """
+
+    def _verifier_arguments(self) -> dict[str, Any]:
+        return {"private": True}
+
+    def reads_from(self) -> str:
+        return self.folder
+
+    def _get_weights_iterator(
+        self, model_or_path: str, revision: str | None, *more: Any
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """vLLM's stream of ``model_or_path``'s tensors, verified; ``more``: what newer vLLMs pass (0.33:
+        ``is_unused_weight``, with which the streamer may skip shards the model does not use)."""
+        weights: Iterator[tuple[str, torch.Tensor]] = super()._get_weights_iterator(
+            model_or_path, revision, *more
+        )
+        if self.verifier is None:
+            return weights
+        if any(extra is not None for extra in more):
+            self.verifier.mark_partial("vLLM skips shards this model does not use")
         return self.verifier.wrap(weights)
 
 
@@ -200,11 +262,18 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
         self._folder = ""
 
     def _prepare(self, model_config: ModelConfig) -> ckptpub.Manifest | None:
-        self._folder = model_folder(model_config.model, model_config.revision)
-        self._manifest = check_before_start(self._folder, self.options)
+        location = locate(model_config)
+        self._folder = location.folder
+        self._manifest = check_before_start(self._folder, self.options, location.copy)
         return self._manifest
 
-    def _disk_loader(self, manifest: ckptpub.Manifest | None) -> VerifyingDiskLoader:
+    def _disk_loader(self, manifest: ckptpub.Manifest | None, model_config: ModelConfig) -> _VerifiedLoad:
+        """The verified load from where the weights are: disk, or (an ``s3://`` model) vLLM's streamer."""
+        if object_store_url(model_config) is not None:
+            streamer = dataclasses.replace(
+                self.load_config, load_format=STREAMER, model_loader_extra_config={}
+            )
+            return VerifyingStreamLoader(streamer, manifest, self.options, self._folder)
         return VerifyingDiskLoader(self._fallback_load_config(), manifest, self.options, self._folder)
 
     # -- vLLM's entry points ---------------------------------------------------------------
@@ -234,7 +303,7 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
                 self._prepare(model_config)
             else:
                 self._folder, self._manifest = decided.folder, decided.manifest
-            self._disk_loader(self._manifest).load_weights(model, model_config)
+            self._disk_loader(self._manifest, model_config).load_weights(model, model_config)
 
     def _load_model(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:
         manifest = self._prepare(model_config)
@@ -244,14 +313,8 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
                 raise RefusedError(
                     model_config.model, f"fallback is false but there is no daemon to map from: {no_ipc}"
                 )
-            logger.info(
-                "ckptpub: no daemon to map from (%s); loading %s from disk%s",
-                no_ipc,
-                model_config.model,
-                " with verification" if manifest is not None and self.options.verify else "",
-            )
-            return self._disk_loader(manifest).load_model(
-                vllm_config=vllm_config, model_config=model_config, prefix=prefix
+            return self._verified_load(
+                manifest, vllm_config, model_config, prefix, f"no daemon to map from ({no_ipc}); "
             )
         with key.checked(model_config.model, manifest, self._folder):
             return super().load_model(vllm_config, model_config, prefix)
@@ -273,14 +336,29 @@ class ManifestCacheLoader(IpcModelLoader):  # type: ignore[misc]  # vLLM is unty
 
     def _fallback_load(self, vllm_config: VllmConfig, model_config: ModelConfig, prefix: str) -> nn.Module:
         manifest = self._manifest if self._manifest is not None else self._prepare(model_config)
+        return self._verified_load(manifest, vllm_config, model_config, prefix)
+
+    def _verified_load(
+        self,
+        manifest: ckptpub.Manifest | None,
+        vllm_config: VllmConfig,
+        model_config: ModelConfig,
+        prefix: str,
+        why: str = "",
+    ) -> nn.Module:
+        """The whole model loaded from disk or the bucket (``_disk_loader``), saying so first."""
+        loader = self._disk_loader(manifest, model_config)
         logger.info(
-            "ckptpub: loading %s from disk%s",
+            "ckptpub: %sloading %s from %s%s",
+            why,
             model_config.model,
+            loader.reads_from(),
             " with verification" if manifest is not None and self.options.verify else "",
         )
-        return self._disk_loader(manifest).load_model(
+        model: nn.Module = loader.load_model(
             vllm_config=vllm_config, model_config=model_config, prefix=prefix
         )
+        return model
 
 
 def ask_held(loader: Any) -> dict[str, Any] | None:

@@ -111,6 +111,8 @@ class TensorVerifier(StreamVerifier):
     With ``peers`` (the ranks loading the model together, ``node_share.Peers``), call
     :meth:`share` before the stream: every rank must, and each then hashes its share
     only (all of it with ``share_hashing=False``); refusals are agreed with the peers.
+    ``private``: the loader yields tensors in memory of their own already (vLLM's object-store
+    streamer yields clones), so each is hashed and handed on as it is, not copied again.
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class TensorVerifier(StreamVerifier):
         kind: str = "",
         peers: Peers | None = None,
         share_hashing: bool = True,
+        private: bool = False,
     ) -> None:
         super().__init__(
             folder, manifest, threads=threads, max_pending_bytes=max_pending_mib << 20, kind=kind
@@ -130,6 +133,7 @@ class TensorVerifier(StreamVerifier):
         self.helpers = 1  # ranks of this node hashing the tensors this rank sees, itself included
         self._peers = peers
         self._share_hashing = share_hashing
+        self._private = private
         self._reading: bytes | None = None  # the shards' fingerprint when the share was planned
         self._agreed = peers is None
 
@@ -210,7 +214,7 @@ class TensorVerifier(StreamVerifier):
         very files, unchanged, that the hashing rank read in that time.
         """
         hashed_here = self.expect(name, dtype_code(tensor.dtype), tuple(tensor.shape))
-        loaded = private_copy(tensor)
+        loaded = tensor if self._private else private_copy(tensor)
         if hashed_here:
             size = int(loaded.nbytes)
             self.hash(name, small_bytes(loaded) if size <= INLINE_HASH_BYTES else raw_bytes(loaded))

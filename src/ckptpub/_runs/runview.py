@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from .._filesystem import run_index
+from .._filesystem.objects import READ_THREADS, ObjectUrl, is_object_url, list_objects
 from .._filesystem.read import read_manifest
 from .._format.names import MANIFEST_NAME, RUN_INDEX_NAME
 from .._operations.explain import base_hub_of, base_of, is_adapter
@@ -55,9 +57,9 @@ class RunEntry(NamedTuple):
 
 
 def list_run(run_dir: str) -> list[RunEntry]:
-    """Every checkpoint of ``run_dir`` the index names or a scan finds, by step."""
-    if not os.path.isdir(run_dir):
-        raise CkptpubError(f"{run_dir}: not a folder")
+    """Every checkpoint of ``run_dir`` (a folder, or an ``s3://`` prefix) the index names or a scan finds,
+    by step."""
+    layout = _object_run(run_dir) if is_object_url(run_dir) else _folder_run(run_dir)
     entries: dict[str, RunEntry] = {}
     try:
         records = run_index.read(run_dir)
@@ -66,26 +68,15 @@ def list_run(run_dir: str) -> list[RunEntry]:
         entries[RUN_INDEX_NAME] = RunEntry(
             RUN_INDEX_NAME, None, None, None, None, False, "index", "unusable", str(error)
         )
+    wanted: dict[str, tuple[int | None, str, str | None]] = {}
     for record in records:  # a path published twice keeps its last record
-        path = record["path"]
-        entries[path] = _entry(run_dir, path, record["step"], "index", record["identity"])
-    unlisted: list[OSError] = []
-    for folder in _published_folders(run_dir, unlisted.append):
-        path = os.path.relpath(folder, run_dir).replace(os.sep, "/")
-        if path not in entries:
-            entries[path] = _entry(run_dir, path, None, "scan", None)
-    for failure in unlisted:
-        path = os.path.relpath(failure.filename or run_dir, run_dir)
+        wanted[record["path"]] = (record["step"], "index", record["identity"])
+    for path in layout.published:
+        wanted.setdefault(path, (None, "scan", None))
+    entries.update(zip(wanted, _entries(run_dir, layout, wanted), strict=True))
+    for path, why in layout.unlisted:
         entries[path] = RunEntry(
-            path,
-            _step_from_name(path),
-            None,
-            None,
-            None,
-            False,
-            "scan",
-            "unusable",
-            f"{path}: cannot list folder: {failure.strerror or failure}",
+            path, _step_from_name(path), None, None, None, False, "scan", "unusable", why
         )
     ordered = sorted(entries.values(), key=lambda e: (e.step is None, e.step or 0, e.path))
     previous = None
@@ -131,16 +122,78 @@ def lineage(entries: list[RunEntry]) -> list[dict[str, Any]]:
     return roots
 
 
-def _entry(run_dir: str, path: str, step: int | None, source: str, indexed: str | None) -> RunEntry:
+class _RunLayout(NamedTuple):
+    """What a run's storage says before any manifest is read: where manifests are, what is there at all."""
+
+    published: list[str]  # folders holding a manifest, relative to the run folder
+    unlisted: list[tuple[str, str]]  # (folder, why): folders that cannot be listed
+    exists: Callable[[str], bool]  # whether anything is at a relative path (an index record's folder)
+    through_link: Callable[[str], bool]  # whether a relative path passes a symlink
+
+
+def _folder_run(run_dir: str) -> _RunLayout:
+    if not os.path.isdir(run_dir):
+        raise CkptpubError(f"{run_dir}: not a folder")
+    unlisted: list[OSError] = []
+    published = [
+        os.path.relpath(folder, run_dir).replace(os.sep, "/")
+        for folder in _published_folders(run_dir, unlisted.append)
+    ]
+    failures = []
+    for failure in unlisted:
+        path = os.path.relpath(failure.filename or run_dir, run_dir)
+        failures.append((path, f"{path}: cannot list folder: {failure.strerror or failure}"))
+    return _RunLayout(
+        published,
+        failures,
+        lambda path: os.path.lexists(os.path.join(run_dir, path)),
+        lambda path: _through_link(run_dir, path),
+    )
+
+
+def _object_run(run_dir: str) -> _RunLayout:
+    """A run below an ``s3://`` prefix, from one listing: each ``.../ckptpub.json`` at most ``SCAN_DEPTH``
+    down (not inside another checkpoint), and which folders hold anything."""
+    paths = [entry.path for entry in list_objects(ObjectUrl.parse(run_dir))]
+    folders = {path.rpartition("/")[0] for path in paths if path.endswith("/" + MANIFEST_NAME)}
+    published = sorted(
+        folder
+        for folder in folders
+        if folder.count("/") < SCAN_DEPTH
+        and not any(folder.startswith(other + "/") for other in folders if other != folder)
+    )
+    present = {"/".join(path.split("/")[:depth]) for path in paths for depth in range(1, path.count("/") + 1)}
+    return _RunLayout(published, [], present.__contains__, lambda path: False)
+
+
+def _entries(
+    run_dir: str, layout: _RunLayout, wanted: dict[str, tuple[int | None, str, str | None]]
+) -> list[RunEntry]:
+    """``_entry`` of each wanted folder, in order: ``READ_THREADS`` at a time in object storage, where each
+    manifest is a round trip; in turn in a folder."""
+
+    def entry(item: tuple[str, tuple[int | None, str, str | None]]) -> RunEntry:
+        path, (step, source, indexed) = item
+        return _entry(run_dir, layout, path, step, source, indexed)
+
+    if not is_object_url(run_dir):
+        return [entry(item) for item in wanted.items()]
+    with ThreadPoolExecutor(READ_THREADS, thread_name_prefix="ckptpub-ls") as pool:
+        return list(pool.map(entry, wanted.items()))
+
+
+def _entry(
+    run_dir: str, layout: _RunLayout, path: str, step: int | None, source: str, indexed: str | None
+) -> RunEntry:
     folder = os.path.join(run_dir, path)
 
     def unreadable(status: str, detail: str, known_step: int | None = step) -> RunEntry:
         return RunEntry(path, known_step, indexed, None, None, False, source, status, detail)
 
-    if source == "index" and not os.path.lexists(folder):
+    if source == "index" and not layout.exists(path):
         return unreadable("gone", "rotated away or deleted")
     # The scan does not follow links; nor does the index.
-    if source == "index" and _through_link(run_dir, path):
+    if source == "index" and layout.through_link(path):
         return unreadable(
             "unusable", f"{path}: reached through a symlink; not followed out of the run folder"
         )

@@ -113,3 +113,11 @@ def test_bench_listing_times_ls_and_log_beside_show(tmp_path: Path) -> None:
         assert float(rows[name][0]) > 0, rows  # this checkout's wall
         assert float(rows[name][3]) > 0, rows  # the other's
     assert len(list((tmp_path / "run").glob("checkpoint-*"))) == 3
+
+
+def test_bench_s3_times_verify_beside_a_plain_download() -> None:
+    output = run("bench_s3.py", "--shards", "3", "--gb", "0.01", "--tensor-mb", "1", "--latency-ms", "0", "5")
+    rows = table_rows(output)
+    assert {"0 ms", "5 ms"} <= set(rows), output
+    assert rows["5 ms"][5].endswith("x"), rows  # verify / download
+    assert int(rows["5 ms"][6]) > 0, rows  # verify's requests, counted by the proxy

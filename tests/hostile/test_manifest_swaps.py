@@ -130,3 +130,25 @@ def test_a_hub_id_whose_ref_moves_loads_the_snapshot_it_was_keyed_by(tmp_path, s
     assert key == loaded.manifest.identity == steps["ia"]
     assert loaded.folder == first
     assert checkpoint_key("acme/moving") == steps["ib"]  # outside: resolved and read as usual
+
+
+@pytest.mark.parametrize("load_format", ["auto", "runai_streamer"])
+def test_a_manifest_that_appears_after_the_daemons_format_check_is_refused(tmp_path, steps, load_format):
+    """A daemon of a folder without a manifest keeps its (unverifying) load format; a manifest published
+    between that check and the daemon's one read would key it by an identity it never verifies."""
+    from ckptpub_vllm.daemon import manifest_folder
+
+    folder = str(shutil.copytree(steps["a"], tmp_path / "current", ignore=shutil.ignore_patterns(MANIFEST)))
+    config = SimpleNamespace(
+        load_config=SimpleNamespace(load_format=load_format, model_loader_extra_config={})
+    )
+    assert manifest_folder(config, folder, None) == folder  # no manifest: the format is left as asked
+    assert config.load_config.load_format == load_format
+    assert keyed_manifest(config, folder) is None  # still none: an unpublished folder, keyed as vLLM keys it
+    ckptpub.publish(folder)  # published meanwhile
+    with pytest.raises(
+        RefusedError,
+        match=f"ckptpub.json appeared while the daemon started, and its load "
+        f"format '{load_format}' does not verify",
+    ):
+        keyed_manifest(config, folder)

@@ -159,15 +159,26 @@ def keyed_manifest(vllm_config: Any, folder: str, copy: str | None = None) -> ck
     """The daemon's one read of ``folder``'s manifest, with every check its load would apply.
 
     With ``manifest_cache`` these are the engine's start-time checks (pin, signature,
-    engine files, in vLLM's pulled ``copy`` for an object-store model); with another load
-    format the key's own read. The object returned keys the daemon, is what its load
-    verifies every tensor against, and is what it reports (``daemon_reports.KEYED``).
+    engine files, in vLLM's pulled ``copy`` for an object-store model). Another load
+    format is left only for a folder that had no manifest (``_upgrade_load_format``): one
+    found now appeared since, and would key a daemon whose load verifies nothing by a
+    published identity, so it is refused (fail closed). The object returned keys the
+    daemon, is what its load verifies every tensor against, and is what it reports
+    (``daemon_reports.KEYED``).
     """
     load_config = vllm_config.load_config
     if load_config.load_format == LOAD_FORMAT:
         options, _ = split_extra_config(load_config.model_loader_extra_config)
         return check_before_start(folder, options, copy)
-    return read_folder_manifest(folder)
+    manifest = read_folder_manifest(folder)
+    if manifest is not None:
+        raise RefusedError(
+            folder,
+            f"{ckptpub.MANIFEST_NAME} appeared while the daemon started, and its load format "
+            f"{load_config.load_format!r} does not verify",
+            hint="start the daemon again: a published folder is loaded through " + LOAD_FORMAT,
+        )
+    return None
 
 
 def run_daemon(*args: Any, **kwargs: Any) -> None:

@@ -18,7 +18,7 @@ The one implementation of three rules every reader of an untrusted folder applie
   points to only when that is inside the folder and not one of ckptpub's own files
   (the manifest, the signature, a temporary file), which publishing replaces, or,
   in a snapshot of the Hugging Face cache, a blob of that cached model
-  (``hub_cache.is_cached_blob``).
+  (``hub_layout.is_cached_blob``).
   ``open_inside`` and ``read_inside`` open and read a file of a folder by that rule.
 """
 
@@ -30,7 +30,7 @@ import stat
 
 from .._format.names import MANIFEST_NAME, is_ckptpub_file
 from ..errors import CkptpubError
-from .hub_cache import is_cached_blob
+from .hub_layout import is_cached_blob
 
 #: Flags for reading a file of an untrusted folder.
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -150,7 +150,7 @@ def resolve_inside(root: str, link: str, display_name: str) -> str:
     Inside ``root`` (not ``root`` itself), and not the manifest, the signature or a
     temporary file at its top, which publishing replaces; or, for a snapshot of a
     model in the Hugging Face cache, a blob of that cached model
-    (``hub_cache.is_cached_blob``). ``CkptpubError`` otherwise.
+    (``hub_layout.is_cached_blob``). ``CkptpubError`` otherwise.
     """
     target = os.path.realpath(link)
     if is_cached_blob(root, target):

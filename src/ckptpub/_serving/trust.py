@@ -26,7 +26,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .._filesystem.hub_cache import cached_model, locate
+from .._filesystem.hub_cache import NotCachedError, cached_model, locate, split_revision
 from .._filesystem.read import read_manifest
 from .._format.manifest import Manifest
 from .._format.names import MANIFEST_NAME
@@ -87,11 +87,18 @@ class TrustedModel:
 def model_folder(reference: str, revision: str | None = None) -> str:
     """The folder an engine's model reference names: the path when something is there (an engine that
     resolved a hub id hands over its snapshot path), else the hub id's snapshot at ``revision`` in the
-    Hugging Face cache, resolved offline. A hub id not in the cache is a ``RefusedError``."""
+    Hugging Face cache, resolved offline (no network, whatever ``HF_HUB_OFFLINE`` says). A hub id not in
+    the cache is a ``RefusedError`` naming the commands that download and publish it; a ref or snapshot
+    of the cache that is not what huggingface_hub writes, one naming that file."""
     if os.path.lexists(reference):
         return reference
     try:
         return locate(reference, revision)
+    except NotCachedError as error:
+        repo_id, wanted = split_revision(reference, revision)
+        at = "" if wanted is None else f" --revision {wanted}"
+        hint = f"download it with `{error.fetch}`, then publish it with `ckptpub publish {repo_id}{at}`"
+        raise RefusedError(reference, error.reason, hint=hint) from None
     except CkptpubError as error:
         raise RefusedError(reference, str(error)) from None
 

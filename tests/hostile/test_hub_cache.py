@@ -19,17 +19,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.checkpoints import model_tensors, write_checkpoint
-from support.hf_cache import cache_dir, cache_model, cache_state
+from support.hf_cache import SilentHub, cache_dir, cache_model, cache_state
 
 import ckptpub
 from tests.hostile.hub_cases import HUB_CASES, OTHER, REPO, Cache, HubCase
@@ -144,33 +142,6 @@ def test_a_damaged_ref_or_snapshot_is_refused_by_name_and_never_followed(
         assert "\n" not in line, answer
     if case.message:
         assert (cache_state(home), manifests(home)) == (before, written)  # nothing changed, nothing written
-
-
-class SilentHub:
-    """A socket that accepts connections and never answers; counts what connected."""
-
-    def __init__(self) -> None:
-        self.server = socket.socket()
-        self.server.bind(("127.0.0.1", 0))
-        self.server.listen(16)
-        self.connections: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                self.connections.append(self.server.accept()[0])
-            except OSError:
-                return
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.getsockname()[1]}"
-
-    def close(self) -> None:
-        self.server.close()
-        for connection in self.connections:
-            connection.close()
 
 
 @pytest.fixture

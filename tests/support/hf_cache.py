@@ -7,14 +7,17 @@ newline) and ``snapshots/<commit>/<file>`` (a relative symlink to its blob). Wit
 huggingface_hub's own ``publish_blob_to_shared_store``, as it does for Xet downloads
 (``blobs/<etag>`` becomes a symlink to ``<cache>/blobs/<2 hex>/<64 hex>``). The tests
 check that huggingface_hub and transformers resolve what this builds; they never
-take the layout on this module's word.
+take the layout on this module's word. ``SilentHub`` is a hub endpoint that never
+answers (``HF_ENDPOINT``), to show that nothing waits on one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import stat
+import threading
 from pathlib import Path
 
 
@@ -93,3 +96,30 @@ def cache_state(hf_home: str | os.PathLike[str]) -> dict[str, tuple[object, ...]
             else:
                 state[key] = ("folder", info.st_mode, info.st_mtime_ns)
     return state
+
+
+class SilentHub:
+    """A socket that accepts connections and never answers; counts what connected."""
+
+    def __init__(self) -> None:
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(16)
+        self.connections: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.connections.append(self.server.accept()[0])
+            except OSError:
+                return
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.getsockname()[1]}"
+
+    def close(self) -> None:
+        self.server.close()
+        for connection in self.connections:
+            connection.close()

@@ -101,17 +101,23 @@ def models(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def hub_home(models, tmp_path_factory) -> dict[str, str]:
-    """An ``HF_HOME`` whose cache holds v1's files as three models: ``acme/tiny-qwen3`` (published by
+    """An ``HF_HOME`` whose cache holds v1's files as four models: ``acme/tiny-qwen3`` (published by
     hub id), ``acme/tampered`` (published, then one tensor zeroed in its blob: same header, same
-    sizes) and ``acme/unpublished``. Keys: ``home`` and each hub id's snapshot."""
+    sizes), ``acme/unpublished`` and ``acme/badref`` (its ``refs/main`` holds a path into
+    ``acme/tiny-qwen3``'s snapshot, which huggingface_hub would follow). Keys: ``home`` and each
+    hub id's snapshot."""
     from support.hf_cache import cache_model
     from support.safetensors_files import find_tensor_file, tensor_location
 
     home = str(tmp_path_factory.mktemp("hf"))
     snapshots = {
         repo: cache_model(home, repo, models["nomanifest"])
-        for repo in ("acme/tiny-qwen3", "acme/tampered", "acme/unpublished")
+        for repo in ("acme/tiny-qwen3", "acme/tampered", "acme/unpublished", "acme/badref")
     }
+    with open(
+        os.path.join(os.path.dirname(os.path.dirname(snapshots["acme/badref"])), "refs", "main"), "w"
+    ) as f:
+        f.write(os.path.relpath(snapshots["acme/tiny-qwen3"], os.path.dirname(snapshots["acme/badref"])))
     for repo in ("acme/tiny-qwen3", "acme/tampered"):
         ckptpub.publish(snapshots[repo])
     # Each repository has blobs of its own: zeroing acme/tampered's leaves the others as they were.
@@ -129,6 +135,9 @@ HUB_JOBS = {
     "hub_manifest": ("acme/tiny-qwen3", "manifest_cache", {}),
     "hub_tampered": ("acme/tampered", "manifest_cache", {}),
     "hub_unpublished": ("acme/unpublished", "manifest_cache", {}),
+    "hub_absent": ("acme/absent", "manifest_cache", {}),
+    "hub_absent_auto": ("acme/absent", "auto", {}),
+    "hub_badref": ("acme/badref", "manifest_cache", {}),
 }
 
 

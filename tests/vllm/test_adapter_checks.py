@@ -21,6 +21,7 @@ import torch
 from ckptpub_vllm.frontend.adapters import RefusalReason, raise_refusals
 from ckptpub_vllm.shared.options import split_extra_config
 from ckptpub_vllm.worker import adapters
+from support.checkpoints import with_retired_manifest
 
 import ckptpub
 from ckptpub.serving import RefusedError
@@ -292,3 +293,32 @@ def test_the_server_shows_each_name_with_the_latest_load_of_its_id_in_every_work
     engine.collective_rpc = failing  # the workers cannot say: shown with no identity, never a stale one
     asyncio.run(served.refresh_adapters(models))
     assert {item.identity for item in served.served() if item.kind == "adapter"} == {None}
+
+
+def test_an_adapter_recorded_against_an_older_manifest_is_refused_with_the_command_that_publishes_it(
+    lora_folders, tmp_path
+):
+    """Only ckptpub/3 is read (issue 31). An adapter published before (its own manifest ckptpub/2) is
+    refused by its format; one whose manifest records the identity of its base's older manifest (the same
+    model, another identity) is refused by its base. Each refusal names `ckptpub publish`; published again
+    with --base, it serves."""
+    base = _base(lora_folders)
+    old = Path(shutil.copytree(lora_folders["good"], tmp_path / "old"))
+    with_retired_manifest(old, "ckptpub/2")
+    with pytest.raises(RefusedError) as refused:
+        adapters.check_adapter(str(old), "old", base)
+    line = str(refused.value)
+    assert line.startswith(f"ckptpub: refusing to serve adapter {old}: its ckptpub.json is unusable: "), line
+    assert "format 'ckptpub/2' is no longer read (ckptpub reads 'ckptpub/3')" in line
+    assert f"ckptpub publish {old}" in line
+    stale = Path(shutil.copytree(lora_folders["good"], tmp_path / "stale"))
+    older_identity = "blake3:" + "2" * 64  # what the base's ckptpub/2 manifest said
+    ckptpub.publish(stale, base=older_identity)
+    with pytest.raises(RefusedError) as refused:
+        adapters.check_adapter(str(stale), "stale", base)
+    line = str(refused.value)
+    assert f"it was trained on base {older_identity}, but this engine serves base {base.identity}" in line
+    assert f"publish the adapter again with `ckptpub publish {stale} --base {lora_folders['base']}`" in line
+    assert "\n" not in line
+    ckptpub.publish(stale, base=lora_folders["base"])
+    assert adapters.check_adapter(str(stale), "stale", base) is not None

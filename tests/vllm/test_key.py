@@ -169,7 +169,7 @@ def test_the_weight_cache_key_of_a_hub_id_is_its_identity_read_from_one_small_fi
     assert by_id == identity
     repository = os.path.dirname(os.path.dirname(snapshot))
     in_cache = [os.path.relpath(p, repository) for p in opened if p.startswith(hub_home["home"])]
-    # huggingface_hub reads the ref (and looks for its tree listing); ckptpub reads the manifest
+    # ckptpub reads the ref (checked), huggingface_hub looks for its tree listing, then the manifest
     assert in_cache[-1] == os.path.join("snapshots", os.path.basename(snapshot), "ckptpub.json"), in_cache
     assert all(p.startswith(("refs/", "trees/")) for p in in_cache[:-1]), in_cache
     assert not any(p.endswith(".safetensors") for p in opened), opened

@@ -13,8 +13,10 @@ Modules (imports go downwards only; from outside this package only ``_format`` a
                   file-name rules; path arguments
     sources       a file or object opened for reading through one interface (``open_source``)
     objects       ``s3://`` prefixes: listing, bounded and ranged GETs, conditional puts (boto3)
+    hub_cache     models in the Hugging Face cache: a hub id's snapshot, resolved offline, every ref and
+                  snapshot name read from the cache checked before it becomes a path
     safe_open     ``open_regular`` (no-follow, non-blocking, the file the scan saw), ``read_bounded``,
                   the symlink rule (``resolve_inside``, ``open_inside``, ``read_inside``)
-    hub_cache     models in the Hugging Face cache: a hub id's snapshot (resolved offline), and which
-                  symlinks of a snapshot are its files (``is_cached_blob``)
+    hub_layout    the Hugging Face cache's layout; which symlinks of a snapshot are its files
+                  (``is_cached_blob``)
 """

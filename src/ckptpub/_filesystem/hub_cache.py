@@ -1,48 +1,62 @@
-"""Models in the Hugging Face cache: which folder a hub id names, and which symlinks are a snapshot's files.
+"""Models in the Hugging Face cache: which snapshot folder a hub id names, every name on the way checked.
 
-huggingface_hub keeps a downloaded model as ``<cache>/models--<org>--<name>/``:
-``blobs/<etag>`` hold the files' bytes, ``refs/<branch>`` the commit a branch points
-at, and ``snapshots/<commit>/<path>`` is each file of that commit as a relative
-symlink to its blob. Since huggingface_hub 2.x a blob of a Xet-stored file may itself
-be a symlink into the cache's shared store, ``<cache>/blobs/<2 hex>/<64 hex>``, which
-a marker file ``<cache>/blobs/.huggingface-shared-blobs`` declares.
+A hub id (``org/name``, ``ID@REVISION``) is resolved offline: nothing is ever
+downloaded and no network is asked, whatever ``HF_HUB_OFFLINE`` says, so a start
+never waits on a hub that does not answer. The cache's layout, and which symlinks of a
+snapshot are its files, are ``hub_layout``'s.
 
-Two jobs, kept apart:
+Every value read from the cache that becomes a path is checked before it is used,
+since the cache is a folder anyone with write access to it can edit:
 
-* **the link rule** (``is_cached_blob``, standard library only): a symlink of a
-  snapshot folder is that model's file when it leads to a blob of the same
-  repository (or to the shared store its blobs lead into). It is decided from the
-  real paths alone, so folders that are not snapshots are not affected, and it costs
-  a system call only for a target in the shared store (the marker's ``lstat``).
-* **names** (``locate``, ``cached_model``): a hub id (``org/name``, ``ID@REVISION``)
-  is resolved by huggingface_hub itself, offline (``local_files_only``: nothing is
-  ever downloaded), so ``HF_HOME``, ``HF_HUB_CACHE`` and refs mean what they mean to
-  transformers and vLLM. huggingface_hub is imported only when a name is not a path.
+* a revision given by name (a branch or tag, ``main`` by default) is read from
+  ``refs/<name>`` by ckptpub itself (a regular file, not a symlink, not a FIFO, a few
+  bytes) and must hold a commit hash, 40 hex digits: a ref holding a path into another
+  repository's snapshot, or anything else, is refused, naming the ref file, never
+  followed. The name itself is a ref name (no ``..``, ``.`` or empty part);
+* the commit is then resolved by huggingface_hub itself (``snapshot_download(...,
+  local_files_only=True)``), so ``HF_HOME``, ``HF_HUB_CACHE`` and its own checks mean
+  what they mean to transformers and vLLM, and its answer must really be
+  ``models--<org>--<name>/snapshots/<commit>`` of the id asked for: a snapshot that is a
+  symlink to another repository's, or to another commit, is refused;
+* a folder taken as a cached model (``cached_model``) must be named by a commit hash.
+
+huggingface_hub is imported only when a name is not a path.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import stat
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CkptpubError
+from .hub_layout import COMMIT, MODELS_PREFIX, REFS, repository_of
+from .safe_open import OpenError, read_bounded
 
-#: The parts of the cache layout (``huggingface_hub.constants`` and ``file_download.repo_folder_name``).
-MODELS_PREFIX = "models--"
-SNAPSHOTS = "snapshots"
-BLOBS = "blobs"
-#: The shared store's marker (``huggingface_hub.utils._shared_blobs.SHARED_BLOBS_MARKER_NAME``).
-SHARED_STORE_MARKER = ".huggingface-shared-blobs"
-_STORE_PREFIX = re.compile(r"[0-9a-f]{2}")
-_STORE_NAME = re.compile(r"[0-9a-f]{64}")
 #: Provenance keys: the cached model a manifest describes, and (in a fine-tune's) the base's.
 HUB_KEY = "hub"
 BASE_HUB_KEY = "base_hub"
 #: Separates a revision from a hub id in an argument: ``acme/tiny-qwen3@v2`` (an id never holds ``@``).
 REVISION_SEPARATOR = "@"
+#: The revision a hub id without one means (``huggingface_hub.constants.DEFAULT_REVISION``).
+DEFAULT_REVISION = "main"
+#: A ref holds one commit hash (40 bytes); a file over 1 KiB is refused unread (anything shorter is read and
+#: shown in the refusal).
+REF_LIMIT = 1024
+
+
+class NotCachedError(CkptpubError):
+    """A hub id with no snapshot in the cache. ``reason`` says where it was looked for, ``fetch`` is the
+    command that downloads it (ckptpub never does)."""
+
+    def __init__(self, repo_id: str, revision: str | None, cache: str) -> None:
+        at = f" at revision {revision}" if revision is not None else ""
+        self.reason = (
+            f"no snapshot of the model {repo_id}{at} in the Hugging Face cache {cache} "
+            f"(HF_HUB_CACHE; nothing is downloaded)"
+        )
+        self.fetch = f"hf download {repo_id}" + (f" --revision {revision}" if revision is not None else "")
+        super().__init__(f"{repo_id}: no such folder, and {self.reason}; `{self.fetch}` downloads it")
 
 
 @dataclass(frozen=True)
@@ -56,45 +70,6 @@ class CachedModel:
     def record(self) -> dict[str, str]:
         """What a manifest's provenance records about it (``hub``, or ``base_hub`` in a fine-tune's)."""
         return {"repo_id": self.repo_id, "revision": self.revision}
-
-
-def repository_of(root: str) -> str | None:
-    """The cached repository whose snapshot is the real folder ``root``; None for any other folder."""
-    snapshots = os.path.dirname(root)
-    repository = os.path.dirname(snapshots)
-    name = os.path.basename(repository)
-    if os.path.basename(snapshots) == SNAPSHOTS and name.startswith(MODELS_PREFIX) and name != MODELS_PREFIX:
-        return repository
-    return None
-
-
-def is_cached_blob(root: str, target: str) -> bool:
-    """Whether the real path ``target`` is a blob of the cached model whose snapshot is the folder ``root``.
-
-    That is a file directly in the repository's ``blobs/``, or in the cache's shared
-    store (``blobs/<2 hex>/<64 hex>`` beside the repositories, marked as huggingface_hub
-    marks it), where a blob of a Xet-stored file leads. Anything else is not.
-    """
-    repository = repository_of(root)
-    if repository is None:
-        return False
-    folder = os.path.dirname(target)
-    if folder == os.path.join(repository, BLOBS):
-        return True
-    store = os.path.join(os.path.dirname(repository), BLOBS)
-    return (
-        os.path.dirname(folder) == store
-        and _STORE_PREFIX.fullmatch(os.path.basename(folder)) is not None
-        and _STORE_NAME.fullmatch(os.path.basename(target)) is not None
-        and _is_regular_file(os.path.join(store, SHARED_STORE_MARKER))
-    )
-
-
-def _is_regular_file(path: str) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
 
 
 def split_revision(name: str, revision: str | None) -> tuple[str, str | None]:
@@ -128,7 +103,7 @@ def locate(name: str, revision: str | None = None) -> str:
     A name that is neither a path nor a hub id is returned as given, for the caller to
     report as a missing path. A hub id (``org/name`` or ``org/name@REVISION``) is
     resolved by ``huggingface_hub.snapshot_download(..., local_files_only=True)``;
-    one that is not in the cache is a ``CkptpubError`` naming the cache looked in.
+    one that is not in the cache is a ``NotCachedError`` naming the cache looked in.
     """
     if os.path.lexists(name):
         if revision is not None:
@@ -145,27 +120,58 @@ def locate(name: str, revision: str | None = None) -> str:
 def resolve(repo_id: str, revision: str | None = None, cache_dir: str | None = None) -> CachedModel:
     """The cached snapshot of model ``repo_id`` at ``revision`` (a branch, tag or commit; default ``main``).
 
-    huggingface_hub answers from the cache alone (``HF_HUB_CACHE``, or ``cache_dir``),
-    whatever ``HF_HUB_OFFLINE`` says, and asks for no file in particular, as vLLM's
-    offline lookup does (``ignore_patterns="*"``): a snapshot some of whose files were
-    never downloaded is still the folder that id means, and its manifest covers what
-    is there. Raises ``CkptpubError`` (one line) when it is not there.
+    Answered from the cache alone (``HF_HUB_CACHE``, or ``cache_dir``), whatever
+    ``HF_HUB_OFFLINE`` says, asking for no file in particular, as vLLM's offline lookup
+    does (``ignore_patterns="*"``): a snapshot some of whose files were never downloaded
+    is still the folder that id means, and its manifest covers what is there. A ref is
+    read and checked here (``commit_of``) and huggingface_hub is handed the commit, so
+    the ref is read once. Raises ``NotCachedError`` when it is not there, and
+    ``CkptpubError`` (one line, naming the file) for a ref or snapshot that is not what
+    huggingface_hub writes.
     """
     hub = _huggingface_hub(repo_id)
+    from huggingface_hub import constants
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
+    cache = cache_dir or constants.HF_HUB_CACHE
+    name = MODELS_PREFIX + repo_id.replace("/", "--")  # huggingface_hub's ``repo_folder_name``
+    commit = commit_of(os.path.join(cache, name), repo_id, revision, cache)
     try:
         folder = hub.snapshot_download(
-            repo_id, revision=revision, cache_dir=cache_dir, local_files_only=True, ignore_patterns="*"
+            repo_id, revision=commit, cache_dir=cache_dir, local_files_only=True, ignore_patterns="*"
         )
     except (LocalEntryNotFoundError, HFValidationError, OSError):
-        where = cache_dir or hub.constants.HF_HUB_CACHE
-        at = f" at revision {revision}" if revision is not None else ""
+        raise NotCachedError(repo_id, revision, cache) from None
+    real = os.path.realpath(folder)
+    repository = repository_of(real)
+    if os.path.basename(real) != commit or repository is None or os.path.basename(repository) != name:
         raise CkptpubError(
-            f"{repo_id}: no such folder, and no snapshot of the model {repo_id}{at} in the Hugging Face "
-            f"cache {where} (HF_HUB_CACHE; nothing is downloaded)"
-        ) from None
-    return CachedModel(os.path.realpath(folder), repo_id, os.path.basename(os.path.realpath(folder)))
+            f"{repo_id}: its snapshot {folder} leads to {real}, "
+            f"not to {name}/snapshots/{commit}; not followed"
+        )
+    return CachedModel(real, repo_id, commit)
+
+
+def commit_of(repository: str, repo_id: str, revision: str | None, cache: str) -> str:
+    """The commit ``revision`` names in the cached ``repository``: a commit hash as given, a branch or tag
+    read from ``refs/<revision>`` (a regular file holding a commit hash; anything else is refused)."""
+    wanted = DEFAULT_REVISION if revision is None else revision
+    if COMMIT.fullmatch(wanted):
+        return wanted
+    parts = wanted.split("/")
+    if any(part in ("", ".", "..") for part in parts) or any(c in wanted for c in "\\\0\n\r"):
+        raise CkptpubError(f"{repo_id}: revision {wanted!r} is not a branch, tag or commit name")
+    path = os.path.join(repository, REFS, *parts)
+    try:
+        data = read_bounded(path, REF_LIMIT, path, limit_name="limit for a ref (one commit hash)")
+    except OpenError as error:
+        if error.absent:
+            raise NotCachedError(repo_id, revision, cache) from None
+        raise
+    text = data.decode("utf-8", "replace")
+    if COMMIT.fullmatch(text) is None:
+        raise CkptpubError(f"{path}: holds {text!r}, not a commit hash (40 hex digits); not followed")
+    return text
 
 
 def cached_model(folder: str) -> CachedModel | None:
@@ -176,7 +182,7 @@ def cached_model(folder: str) -> CachedModel | None:
     resolving them in that same cache; None for any other folder, or without huggingface_hub.
     """
     repository = repository_of(folder)
-    if repository is None:
+    if repository is None or COMMIT.fullmatch(os.path.basename(folder)) is None:
         return None
     repo_id = os.path.basename(repository)[len(MODELS_PREFIX) :].replace("--", "/")
     try:

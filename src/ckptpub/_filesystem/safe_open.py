@@ -18,7 +18,7 @@ The one implementation of three rules every reader of an untrusted folder applie
   points to only when that is inside the folder and not one of ckptpub's own files
   (the manifest, the signature, a temporary file), which publishing replaces, or,
   in a snapshot of the Hugging Face cache, a blob of that cached model
-  (``hub_cache.is_cached_blob``).
+  (``hub_layout.is_cached_blob``).
   ``open_inside`` and ``read_inside`` open and read a file of a folder by that rule.
 """
 
@@ -30,7 +30,7 @@ import stat
 
 from .._format.names import MANIFEST_NAME, is_ckptpub_file
 from ..errors import CkptpubError
-from .hub_cache import is_cached_blob
+from .hub_layout import is_cached_blob
 
 #: Which file a folder scan saw: ``(st_dev, st_ino)``, or an object's ``(etag, size)`` (``scan.FolderEntry``).
 FileId = tuple[int | str, int | str]
@@ -153,7 +153,7 @@ def resolve_inside(root: str, link: str, display_name: str) -> str:
     Inside ``root`` (not ``root`` itself), and not the manifest, the signature or a
     temporary file at its top, which publishing replaces; or, for a snapshot of a
     model in the Hugging Face cache, a blob of that cached model
-    (``hub_cache.is_cached_blob``). ``CkptpubError`` otherwise.
+    (``hub_layout.is_cached_blob``). ``CkptpubError`` otherwise.
     """
     target = os.path.realpath(link)
     if is_cached_blob(root, target):

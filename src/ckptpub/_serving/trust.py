@@ -27,7 +27,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .._filesystem.hub_cache import cached_model, locate
+from .._filesystem.hub_cache import NotCachedError, cached_model, locate, split_revision
 from .._filesystem.objects import ObjectAbsentError, ObjectUrl, is_object_url, stat_object
 from .._filesystem.read import read_manifest
 from .._format.manifest import Manifest
@@ -90,7 +90,9 @@ def model_folder(reference: str, revision: str | None = None) -> str:
     """The folder an engine's model reference names: an ``s3://`` prefix as given (another store's
     scheme is refused), the path when something is there (an engine that resolved a hub id hands over its
     snapshot path), else the hub id's snapshot at ``revision`` in the Hugging Face cache, resolved
-    offline. A hub id not in the cache is a ``RefusedError``."""
+    offline (no network, whatever ``HF_HUB_OFFLINE`` says). A hub id not in the cache is a
+    ``RefusedError`` naming the commands that download and publish it; a ref or snapshot of the cache
+    that is not what huggingface_hub writes, one naming that file."""
     if is_object_url(reference):
         try:
             return str(ObjectUrl.parse(reference))
@@ -100,6 +102,11 @@ def model_folder(reference: str, revision: str | None = None) -> str:
         return reference
     try:
         return locate(reference, revision)
+    except NotCachedError as error:
+        repo_id, wanted = split_revision(reference, revision)
+        at = "" if wanted is None else f" --revision {wanted}"
+        hint = f"download it with `{error.fetch}`, then publish it with `ckptpub publish {repo_id}{at}`"
+        raise RefusedError(reference, error.reason, hint=hint) from None
     except CkptpubError as error:
         raise RefusedError(reference, str(error)) from None
 

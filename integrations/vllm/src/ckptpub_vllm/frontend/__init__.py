@@ -5,6 +5,8 @@ starts the engine core and workers, which load the weights a minute later and re
 any failure as "Engine core initialization failed. See root cause above." So, for
 ``--load-format manifest_cache``, at config time, in this process:
 
+* a **hub id** is resolved by ckptpub, in the cache, before vLLM's own lookups ask a hub
+  (:mod:`.hub_ids`): vLLM is handed the snapshot's path, or the id is refused;
 * **options** are checked by building the loader (ours and vLLM's ``ipc_cache`` keys):
   a bad value of ``--model-loader-extra-config`` is a ``ValueError`` before any engine
   process starts;
@@ -36,24 +38,26 @@ from ..shared.options import LOAD_FORMAT
 from ..shared.refusals import end_relay, refusals_logged, relayed_refusal, start_relay
 from ..shared.startup import check_before_start
 from ..worker.loader import ManifestCacheLoader
-from . import adapters, object_store, served
+from . import adapters, hub_ids, object_store, served
 
 _PATCH_MARK = "_ckptpub_frontend"
 
 
 def install() -> None:
     """Wrap ``EngineArgs.create_engine_config`` (idempotent; the rest is installed when it first runs),
-    the front ends' handling of refused adapters (``adapters.install``) and vLLM's object-store config
-    check (``object_store.install``)."""
+    vLLM's resolution of a hub id (``hub_ids.install``), the front ends' handling of refused adapters
+    (``adapters.install``) and vLLM's object-store config check (``object_store.install``)."""
     from vllm.engine.arg_utils import EngineArgs
 
     adapters.install()
+    hub_ids.install()
     object_store.install()
     original = EngineArgs.create_engine_config
     if getattr(original, _PATCH_MARK, False):
         return
 
     def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        hub_ids.pin_snapshot(self)  # before vLLM's own config lookup, which may ask the hub
         vllm_config = original(self, *args, **kwargs)
         check_at_config_time(vllm_config)
         return vllm_config

@@ -126,7 +126,11 @@ def checkpoint_key(model: str) -> str | None:
             policy = serving.Policy.from_environment()
         except ckptpub.CkptpubError as error:
             raise RefusedError(model, str(error)) from None
-        found = serving.trusted_model(model, policy=policy, folder=folder_of(model), check_tables=False)
+        # a policy that needs a manifest refuses a hub id not in the cache as such (the commands to run),
+        # not as a folder without one
+        strict = policy.require_manifest or policy.trusted is not None
+        folder = serving.model_folder(model) if strict else folder_of(model)
+        found = serving.trusted_model(model, policy=policy, folder=folder, check_tables=False)
         identity = found.cache_key
     if identity is None:
         return original_hash_checkpoint()(model)

@@ -208,7 +208,9 @@ def check_base(folder: str, manifest: ckptpub.Manifest, base: ServedBase) -> Non
     raise RefusedError(
         folder,
         f"it was trained on base {recorded}, but this engine serves base {served}",
-        hint="serve it on its own base, or set adapter_base_check to false",
+        hint=f"serve it on its own base; if it was trained on this one, published again since (a manifest of "
+        f"an older format has another identity), publish the adapter again with `ckptpub publish {folder} "
+        f"--base {base.folder}`; or set adapter_base_check to false",
         kind=KIND,
     )
 

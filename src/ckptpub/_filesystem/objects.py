@@ -3,7 +3,7 @@
 An S3 prefix is read as a folder is: its objects listed once (the scan), each
 manifest, config or header fetched with its size bounded before the body is read,
 and tensors hashed from ranged GETs into each hashing worker's reused buffer, so memory
-stays ``threads * READ_BUFFER_BYTES`` whatever the checkpoint's size. Every ranged
+stays ``threads * OBJECT_READ_BYTES`` whatever the checkpoint's size. Every ranged
 GET of a listed object carries ``If-Match`` with the ETag the listing saw: an object
 replaced while it is read is refused, never hashed half old and half new (the
 object-store twin of ``safe_open``'s "the file the scan saw").
@@ -46,6 +46,9 @@ CONNECT_TIMEOUT_S = 10
 READ_TIMEOUT_S = 60
 #: Ranged GETs in flight at once by default: object stores serve a prefix fastest with many.
 READ_THREADS = 16
+#: The largest ranged GET (and each hashing worker's buffer): neighbouring tensors are read together up
+#: to this, a large one in pieces of it. Memory: ``READ_THREADS * OBJECT_READ_BYTES`` (256 MiB).
+OBJECT_READ_BYTES = 16 << 20
 #: A listing with more objects than this is refused, as ``scan.MAX_FILES`` refuses a folder.
 MAX_OBJECTS = 200_000
 _THROTTLED = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "503"})

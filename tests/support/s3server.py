@@ -33,7 +33,9 @@ _ABSOLUTE = re.compile(r" https?://[^/ ]+/")
 class S3Server:
     """A running ``moto_server``: its endpoint, the environment that reaches it, a boto3 client."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, unauthenticated_requests: int | None = None) -> None:
+        """``unauthenticated_requests``: with a number, the server checks credentials and IAM policies
+        (moto's ``INITIAL_NO_AUTH_ACTION_COUNT``) after that many requests, which set it up."""
         executable = shutil.which("moto_server", path=os.path.dirname(sys.executable))
         if executable is None:
             raise RuntimeError(
@@ -44,8 +46,14 @@ class S3Server:
             port = probe.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{port}"
         self._log = open(log_path, "wb")  # noqa: SIM115  # closed in stop()
+        env = dict(os.environ)
+        if unauthenticated_requests is not None:
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(unauthenticated_requests)
         self._process = subprocess.Popen(
-            [executable, "-H", "127.0.0.1", "-p", str(port)], stdout=self._log, stderr=subprocess.STDOUT
+            [executable, "-H", "127.0.0.1", "-p", str(port)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
         self.log_path = log_path
         self._wait_until_up()
@@ -64,11 +72,11 @@ class S3Server:
             "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
         }
 
-    def client(self):  # noqa: ANN201  # boto3's client type is generated at run time
+    def client(self, service: str = "s3"):  # noqa: ANN201  # boto3's client types are made at run time
         import boto3
 
         return boto3.session.Session().client(
-            "s3",
+            service,
             endpoint_url=self.endpoint,
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
@@ -129,8 +137,8 @@ class S3Server:
 
 
 @contextlib.contextmanager
-def running_s3_server(log_path: Path) -> Iterator[S3Server]:
-    server = S3Server(log_path)
+def running_s3_server(log_path: Path, unauthenticated_requests: int | None = None) -> Iterator[S3Server]:
+    server = S3Server(log_path, unauthenticated_requests)
     try:
         yield server
     finally:

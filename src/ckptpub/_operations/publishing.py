@@ -30,14 +30,7 @@ from typing import TYPE_CHECKING, Any
 from .._filesystem.hub_cache import HUB_KEY, CachedModel, cached_model, locate
 from .._filesystem.jsonfiles import folder_lock, write_together
 from .._filesystem.model_files import config_digests, is_shard_path, read_layouts, weight_files
-from .._filesystem.objects import (
-    ObjectAbsentError,
-    ObjectUrl,
-    is_object_url,
-    object_versions,
-    put_object,
-    stat_object,
-)
+from .._filesystem.objects import ObjectUrl, is_object_url, list_objects, object_versions, put_object
 from .._filesystem.read import read_manifest
 from .._filesystem.scan import FolderEntry, as_path, first_changed, resolve_folder, scan_folder
 from .._format.canonical import canonical_json
@@ -305,10 +298,10 @@ def _publish_objects(prefix: ObjectUrl, options: _Options) -> Manifest:
     if options.signer is not None:
         raise CkptpubError(f"{prefix}: signing needs a local folder; publish and sign it there, then upload")
     manifest_url = prefix.child(MANIFEST_NAME)
-    try:
-        replaces: str | None = stat_object(manifest_url, str(manifest_url)).etag
-    except ObjectAbsentError:
-        replaces = None
+    # The manifest as it is before hashing (its ETag, or none), from a listing: a refused request's
+    # answer names why (AccessDenied, InvalidAccessKeyId), where a HEAD's has no body to say it.
+    listed = {entry.path: entry.etag for entry in list_objects(prefix)}
+    replaces = listed.get(MANIFEST_NAME)
     manifest = _build(str(prefix), options)[0]
     put_object(manifest_url, _manifest_bytes(manifest), replaces=replaces, display_name=str(manifest_url))
     return manifest

@@ -13,6 +13,10 @@ that has the plugin. So:
 * ``spawn_weight_cache_daemon`` is replaced (in the launcher and in every engine that
   loaded the plugin) by :func:`spawn`, whose child runs :func:`run_daemon`: the plugins
   first, then SGLang's ``run_weight_cache_daemon``;
+* both check that the plugin's key is in force after ``load_plugins`` (SGLang logs and
+  skips a plugin that failed, or one ``SGLANG_PLUGINS`` leaves out) and exit with one
+  line otherwise, before touching a GPU: a daemon keyed by path would serve nobody that
+  has the plugin, after holding a GPU's worth of weights;
 * ``WeightCacheDaemon.load`` runs inside ``decision.checked`` (:func:`load`): the key the
   daemon serves under and the verified disk load that fills it use one manifest.
 """
@@ -24,6 +28,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from . import key
 from .decision import checked
 
 #: SGLang's daemon start and load, replaced or wrapped here.
@@ -37,11 +42,26 @@ def load(original: Callable[..., Any], cache_daemon: Any) -> Any:
         return original(cache_daemon)
 
 
+def load_plugins() -> None:
+    """SGLang's ``load_plugins``; exits (code 2, one line) unless the plugin's key is in force after it."""
+    from sglang.srt import plugins
+    from sglang.srt.weight_cache import protocol
+
+    plugins.load_plugins()
+    if protocol.CacheConfig is not key.config_class():
+        print(
+            "ckptpub: the ckptpub SGLang plugin is not loaded in this weight-cache daemon "
+            "(see SGLANG_PLUGINS and the log above): refusing to start a daemon that no engine with the "
+            "plugin could use",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+
 def run_daemon(
     server_args: Any, gpu_id: int, tp_rank: int, pp_rank: int, dist_init_method: str | None
 ) -> None:
     """A daemon child: the plugins, then SGLang's daemon (its path is what ``spawn`` pickles)."""
-    from sglang.srt.plugins import load_plugins
     from sglang.srt.weight_cache import daemon
 
     load_plugins()
@@ -61,7 +81,6 @@ def main(argv: list[str] | None = None) -> None:
     """``python -m ckptpub_sglang.daemon``: SGLang's daemon command, with the plugins loaded."""
     import argparse
 
-    from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.weight_cache import daemon
     from sglang.srt.weight_cache.protocol import cleanup_stale_daemon_files

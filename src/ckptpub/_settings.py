@@ -34,7 +34,7 @@ EXPECT_IDENTITY_ENV = "CKPTPUB_EXPECT_IDENTITY"
 #: Every environment variable ckptpub, ckptpub-vllm and ckptpub-sglang read, and what it does.
 VARIABLES: Mapping[str, str] = {
     DEBUG_ENV: "a flag: a failed ckptpub command shows its traceback instead of its one-line error",
-    REQUIRE_MANIFEST_ENV: "a flag: vLLM engines and weight-cache daemons refuse folders without ckptpub.json",
+    REQUIRE_MANIFEST_ENV: "a flag: engines and weight-cache daemons refuse folders without ckptpub.json",
     PUBLIC_KEY_ENV: "a PEM public key: engines, daemons and ckptpub preload serve only what it signed",
     CERTIFICATE_CHAIN_ENV: "PEM files (os.pathsep-separated): as CKPTPUB_PUBLIC_KEY, for certificates",
     PRELOAD_STATE_DIR_ENV: "ckptpub preload's state folder (default ~/.local/state/ckptpub/preload)",

@@ -51,8 +51,8 @@ def decide(model: str, revision: str | None = None) -> TrustedModel:
     found = trusted_model(model, revision or None, policy=policy(model))
     if found.manifest is None:
         logger.warning(
-            "ckptpub: %s has no manifest and CKPTPUB_REQUIRE_MANIFEST is off: it is never served from the "
-            "weight cache, and loaded from disk unverified",
+            "ckptpub: %s has no manifest and CKPTPUB_REQUIRE_MANIFEST is off: it is never matched in the "
+            "weight cache, and a disk load of it is unverified",
             model,
         )
     else:

@@ -9,7 +9,7 @@ locally, nothing is downloaded; expect 3-6 minutes. One call:
 
 Steps (each engine in its own process; greedy tokens from token ids, no tokenizer):
 
-1. A run: ``step-10`` (tiny Qwen3, bfloat16), ``step-20`` a copy with ``model.norm.weight``
+1. A run: ``step-10`` (tiny Qwen3, float32 on disk), ``step-20`` a copy with ``model.norm.weight``
    negated in place (same headers, other values), both published; ``latest -> step-10``.
    Reference tokens: SGLang disk loads (``weight_cache_mode`` off, verified by the plugin).
 2. ``python -m ckptpub_sglang.daemon --model-path RUN/latest --gpu-id 0``: SGLang's daemon
@@ -44,8 +44,8 @@ import subprocess
 import sys
 import time
 
-# The tiny model's one builder and the tensor helpers live with the tests: run from a checkout.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+# gpu_e2e.py sits beside this script (its import puts tests/, the tiny model's builder, on the path)
+from gpu_e2e import negate_tensor
 
 ENGINE = dict(dtype="bfloat16", mem_fraction_static=0.15, disable_cuda_graph=True, skip_tokenizer_init=True)
 PROMPTS = [[1, 17, 42, 99, 7], [3, 250, 11]]
@@ -90,19 +90,6 @@ def flip_byte(folder: str, name: str) -> None:
         f.write(bytes([byte[0] ^ 0x01]))
 
 
-def negate_tensor(folder: str, name: str = "model.norm.weight") -> None:
-    import torch
-    from support.safetensors_files import find_tensor_file, tensor_location
-
-    path = find_tensor_file(folder, name)
-    start, end = tensor_location(path, name)
-    with open(path, "r+b") as f:
-        f.seek(start)
-        values = torch.frombuffer(bytearray(f.read(end - start)), dtype=torch.bfloat16) * -1.0
-        f.seek(start)
-        f.write(values.view(torch.uint8).numpy().tobytes())
-
-
 def start_daemon(model: str, output: object, env: dict) -> subprocess.Popen:
     """``python -m ckptpub_sglang.daemon``: SGLang's daemon command, the plugin loaded (own session)."""
     command = [sys.executable, "-m", "ckptpub_sglang.daemon", "--model-path", model, "--gpu-id", "0"]
@@ -133,7 +120,7 @@ def main() -> int:
     shutil.rmtree(args.workdir, ignore_errors=True)
     run = os.path.join(args.workdir, "run")
     step10, step20 = os.path.join(run, "step-10"), os.path.join(run, "step-20")
-    build_tiny_qwen3(step10, dtype="bfloat16")
+    build_tiny_qwen3(step10)  # float32 on disk, served in bfloat16
     shutil.copytree(step10, step20)
     negate_tensor(step20)
     for folder in (step10, step20):

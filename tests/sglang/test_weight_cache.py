@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from support.checkpoints import model_tensors, write_checkpoint
+from support.hf_cache import cache_dir, cache_model
 
 import ckptpub
 from tests.sglang.one_rank import EXEC, PARALLEL, cache_key
@@ -149,6 +150,27 @@ def test_a_daemon_and_an_engine_of_which_one_has_the_plugin_fail_closed(
         protocol.send_msg(connection, {"type": "fetch_state", "config": key.to_dict()})
         with pytest.raises(ConnectionError):  # the daemon refuses a key without ckptpub_identity
             protocol.recv_msg(connection)
+
+
+def test_a_hub_id_is_keyed_by_the_snapshot_its_branch_names(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang keeps a hub id as given; the key follows ``refs/main`` to its snapshot's manifest (offline)."""
+    import huggingface_hub.constants
+    from sglang.srt.weight_cache import protocol
+
+    home = tmp_path / "hf"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", cache_dir(home))
+    # each commit published in the cache, as `ckptpub publish ID --revision REV` does
+    first = cache_model(home, "acme/tiny", write_checkpoint(run / "1000", model_tensors(1000)))
+    ckptpub.publish(first)
+    before = cache_key(protocol.CacheConfig, "acme/tiny", _model_config(Path(first)))
+    second = cache_model(home, "acme/tiny", write_checkpoint(run / "1200", model_tensors(1200)))  # main moves
+    ckptpub.publish(second)
+    after = cache_key(protocol.CacheConfig, "acme/tiny", _model_config(Path(first)))
+    assert before.ckptpub_identity == ckptpub.read_manifest(first).identity
+    assert after.ckptpub_identity == ckptpub.read_manifest(second).identity
+    assert not before.matches(after)
 
 
 def _load_config() -> Any:

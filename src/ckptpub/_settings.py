@@ -29,17 +29,19 @@ PRELOAD_STATE_DIR_ENV = "CKPTPUB_PRELOAD_STATE_DIR"
 PRELOAD_IDENTITY_ENV = "CKPTPUB_PRELOAD_IDENTITY"
 PRELOAD_TAKEOVER_ENV = "CKPTPUB_PRELOAD_TAKEOVER"
 REFUSAL_FILE_ENV = "CKPTPUB_REFUSAL_FILE"
+EXPECT_IDENTITY_ENV = "CKPTPUB_EXPECT_IDENTITY"
 
-#: Every environment variable ckptpub and ckptpub-vllm read, and what it does.
+#: Every environment variable ckptpub, ckptpub-vllm and ckptpub-sglang read, and what it does.
 VARIABLES: Mapping[str, str] = {
     DEBUG_ENV: "a flag: a failed ckptpub command shows its traceback instead of its one-line error",
-    REQUIRE_MANIFEST_ENV: "a flag: vLLM engines and weight-cache daemons refuse folders without ckptpub.json",
+    REQUIRE_MANIFEST_ENV: "a flag: engines and weight-cache daemons refuse folders without ckptpub.json",
     PUBLIC_KEY_ENV: "a PEM public key: engines, daemons and ckptpub preload serve only what it signed",
     CERTIFICATE_CHAIN_ENV: "PEM files (os.pathsep-separated): as CKPTPUB_PUBLIC_KEY, for certificates",
     PRELOAD_STATE_DIR_ENV: "ckptpub preload's state folder (default ~/.local/state/ckptpub/preload)",
     PRELOAD_IDENTITY_ENV: "set by ckptpub preload in each daemon it starts: the identity it loads",
     PRELOAD_TAKEOVER_ENV: "set to 1 by ckptpub preload in a daemon that takes over a socket path: it waits",
     REFUSAL_FILE_ENV: "set by the plugin where an engine starts: the file its workers relay a refusal to",
+    EXPECT_IDENTITY_ENV: "an identity: SGLang engines and weight-cache daemons serve only that checkpoint",
 }
 
 TRUE_WORDS = ("1", "true", "yes", "on")

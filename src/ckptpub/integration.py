@@ -67,6 +67,7 @@ from ._operations.explain import base_of, is_adapter
 from ._settings import (
     CERTIFICATE_CHAIN_ENV,
     DEBUG_ENV,
+    EXPECT_IDENTITY_ENV,
     PRELOAD_IDENTITY_ENV,
     PRELOAD_STATE_DIR_ENV,
     PRELOAD_TAKEOVER_ENV,
@@ -83,6 +84,7 @@ __all__ = [
     "CERTIFICATE_CHAIN_ENV",
     "CONFIG_FILES",
     "DEBUG_ENV",
+    "EXPECT_IDENTITY_ENV",
     "MANIFEST_NAME",
     "PRELOAD_IDENTITY_ENV",
     "PRELOAD_STATE_DIR_ENV",

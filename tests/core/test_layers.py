@@ -16,6 +16,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[2] / "src" / "ckptpub"
 PLUGIN = SOURCE.parents[1] / "integrations" / "vllm" / "src" / "ckptpub_vllm"
+SGLANG_PLUGIN = SOURCE.parents[1] / "integrations" / "sglang" / "src" / "ckptpub_sglang"
 
 #: Lowest first. A module may import its own layer (no cycle) and the layers listed before it.
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -50,6 +51,15 @@ PLUGIN_LAYERS: tuple[tuple[str, ...], ...] = (
     ("ckptpub_vllm.daemon",),  # vllm preload's CLI and its daemon children
     ("ckptpub_vllm.preload",),  # the supervisor: imports the shared layer only (see below)
     ("ckptpub_vllm",),  # the entry point
+)
+
+#: The SGLang plugin's modules, lowest first (the same rules): what imports neither SGLang nor torch, the
+#: key and the disk loader, the engine's and the daemons' hooks, the entry point.
+SGLANG_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("ckptpub_sglang.log", "ckptpub_sglang.decision"),
+    ("ckptpub_sglang.key", "ckptpub_sglang.loader"),
+    ("ckptpub_sglang.engine", "ckptpub_sglang.daemon"),
+    ("ckptpub_sglang",),
 )
 
 
@@ -221,6 +231,25 @@ def test_the_shared_layer_and_the_supervisor_import_no_vllm_and_no_torch() -> No
     assert result.stdout.strip() == "[]"
 
 
+def test_the_sglang_plugin_has_no_cycle_and_its_imports_go_downwards_only() -> None:
+    graph = import_graph(SGLANG_PLUGIN)
+    assert "ckptpub_sglang.decision" in graph["ckptpub_sglang.key"]
+    assert "ckptpub_sglang.daemon" in graph["ckptpub_sglang"]  # deferred, inside register()
+    assert find_cycle(graph) is None
+    unplaced = sorted(name for name in graph if layer_of(name, SGLANG_LAYERS) < 0)
+    assert not unplaced, f"add these modules to a layer in SGLANG_LAYERS: {unplaced}"
+    assert not upward_imports(graph, SGLANG_LAYERS)
+
+
+def test_the_sglang_plugin_imports_no_sglang_and_no_torch_until_it_registers() -> None:
+    """Importing the package and its lowest layer (as a tool that only reads the decision would) is cheap."""
+    names = [name for name in module_names(SGLANG_PLUGIN) if layer_of(name, SGLANG_LAYERS) in (0, 3)]
+    program = f"import sys; sys.path.insert(0, {str(SGLANG_PLUGIN.parent)!r}); import {', '.join(names)}; "
+    program += "print(sorted({'torch', 'sglang'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
 def test_import_ckptpub_needs_only_the_standard_library_and_blake3() -> None:
     program = (
         "import sys; before = set(sys.modules); import ckptpub, ckptpub.cli; "
@@ -231,11 +260,12 @@ def test_import_ckptpub_needs_only_the_standard_library_and_blake3() -> None:
 
 
 def test_integrations_use_only_public_modules_and_the_core_imports_none() -> None:
-    """The vLLM plugin imports ckptpub's public modules only (``ckptpub.integration`` and the like), and
-    nothing in ``src/ckptpub`` imports the plugin: so the layers can change beneath it."""
-    plugin = PLUGIN.parent
+    """The plugins import ckptpub's public modules only (``ckptpub.integration`` and the like), and
+    nothing in ``src/ckptpub`` imports them: so the layers can change beneath them."""
     private = []
-    for path in sorted(plugin.rglob("*.py")):
+    for plugin, path in (
+        (p.parent, path) for p in (PLUGIN, SGLANG_PLUGIN) for path in sorted(p.parent.rglob("*.py"))
+    ):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = (
                 [alias.name for alias in node.names]
@@ -251,7 +281,7 @@ def test_integrations_use_only_public_modules_and_the_core_imports_none() -> Non
             ]
     assert not private, private
     core_imports = {target for path in SOURCE.rglob("*.py") for target in _absolute_imports(path)}
-    assert not {name for name in core_imports if name.split(".")[0] == "ckptpub_vllm"}
+    assert not {name for name in core_imports if name.split(".")[0] in ("ckptpub_vllm", "ckptpub_sglang")}
 
 
 #: The rules an engine's ranks share with distributed publish: an integration hands them bytes.

@@ -1,0 +1,67 @@
+"""SGLang's own disk loader (``DefaultModelLoader._get_weights_iterator``, the weight cache's fallback, a
+daemon's load and an engine without the cache) verified tensor by tensor on CPU by the plugin's hook."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.checkpoints import flip_byte, locate, model_tensors, write_checkpoint
+
+import ckptpub
+from ckptpub.serving import RefusedError
+
+
+def stream(folder: Path, load_format: str = "safetensors") -> dict[str, Any]:
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_loader.loader import DefaultModelLoader
+
+    loader = DefaultModelLoader(LoadConfig(load_format=load_format))
+    return dict(loader._get_weights_iterator(DefaultModelLoader.Source(str(folder), None)))
+
+
+@pytest.fixture
+def published(tmp_path: Path) -> Path:
+    folder = write_checkpoint(tmp_path / "step-1000", shards=2)
+    ckptpub.publish(str(folder))
+    return folder
+
+
+@pytest.mark.parametrize("load_format", ["safetensors", "auto"])
+def test_the_published_tensors_stream_unchanged(published: Path, load_format: str) -> None:
+    loaded = stream(published, load_format)
+    expected = model_tensors()
+    assert sorted(loaded) == sorted(expected)
+    for name, array in expected.items():
+        assert np.array_equal(loaded[name].numpy(), array), name
+
+
+def test_a_tampered_shard_is_refused_by_tensor_name(published: Path) -> None:
+    shard, start, _ = locate(published, "model.layers.1.mlp.up_proj.weight")
+    flip_byte(shard, start + 5)
+    with pytest.raises(RefusedError, match=r"tensor 'model\.layers\.1\.mlp\.up_proj\.weight' differs"):
+        stream(published)
+
+
+def test_a_pinned_identity_refuses_another_checkpoint(
+    published: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = write_checkpoint(tmp_path / "step-1200", model_tensors(seed=1200))
+    ckptpub.publish(str(other))
+    identity = ckptpub.read_manifest(str(published)).identity
+    monkeypatch.setenv("CKPTPUB_EXPECT_IDENTITY", identity)
+    assert sorted(stream(published)) == sorted(model_tensors())
+    with pytest.raises(RefusedError, match=f"is not the expected {identity}"):
+        stream(other)
+
+
+def test_a_folder_without_a_manifest_loads_unverified_unless_one_is_required(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = write_checkpoint(tmp_path / "plain")
+    assert sorted(stream(plain)) == sorted(model_tensors())
+    monkeypatch.setenv("CKPTPUB_REQUIRE_MANIFEST", "1")
+    with pytest.raises(RefusedError, match=r"no ckptpub\.json"):
+        stream(plain)

@@ -251,3 +251,14 @@ def test_a_manifest_over_the_limit_is_refused_before_its_body_is_read(s3_server,
     result = run_cli("show", in_bucket)
     assert result.returncode == 2
     assert "ckptpub.json: 67108865 bytes is over the 67108864-byte manifest limit" in one_error_line(result)
+
+
+def test_the_library_follows_the_environment_it_is_called_in(in_bucket, monkeypatch):
+    """One process, two configurations: a client made for one store never answers for another."""
+    assert run_cli("publish", in_bucket).returncode == 0
+    identity = ckptpub.read_manifest(in_bucket).identity  # a client for the test server
+    with monkeypatch.context() as patch:
+        patch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+        with pytest.raises(CkptpubError, match="Could not connect to the endpoint URL"):
+            ckptpub.read_manifest(in_bucket)
+    assert ckptpub.read_manifest(in_bucket).identity == identity

@@ -28,6 +28,7 @@ throttled, unreachable.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -260,16 +261,34 @@ def _dropped_connection() -> tuple[type[BaseException], ...]:
     )
 
 
+#: The environment variables boto3 builds a client from (endpoint, profile, credentials, region, files).
+CLIENT_ENVIRONMENT = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+)
 _client_lock = threading.Lock()
-_clients: list[Any] = []
+_clients: dict[tuple[str | None, ...], Any] = {}
 
 
 def _client() -> Any:
-    """This process's one S3 client (boto3 clients are thread-safe; making one is not, and costs 50 ms)."""
+    """The S3 client for the environment as it is now: made once per configuration (boto3 clients are
+    thread-safe; making one is not, and costs 50 ms), and made again when ``AWS_*`` settings change,
+    so a process that points at another store or account never reaches it with an old client."""
+    configuration = tuple(os.environ.get(name) for name in CLIENT_ENVIRONMENT)
     with _client_lock:
-        if not _clients:
-            _clients.append(_new_client())
-        return _clients[0]
+        client = _clients.get(configuration)
+        if client is None:
+            client = _clients[configuration] = _new_client()
+        return client
 
 
 def _new_client() -> Any:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 
 from .._filesystem.objects import ObjectUrl, is_object_url, list_objects
 from .._filesystem.safe_open import OpenError, kind_of, open_inside, read_inside, resolve_inside
@@ -98,13 +99,20 @@ def read_published(folder: str, record: FileRecord, manifest: Manifest) -> bytes
     return data
 
 
-def read_weights_file(folder: str, record: FileRecord) -> bytearray:
+def _new_memory(size: int) -> memoryview:
+    return memoryview(bytearray(size))
+
+
+def read_weights_file(
+    folder: str, record: FileRecord, allocate: Callable[[int], memoryview] = _new_memory
+) -> memoryview:
     """The whole file ``record`` describes, read once into writable memory (a loader's private copy).
 
     Opened by the core's rule (``open_inside``); its size must be the recorded one,
     checked with ``fstat`` before anything is allocated, so a manifest's number is never
-    trusted alone; a file that changes size while it is read is refused. The bytes are
-    not hashed here: the caller verifies what it hands on (``StreamVerifier``).
+    trusted alone; a file that changes size while it is read is refused. ``allocate``
+    gives the memory, ``size`` writable bytes (a loader may reuse memory it owns). The
+    bytes are not hashed here: the caller verifies what it hands on (``StreamVerifier``).
     Raises ``FileMismatchError``.
     """
     path = record.path
@@ -117,14 +125,13 @@ def read_weights_file(folder: str, record: FileRecord) -> bytearray:
     try:
         if info.st_size != record.size:
             raise FileMismatchError(f"{path} has {info.st_size} bytes, the manifest says {record.size}")
-        data = bytearray(record.size)
-        view, got = memoryview(data), 0
+        view, got = allocate(record.size), 0
         with os.fdopen(fd, "rb", closefd=False) as handle:
             while got < record.size and (count := handle.readinto(view[got:])):
                 got += count
             if got != record.size or handle.read(1):
                 raise FileMismatchError(f"{path} changed size while it was read")
-        return data
+        return view
     except OSError as error:
         raise FileMismatchError(f"{path} cannot be read ({error.strerror or error})") from None
     finally:

@@ -73,6 +73,7 @@ from ..shared.refusals import refusals_logged
 from ..shared.startup import checked_manifest
 from . import adapter_reads
 from .adapter_reads import CONFIG_FILE, WEIGHTS_FILE, VerifiedAdapter, served_from_memory
+from .staging import StagingBuffers
 from .verify_stream import TensorVerifier, torch_dtype
 
 PICKLED_WEIGHTS = ("adapter_model.bin", "adapter_model.pt")
@@ -111,6 +112,10 @@ _loaded: dict[int, ServedAdapter] = {}
 _warned: set[tuple[str, str]] = set()
 #: The attribute of a loaded ``LoRAModel`` holding its :class:`ServedAdapter`.
 RECORD_ATTR = "_ckptpub_loaded"
+#: The memory adapters' weight files are read into: vLLM's ``LoRAModel`` holds views of it (on a
+#: CPU host; on a GPU host it copies them), and an adapter vLLM dropped (its CPU cache evicted it)
+#: leaves its buffer to the next load, already touched. Adapters load on the worker's one thread.
+_weight_buffers = StagingBuffers(keep_bytes=0)
 
 
 def adapter_folder(path: str) -> str:
@@ -243,14 +248,29 @@ def read_checked(folder: str, manifest: ckptpub.Manifest, options: Options) -> V
 def _checked_tensors(
     folder: str, record: ckptpub.FileRecord, manifest: ckptpub.Manifest, options: Options
 ) -> dict[str, torch.Tensor]:
-    """The weight file's tensors, as views of the one read of it, each checked against the manifest."""
+    """The weight file's tensors, as views of the one read of it, each checked against the manifest.
+
+    The read is the private copy: the tensors hashed are the tensors vLLM gets
+    (``TensorVerifier(private=True)``), with no second copy.
+    """
+    _weight_buffers.keep_bytes = options.max_pending_mib << 20
+    lent: list[torch.Tensor] = []
+
+    def allocate(size: int) -> memoryview:  # called once the file's size is checked
+        lent.append(_weight_buffers.lend(size))
+        return memoryview(lent[0].numpy())
+
     try:
-        data = read_weights_file(folder, record)
-        layout = layout_in_memory(data, WEIGHTS_FILE)
+        layout = layout_in_memory(read_weights_file(folder, record, allocate), WEIGHTS_FILE)
     except CkptpubError as error:
         raise RefusedError(folder, str(error), kind=KIND) from None
     verifier = TensorVerifier(
-        folder, manifest, threads=options.hash_threads, max_pending_mib=options.max_pending_mib, kind=KIND
+        folder,
+        manifest,
+        threads=options.hash_threads,
+        max_pending_mib=options.max_pending_mib,
+        kind=KIND,
+        private=True,
     )
     tensors = {}
     try:
@@ -258,22 +278,20 @@ def _checked_tensors(
             dtype = torch_dtype(entry.dtype)
             if dtype is None:
                 raise verifier.refuse(f"tensor {entry.name!r} has dtype {entry.dtype}, which torch lacks")
-            tensor = _view(data, layout.header_size + entry.begin, layout.header_size + entry.end, dtype)
-            tensors[entry.name] = tensor.reshape(entry.shape)
-            verifier.check(entry.name, tensors[entry.name])
+            tensor = _view(lent[0], layout.header_size + entry.begin, layout.header_size + entry.end, dtype)
+            tensors[entry.name] = verifier.check(entry.name, tensor.reshape(entry.shape))
         verifier.finish()
     finally:
         verifier.close()
     return tensors
 
 
-def _view(data: bytearray, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
-    """The bytes ``[start, end)`` of ``data`` as a flat tensor: a view, or a copy where they are unaligned."""
-    if start == end:
-        return torch.empty(0, dtype=dtype)
+def _view(data: torch.Tensor, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+    """The bytes ``[start, end)`` of ``data`` (``uint8``) as a flat tensor: a view, or a copy where
+    they are unaligned."""
     if start % dtype.itemsize:
-        return torch.frombuffer(bytearray(memoryview(data)[start:end]), dtype=dtype)
-    return torch.frombuffer(data, dtype=dtype, count=(end - start) // dtype.itemsize, offset=start)
+        return data[start:end].clone().view(dtype)
+    return data[start:end].view(dtype)
 
 
 def load_checked(lora_request: Any, base: ServedBase, load: Callable[[Any], Any]) -> Any:

@@ -6,10 +6,11 @@ checks are the core's (``ckptpub.serving.StreamVerifier``: name, dtype and shape
 once, the bytes on a small thread pool beside vLLM's copying); :class:`TensorVerifier`
 turns torch tensors into what it takes. It copies each tensor's bytes out of the
 shard's mapping and hands vLLM that copy, the one it hashes, so a write to the file
-cannot slip in between check and use. When reading a shard fails (a damaged header, a
-truncated file), the shards are compared with the manifest then, and only then
-(``ckptpub.serving.shard_problems``), so the refusal names the file without an extra
-pass on every start.
+cannot slip in between check and use; the copies go into a few buffers reused once
+nothing holds them any more (``staging``), so they cost a copy, not fresh memory. When
+reading a shard fails (a damaged header, a truncated file), the shards are compared
+with the manifest then, and only then (``ckptpub.serving.shard_problems``), so the
+refusal names the file without an extra pass on every start.
 
 When several ranks load the model (tensor or pipeline parallel), each hashes only its
 share of the tensors and the ranks agree on the outcome (``node_share``): every tensor
@@ -31,6 +32,7 @@ from ckptpub.serving import INLINE_HASH_BYTES, RefusedError, StreamVerifier, sha
 
 from . import node_share
 from .node_share import Peers
+from .staging import StagingBuffers
 
 # safetensors dtype codes (what the manifest records) of torch dtypes.
 _DTYPE_CODES = {
@@ -67,18 +69,6 @@ def dtype_code(dtype: torch.dtype) -> str:
 def torch_dtype(code: str) -> torch.dtype | None:
     """The torch dtype of a safetensors dtype code, or None when torch has none (``F4``, ``C64``...)."""
     return _TORCH_DTYPES.get(code)
-
-
-def private_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes in memory only this process writes: a contiguous copy of a CPU tensor.
-
-    vLLM's CPU tensors from disk are views of the shard's shared mapping, so a write to
-    the file (``pwrite``, another process's mapping) shows in them at any moment; a
-    tensor on an accelerator is already a copy of its own.
-    """
-    if tensor.device.type != "cpu":
-        return tensor
-    return tensor.detach().clone(memory_format=torch.contiguous_format)
 
 
 def raw_bytes(tensor: torch.Tensor) -> memoryview:
@@ -134,6 +124,7 @@ class TensorVerifier(StreamVerifier):
         self._peers = peers
         self._share_hashing = share_hashing
         self._private = private
+        self._staging = StagingBuffers(keep_bytes=max_pending_mib << 20)
         self._reading: bytes | None = None  # the shards' fingerprint when the share was planned
         self._agreed = peers is None
 
@@ -172,6 +163,7 @@ class TensorVerifier(StreamVerifier):
                 try:
                     name, tensor = next(iterator)
                 except StopIteration:
+                    self._staging.release()
                     return
                 except RefusedError:
                     raise
@@ -204,8 +196,8 @@ class TensorVerifier(StreamVerifier):
         """Check one tensor from disk; return the copy to load into the model (use it, not ``tensor``).
 
         Name, dtype and shape are checked now, the bytes' digest now or on the pool.
-        What is hashed is a private copy (``private_copy``), and that copy is what the
-        model gets: the bytes verified are the bytes loaded, whatever is written to the
+        What is hashed is a private copy (in a reused buffer: ``staging``), and that copy is
+        what the model gets: the bytes verified are the bytes loaded, whatever is written to the
         shard between this check and vLLM's copy into the model (checking the mapped
         view itself left that window open: a ``pwrite`` in between put unverified bytes
         into the model while the check passed). A tensor another rank of this node hashes
@@ -214,11 +206,15 @@ class TensorVerifier(StreamVerifier):
         very files, unchanged, that the hashing rank read in that time.
         """
         hashed_here = self.expect(name, dtype_code(tensor.dtype), tuple(tensor.shape))
-        loaded = tensor if self._private else private_copy(tensor)
+        loaded = tensor if self._private else self._staging.copy_of(tensor)
         if hashed_here:
             size = int(loaded.nbytes)
             self.hash(name, small_bytes(loaded) if size <= INLINE_HASH_BYTES else raw_bytes(loaded))
         return loaded
+
+    def close(self) -> None:
+        super().close()
+        self._staging.release()
 
     def finish(self) -> None:
         """Wait for the last hashes; refuse if tensors are missing; agree with the peers. Idempotent."""

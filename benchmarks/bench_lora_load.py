@@ -135,12 +135,12 @@ def main() -> int:
         loads["ckptpub"](request)  # warm: page cache, imports
         manifest = ckptpub.read_manifest(folder)
         weights = next(r for r in manifest.files if r.path == "adapter_model.safetensors")
-        touched = bytearray(weights.size)
+        touched = memoryview(bytearray(weights.size))
         for round_ in range(args.repeat):
             order = ("vllm", "ckptpub") if round_ % 2 == 0 else ("ckptpub", "vllm")
             for name in order:
                 runs[name].append(load_and_touch(loads[name], request))
-            runs["read"].append(_timed(read_weights_file, folder, weights, lambda _: memoryview(touched)))
+            runs["read"].append(_timed(read_weights_file, folder, weights, lambda _, memory=touched: memory))
             runs["check"].append(_timed(adapters.read_checked, folder, manifest, base.options))
         median = {name: statistics.median(times) for name, times in runs.items()}
         ratio = median["ckptpub"] / median["vllm"]

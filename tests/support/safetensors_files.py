@@ -38,3 +38,16 @@ def copy_with_zeroed_tensor(src: str, dst: str, name: str) -> str:
         f.seek(start)
         f.write(bytes(end - start))
     return dst
+
+
+def stream_tensors(folder: str):  # type: ignore[no-untyped-def]
+    """``(name, tensor)`` of every shard the manifest lists, as vLLM's safetensors iterator yields
+    them: views of each shard's mapping."""
+    from safetensors import safe_open
+
+    import ckptpub
+
+    for shard in ckptpub.read_manifest(folder).weights:
+        with safe_open(os.path.join(folder, shard), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safetensors' safe_open has keys() but no __iter__
+                yield name, f.get_tensor(name)

@@ -7,13 +7,11 @@ bytes are never overwritten, and that a copy nobody holds is reused.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from ckptpub_vllm.worker.staging import StagingBuffers, storage_holders
 from ckptpub_vllm.worker.verify_stream import TensorVerifier, raw_bytes
-from safetensors import safe_open
+from support.safetensors_files import stream_tensors
 
 import ckptpub
 from ckptpub.serving import INLINE_HASH_BYTES
@@ -100,14 +98,6 @@ def test_a_strided_tensor_is_copied_contiguous():
     assert torch.equal(copy, base.T)
 
 
-def _shard_stream(folder):
-    manifest = ckptpub.read_manifest(folder)
-    for shard in manifest.weights:
-        with safe_open(os.path.join(folder, shard), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safetensors' safe_open has keys() but no __iter__
-                yield name, f.get_tensor(name)
-
-
 @pytest.mark.parametrize("keep", [True, False], ids=["a loader that keeps every tensor", "a copying loader"])
 def test_a_verified_stream_hands_out_the_published_bytes_whatever_the_loader_holds(models, keep):
     """The loader either copies each tensor and drops it (buffers are reused), or keeps every
@@ -116,7 +106,7 @@ def test_a_verified_stream_hands_out_the_published_bytes_whatever_the_loader_hol
     manifest = ckptpub.read_manifest(folder)
     verifier = TensorVerifier(folder, manifest)
     got: dict[str, torch.Tensor] = {}
-    for name, tensor in verifier.wrap(_shard_stream(folder)):
+    for name, tensor in verifier.wrap(stream_tensors(folder)):
         got[name] = tensor if keep else tensor.clone()
     staging = verifier._staging
     counts = (staging.allocated, staging.reused)

@@ -9,20 +9,12 @@ import shutil
 import pytest
 from ckptpub_vllm.shared.options import Options, split_extra_config
 from ckptpub_vllm.worker.verify_stream import TensorVerifier, raw_bytes, small_bytes
-from safetensors import safe_open
 from support.checkpoints import run_cli
 from support.manifests import replaced
+from support.safetensors_files import stream_tensors as stream
 
 import ckptpub
 from ckptpub.serving import INLINE_HASH_BYTES, RefusedError, engine_file_problems, engine_reads
-
-
-def stream(folder):
-    manifest = ckptpub.read_manifest(folder)
-    for shard in manifest.weights:
-        with safe_open(os.path.join(folder, shard), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safetensors' safe_open has keys() but no __iter__
-                yield name, f.get_tensor(name)
 
 
 def verifier(folder, **kw):

@@ -112,6 +112,29 @@ def test_every_streamed_tensor_is_verified_and_counted(published: Path) -> None:
     assert verifier.verified_tensors == verifier.total_tensors == len(model_tensors()) + 1
 
 
+@pytest.mark.parametrize(
+    "changed", [None, "model.norm.weight", LARGE], ids=["none", "a small one", "a large one"]
+)
+def test_tensors_hashed_together_are_each_counted_and_a_changed_one_is_named(
+    published: Path, changed
+) -> None:
+    """``hash_together``: one pool job for a run of tensors (an adapter's), each compared on its own."""
+    manifest = ckptpub.read_manifest(published)
+    verifier = StreamVerifier(str(published), manifest, threads=2)
+    runs: list[list[tuple[str, bytes]]] = [[], []]
+    for index, (name, dtype, shape, data) in enumerate(stream(published)):
+        assert verifier.expect(name, dtype, shape)
+        runs[index % 2].append((name, bytes(len(data)) if name == changed else bytes(data)))
+    for run in runs:
+        verifier.hash_together(run)
+    if changed is None:
+        verifier.finish()
+        assert verifier.verified_tensors == verifier.total_tensors
+        return
+    with pytest.raises(RefusedError, match=f"tensor '{re.escape(changed)}' differs from the manifest"):
+        verifier.finish()
+
+
 def test_the_large_tensor_is_hashed_on_the_pool() -> None:
     assert INLINE_HASH_BYTES < 512 * 128 * 4
 

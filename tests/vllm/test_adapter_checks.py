@@ -87,6 +87,21 @@ def test_vllm_gets_exactly_the_checked_bytes_even_if_the_file_changes_during_the
     assert served.base_identity == ckptpub.read_manifest(lora_folders["base"]).identity
 
 
+def test_an_adapter_vllm_holds_keeps_its_bytes_and_one_it_dropped_leaves_its_memory_to_the_next(lora_folders):
+    """Adapters are read into memory a dropped adapter left (``adapters._weight_buffers``): an
+    adapter vLLM still holds (its CPU cache) keeps its checked bytes through later loads of another
+    of the same size, and the memory of one it dropped is reused, not allocated again."""
+    good, other = lora_folders["good"], lora_folders["second"]
+    assert os.path.getsize(os.path.join(good, WEIGHTS)) == os.path.getsize(os.path.join(other, WEIGHTS))
+    buffers = adapters._weight_buffers
+    held = adapters.load_checked(_request("good", good), _base(lora_folders), _vllm_load)
+    allocated, reused = buffers.allocated, buffers.reused
+    for _ in range(3):  # each load's adapter is dropped before the next
+        adapters.load_checked(_request("second", other), _base(lora_folders), _vllm_load)
+    assert torch.equal(_lora_b(held), _file_lora_b(good))  # never overwritten while vLLM held it
+    assert (buffers.allocated, buffers.reused) == (allocated + 1, reused + 2)
+
+
 def test_a_check_failure_never_reaches_vllm(lora_folders):
     calls = []
     with pytest.raises(RefusedError, match="differs from the manifest") as refused:

@@ -34,6 +34,9 @@ from .refusal import RefusedError
 #: anyway). A mixture of experts has tens of thousands of them.
 INLINE_HASH_BYTES = 64 << 10
 
+#: A tensor's bytes as an integration hands them over.
+Bytes = bytes | bytearray | memoryview
+
 
 class StreamVerifier:
     """Verifies one folder's tensors as they stream: ``expect`` then ``hash`` each, then ``finish``.
@@ -62,7 +65,7 @@ class StreamVerifier:
         self.verified_bytes = 0
         self.mine: frozenset[str] | None = None  # None: hash every tensor seen
         self._max_pending = max_pending_bytes
-        self._pending: deque[tuple[str, Future[str], int]] = deque()
+        self._pending: deque[tuple[list[str], Future[list[str]], list[int]]] = deque()
         self._pending_bytes = 0
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="ckptpub-verify")
 
@@ -98,19 +101,29 @@ class StreamVerifier:
             )
         return self.mine is None or name in self.mine
 
-    def hash(self, name: str, data: bytes | bytearray | memoryview) -> None:
+    def hash(self, name: str, data: Bytes) -> None:
         """Check the bytes of the tensor ``expect`` just admitted: now, or on the pool for a large one.
 
         ``data`` is the integration's private copy, the one its model gets; it must not
         change until ``finish``. A difference is refused naming the tensor, here or in a
         later call.
         """
-        size = data.nbytes if isinstance(data, memoryview) else len(data)
+        size = _size(data)
         if size <= INLINE_HASH_BYTES:
             self._compare(name, digest_bytes(data), size)
             return
-        self._pending.append((name, self._pool.submit(digest_bytes, data), size))
-        self._pending_bytes += size
+        self.hash_together([(name, data)])
+
+    def hash_together(self, tensors: Sequence[tuple[str, Bytes]]) -> None:
+        """Check the bytes of several admitted tensors as one job on the pool (as :meth:`hash` does one).
+
+        For many tensors of a few hundred KiB that lie together in memory (an
+        adapter's): handing each to the pool costs as much as hashing it.
+        """
+        names, data = [name for name, _ in tensors], [bytes_ for _, bytes_ in tensors]
+        sizes = [_size(bytes_) for bytes_ in data]
+        self._pending.append((names, self._pool.submit(_digests, data), sizes))
+        self._pending_bytes += sum(sizes)
         self._collect(block=False)
         while self._pending_bytes > self._max_pending and self._pending:
             self._collect_one()
@@ -145,9 +158,10 @@ class StreamVerifier:
             self._collect_one()
 
     def _collect_one(self) -> None:
-        name, future, size = self._pending.popleft()
-        self._pending_bytes -= size
-        self._compare(name, future.result(), size)
+        names, future, sizes = self._pending.popleft()
+        self._pending_bytes -= sum(sizes)
+        for name, digest, size in zip(names, future.result(), sizes, strict=True):
+            self._compare(name, digest, size)
 
     def _compare(self, name: str, digest: str, size: int) -> None:
         record = self.expected[name]
@@ -159,3 +173,12 @@ class StreamVerifier:
             )
         self.verified_tensors += 1
         self.verified_bytes += size
+
+
+def _size(data: Bytes) -> int:
+    return data.nbytes if isinstance(data, memoryview) else len(data)
+
+
+def _digests(data: list[Bytes]) -> list[str]:
+    """The digests of a run of tensors, in order: one job on the pool."""
+    return [digest_bytes(bytes_) for bytes_ in data]

@@ -65,7 +65,7 @@ import torch
 import ckptpub
 from ckptpub.errors import CkptpubError
 from ckptpub.integration import base_of, layout_in_memory
-from ckptpub.serving import FileMismatchError, RefusedError, read_published, read_weights_file
+from ckptpub.serving import FileMismatchError, RefusedError, StreamVerifier, read_published, read_weights_file
 
 from ..shared.log import logger
 from ..shared.options import Options
@@ -74,7 +74,7 @@ from ..shared.startup import checked_manifest
 from . import adapter_reads
 from .adapter_reads import CONFIG_FILE, WEIGHTS_FILE, VerifiedAdapter, served_from_memory
 from .staging import StagingBuffers
-from .verify_stream import TensorVerifier, torch_dtype
+from .verify_stream import torch_dtype
 
 PICKLED_WEIGHTS = ("adapter_model.bin", "adapter_model.pt")
 KIND = "adapter"
@@ -250,8 +250,9 @@ def _checked_tensors(
 ) -> dict[str, torch.Tensor]:
     """The weight file's tensors, as views of the one read of it, each checked against the manifest.
 
-    The read is the private copy: the tensors hashed are the tensors vLLM gets
-    (``TensorVerifier(private=True)``), with no second copy.
+    The read is the private copy: the bytes hashed are the bytes of the tensors vLLM
+    gets, with no second copy. An adapter is hundreds of tensors of a few hundred KiB
+    lying together, so they are hashed in ``hash_threads`` runs of neighbours, not one by one.
     """
     _weight_buffers.keep_bytes = options.max_pending_mib << 20
     lent: list[torch.Tensor] = []
@@ -261,29 +262,46 @@ def _checked_tensors(
         return memoryview(lent[0].numpy())
 
     try:
-        layout = layout_in_memory(read_weights_file(folder, record, allocate), WEIGHTS_FILE)
+        data = read_weights_file(folder, record, allocate)
+        layout = layout_in_memory(data, WEIGHTS_FILE)
     except CkptpubError as error:
         raise RefusedError(folder, str(error), kind=KIND) from None
-    verifier = TensorVerifier(
+    verifier = StreamVerifier(
         folder,
         manifest,
         threads=options.hash_threads,
-        max_pending_mib=options.max_pending_mib,
+        max_pending_bytes=options.max_pending_mib << 20,
         kind=KIND,
-        private=True,
     )
-    tensors = {}
+    tensors, hashed = {}, []
     try:
         for entry in layout.tensors:
             dtype = torch_dtype(entry.dtype)
             if dtype is None:
                 raise verifier.refuse(f"tensor {entry.name!r} has dtype {entry.dtype}, which torch lacks")
-            tensor = _view(lent[0], layout.header_size + entry.begin, layout.header_size + entry.end, dtype)
-            tensors[entry.name] = verifier.check(entry.name, tensor.reshape(entry.shape))
+            verifier.expect(entry.name, entry.dtype, entry.shape)
+            start, end = layout.header_size + entry.begin, layout.header_size + entry.end
+            tensors[entry.name] = _view(lent[0], start, end, dtype).reshape(entry.shape)
+            hashed.append((entry.name, data[start:end]))
+        for run in _runs(hashed, options.hash_threads):
+            verifier.hash_together(run)
         verifier.finish()
     finally:
         verifier.close()
     return tensors
+
+
+def _runs(tensors: list[tuple[str, memoryview]], count: int) -> list[list[tuple[str, memoryview]]]:
+    """``tensors`` cut into at most ``count`` runs of neighbours, of about as many bytes each."""
+    share = sum(data.nbytes for _, data in tensors) / max(1, count)
+    runs: list[list[tuple[str, memoryview]]] = [[]]
+    filled = 0
+    for name, data in tensors:
+        if runs[-1] and len(runs) < count and filled >= share * len(runs):
+            runs.append([])
+        runs[-1].append((name, data))
+        filled += data.nbytes
+    return runs
 
 
 def _view(data: torch.Tensor, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:

@@ -20,7 +20,7 @@ the way the core does (``docs/design.md`` lists where each rule lives):
   (a config's bytes to its object and the digest its identity covers),
   ``check_identity`` (``blake3:<64 lowercase hex>`` or a ``CkptpubError``),
   ``layout_in_memory`` (the tensors of a whole safetensors file held in memory, with the
-  header checks publishing applies);
+  header checks publishing applies, as a ``ShardLayout``);
 * manifests: ``base_of`` (the base identity a manifest records, a fine-tune's or an
   adapter's parent, or None), ``is_adapter`` (whether it is a PEFT adapter's, as
   ``ckptpub show``/``diff`` say);
@@ -61,7 +61,7 @@ from ._format.names import (
     SIGNATURE_NAME,
     TRAINER_STATE_NAME,
 )
-from ._format.safetensors import layout_in_memory
+from ._format.safetensors import ShardLayout, layout_in_memory
 from ._format.strict_json import loads_strict
 from ._operations.explain import base_of, is_adapter
 from ._settings import (
@@ -98,6 +98,7 @@ __all__ = [
     "TRAINER_STATE_NAME",
     "VARIABLES",
     "OpenError",
+    "ShardLayout",
     "base_of",
     "cached_model",
     "check_identity",

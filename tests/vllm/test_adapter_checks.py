@@ -102,6 +102,20 @@ def test_an_adapter_vllm_holds_keeps_its_bytes_and_one_it_dropped_leaves_its_mem
     assert (buffers.allocated, buffers.reused) == (allocated + 1, reused + 2)
 
 
+@pytest.mark.parametrize("chunk", [7, 4096], ids=["7 bytes: the header length in pieces", "4 KiB"])
+def test_an_adapter_read_in_small_pieces_is_checked_as_it_arrives(lora_folders, monkeypatch, chunk):
+    """The weight file is hashed while it is read: with chunks smaller than the header's length
+    field and than each tensor, a good adapter loads with the file's bytes and a changed one is
+    refused by name."""
+    from ckptpub._serving import engine_files
+
+    monkeypatch.setattr(engine_files, "READ_CHUNK_BYTES", chunk)
+    lora = adapters.load_checked(_request("good", lora_folders["good"]), _base(lora_folders), _vllm_load)
+    assert torch.equal(_lora_b(lora), _file_lora_b(lora_folders["good"]))
+    with pytest.raises(RefusedError, match=f"'{TAMPERED_LORA_B}' differs from the manifest"):
+        adapters.load_checked(_request("t", lora_folders["tampered"]), _base(lora_folders), _vllm_load)
+
+
 def test_a_check_failure_never_reaches_vllm(lora_folders):
     calls = []
     with pytest.raises(RefusedError, match="differs from the manifest") as refused:

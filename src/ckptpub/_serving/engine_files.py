@@ -99,21 +99,29 @@ def read_published(folder: str, record: FileRecord, manifest: Manifest) -> bytes
     return data
 
 
+#: ``read_weights_file`` reads this much at a time, and tells ``on_read`` after each.
+READ_CHUNK_BYTES = 8 << 20
+
+
 def _new_memory(size: int) -> memoryview:
     return memoryview(bytearray(size))
 
 
 def read_weights_file(
-    folder: str, record: FileRecord, allocate: Callable[[int], memoryview] = _new_memory
+    folder: str,
+    record: FileRecord,
+    allocate: Callable[[int], memoryview] = _new_memory,
+    on_read: Callable[[int], None] | None = None,
 ) -> memoryview:
     """The whole file ``record`` describes, read once into writable memory (a loader's private copy).
 
     Opened by the core's rule (``open_inside``); its size must be the recorded one,
     checked with ``fstat`` before anything is allocated, so a manifest's number is never
     trusted alone; a file that changes size while it is read is refused. ``allocate``
-    gives the memory, ``size`` writable bytes (a loader may reuse memory it owns). The
-    bytes are not hashed here: the caller verifies what it hands on (``StreamVerifier``).
-    Raises ``FileMismatchError``.
+    gives the memory, ``size`` writable bytes (a loader may reuse memory it owns);
+    ``on_read`` is told how many bytes are in it after each chunk, so a caller can hash
+    what has arrived while the rest is read. The bytes are not hashed here: the caller
+    verifies what it hands on (``StreamVerifier``). Raises ``FileMismatchError``.
     """
     path = record.path
     try:
@@ -127,8 +135,10 @@ def read_weights_file(
             raise FileMismatchError(f"{path} has {info.st_size} bytes, the manifest says {record.size}")
         view, got = allocate(record.size), 0
         with os.fdopen(fd, "rb", closefd=False) as handle:
-            while got < record.size and (count := handle.readinto(view[got:])):
+            while got < record.size and (count := handle.readinto(view[got : got + READ_CHUNK_BYTES])):
                 got += count
+                if on_read is not None:
+                    on_read(got)
             if got != record.size or handle.read(1):
                 raise FileMismatchError(f"{path} changed size while it was read")
         return view

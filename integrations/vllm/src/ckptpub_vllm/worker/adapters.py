@@ -64,7 +64,7 @@ import torch
 
 import ckptpub
 from ckptpub.errors import CkptpubError
-from ckptpub.integration import base_of, layout_in_memory
+from ckptpub.integration import ShardLayout, base_of, layout_in_memory
 from ckptpub.serving import FileMismatchError, RefusedError, StreamVerifier, read_published, read_weights_file
 
 from ..shared.log import logger
@@ -112,6 +112,8 @@ _loaded: dict[int, ServedAdapter] = {}
 _warned: set[tuple[str, str]] = set()
 #: The attribute of a loaded ``LoRAModel`` holding its :class:`ServedAdapter`.
 RECORD_ATTR = "_ckptpub_loaded"
+#: An adapter's tensors go to the hash pool in runs of about this many bytes, as they are read.
+HASH_RUN_BYTES = 8 << 20
 #: The memory adapters' weight files are read into: vLLM's ``LoRAModel`` holds views of it (on a
 #: CPU host; on a GPU host it copies them), and an adapter vLLM dropped (its CPU cache evicted it)
 #: leaves its buffer to the next load, already touched. Adapters load on the worker's one thread.
@@ -251,21 +253,10 @@ def _checked_tensors(
     """The weight file's tensors, as views of the one read of it, each checked against the manifest.
 
     The read is the private copy: the bytes hashed are the bytes of the tensors vLLM
-    gets, with no second copy. An adapter is hundreds of tensors of a few hundred KiB
-    lying together, so they are hashed in ``hash_threads`` runs of neighbours, not one by one.
+    gets, with no second copy. They are hashed while the rest of the file is read
+    (:class:`_CheckedRead`).
     """
     _weight_buffers.keep_bytes = options.max_pending_mib << 20
-    lent: list[torch.Tensor] = []
-
-    def allocate(size: int) -> memoryview:  # called once the file's size is checked
-        lent.append(_weight_buffers.lend(size))
-        return memoryview(lent[0].numpy())
-
-    try:
-        data = read_weights_file(folder, record, allocate)
-        layout = layout_in_memory(data, WEIGHTS_FILE)
-    except CkptpubError as error:
-        raise RefusedError(folder, str(error), kind=KIND) from None
     verifier = StreamVerifier(
         folder,
         manifest,
@@ -273,35 +264,72 @@ def _checked_tensors(
         max_pending_bytes=options.max_pending_mib << 20,
         kind=KIND,
     )
-    tensors, hashed = {}, []
     try:
-        for entry in layout.tensors:
-            dtype = torch_dtype(entry.dtype)
-            if dtype is None:
-                raise verifier.refuse(f"tensor {entry.name!r} has dtype {entry.dtype}, which torch lacks")
-            verifier.expect(entry.name, entry.dtype, entry.shape)
-            start, end = layout.header_size + entry.begin, layout.header_size + entry.end
-            tensors[entry.name] = _view(lent[0], start, end, dtype).reshape(entry.shape)
-            hashed.append((entry.name, data[start:end]))
-        for run in _runs(hashed, options.hash_threads):
-            verifier.hash_together(run)
+        read = _CheckedRead(verifier)
+        try:
+            read_weights_file(folder, record, read.allocate, read.arrived)
+            read.arrived(record.size)
+        except CkptpubError as error:
+            raise RefusedError(folder, str(error), kind=KIND) from None
         verifier.finish()
     finally:
         verifier.close()
-    return tensors
+    return read.tensors
 
 
-def _runs(tensors: list[tuple[str, memoryview]], count: int) -> list[list[tuple[str, memoryview]]]:
-    """``tensors`` cut into at most ``count`` runs of neighbours, of about as many bytes each."""
-    share = sum(data.nbytes for _, data in tensors) / max(1, count)
-    runs: list[list[tuple[str, memoryview]]] = [[]]
-    filled = 0
-    for name, data in tensors:
-        if runs[-1] and len(runs) < count and filled >= share * len(runs):
-            runs.append([])
-        runs[-1].append((name, data))
-        filled += data.nbytes
-    return runs
+class _CheckedRead:
+    """One read of an adapter's weight file into reused memory (``_weight_buffers``), checked as it arrives.
+
+    Once the header is in, every tensor's name, dtype and shape are checked and its
+    view made; as the read goes on, the tensors whose bytes have all arrived are handed
+    to the verifier in runs of :data:`HASH_RUN_BYTES` (an adapter is hundreds of tensors
+    of a few hundred KiB: handing each to the hash pool alone costs as much as hashing it).
+    """
+
+    def __init__(self, verifier: StreamVerifier) -> None:
+        self.verifier = verifier
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._buffer = torch.empty(0, dtype=torch.uint8)
+        self._data = memoryview(b"")
+        self._layout: ShardLayout | None = None
+        self._next = 0  # the first tensor not yet handed to the verifier
+        self._run: list[tuple[str, memoryview]] = []
+        self._run_bytes = 0
+
+    def allocate(self, size: int) -> memoryview:
+        """The memory the file is read into (asked once its size is checked)."""
+        self._buffer = _weight_buffers.lend(size)
+        self._data = memoryview(self._buffer.numpy())
+        return self._data
+
+    def arrived(self, count: int) -> None:
+        """The first ``count`` bytes of the file are in: check and hash what they complete."""
+        if self._layout is None:
+            if count < len(self._data) and count < 8 + int.from_bytes(self._data[:8], "little"):
+                return  # the header is not all in yet (at the end, a bad length is refused here)
+            self._layout = layout_in_memory(self._data, WEIGHTS_FILE)
+            self._admit(self._layout)
+        entries, base = self._layout.tensors, self._layout.header_size
+        while self._next < len(entries) and base + entries[self._next].end <= count:
+            entry = entries[self._next]
+            self._run.append((entry.name, self._data[base + entry.begin : base + entry.end]))
+            self._run_bytes += entry.end - entry.begin
+            self._next += 1
+            if self._run_bytes >= HASH_RUN_BYTES or self._next == len(entries):
+                self.verifier.hash_together(self._run)
+                self._run, self._run_bytes = [], 0
+
+    def _admit(self, layout: ShardLayout) -> None:
+        """Check every tensor's name, dtype and shape, and make the views vLLM will get."""
+        for entry in layout.tensors:
+            dtype = torch_dtype(entry.dtype)
+            if dtype is None:
+                raise self.verifier.refuse(
+                    f"tensor {entry.name!r} has dtype {entry.dtype}, which torch lacks"
+                )
+            self.verifier.expect(entry.name, entry.dtype, entry.shape)
+            start, end = layout.header_size + entry.begin, layout.header_size + entry.end
+            self.tensors[entry.name] = _view(self._buffer, start, end, dtype).reshape(entry.shape)
 
 
 def _view(data: torch.Tensor, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:

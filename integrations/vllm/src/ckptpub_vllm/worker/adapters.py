@@ -116,7 +116,8 @@ RECORD_ATTR = "_ckptpub_loaded"
 HASH_RUN_BYTES = 8 << 20
 #: The memory adapters' weight files are read into: vLLM's ``LoRAModel`` holds views of it (on a
 #: CPU host; on a GPU host it copies them), and an adapter vLLM dropped (its CPU cache evicted it)
-#: leaves its buffer to the next load, already touched. Adapters load on the worker's one thread.
+#: leaves its buffer to the next load, already touched; a load keeps at most twice its own size of
+#: such buffers for the next. Adapters load on the worker's one thread.
 _weight_buffers = StagingBuffers(keep_bytes=0)
 
 
@@ -256,7 +257,7 @@ def _checked_tensors(
     gets, with no second copy. They are hashed while the rest of the file is read
     (:class:`_CheckedRead`).
     """
-    _weight_buffers.keep_bytes = options.max_pending_mib << 20
+    _weight_buffers.keep_bytes = 2 * record.size
     verifier = StreamVerifier(
         folder,
         manifest,

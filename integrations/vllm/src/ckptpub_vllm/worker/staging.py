@@ -21,6 +21,7 @@ over a buffer's ``numpy()``) is not, so nothing handed out is made that way.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import torch
@@ -45,8 +46,9 @@ def fresh_copy(tensor: torch.Tensor) -> torch.Tensor:
 class StagingBuffers:
     """Private memory for CPU tensors, in buffers reused once nothing else holds them.
 
-    Used from one thread at a time (a loader's). ``keep_bytes`` bounds the free buffers
-    kept for reuse; :meth:`release` lets go of every buffer (a load streamed its last tensor).
+    ``keep_bytes`` bounds the free buffers kept for reuse; :meth:`release` lets go of
+    every buffer (a load streamed its last tensor). Safe to share between threads (the
+    adapters' pool is one per process).
     """
 
     def __init__(self, keep_bytes: int) -> None:
@@ -56,6 +58,7 @@ class StagingBuffers:
         self._lent: list[torch.Tensor] = []  # buffers holding a copy handed out
         self._free: list[torch.Tensor] = []  # buffers nothing else holds, the oldest first
         self._free_bytes = 0
+        self._lock = threading.Lock()
 
     def copy_of(self, tensor: torch.Tensor) -> torch.Tensor:
         """A contiguous copy of ``tensor`` that only this process writes: the tensor itself when it is
@@ -73,19 +76,21 @@ class StagingBuffers:
         (``size`` up to a sixteenth more), else new. Views of it, made by torch, hold it."""
         if _storage_use_count is None:
             return torch.empty(size, dtype=torch.uint8)
-        self._take_back()
-        buffer = self._free_buffer(size)
-        if buffer is None:
-            self.allocated += 1
-            buffer = torch.empty(size, dtype=torch.uint8)
-        self._lent.append(buffer)
-        return buffer[:size]
+        with self._lock:
+            self._take_back()
+            buffer = self._free_buffer(size)
+            if buffer is None:
+                self.allocated += 1
+                buffer = torch.empty(size, dtype=torch.uint8)
+            self._lent.append(buffer)
+            return buffer[:size]
 
     def release(self) -> None:
         """Let go of every buffer: what vLLM or a pending hash still holds lives on, the rest is freed."""
-        self._lent.clear()
-        self._free.clear()
-        self._free_bytes = 0
+        with self._lock:
+            self._lent.clear()
+            self._free.clear()
+            self._free_bytes = 0
 
     def _take_back(self) -> None:
         """Move the lent buffers that only this pool holds now to the free list, within ``keep_bytes``."""

@@ -7,6 +7,8 @@ bytes are never overwritten, and that a copy nobody holds is reused.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from ckptpub_vllm.worker.staging import StagingBuffers, storage_holders
@@ -101,13 +103,20 @@ def test_a_strided_tensor_is_copied_contiguous():
 @pytest.mark.parametrize("keep", [True, False], ids=["a loader that keeps every tensor", "a copying loader"])
 def test_a_verified_stream_hands_out_the_published_bytes_whatever_the_loader_holds(models, keep):
     """The loader either copies each tensor and drops it (buffers are reused), or keeps every
-    tensor to the end (no buffer may be reused): at the end each tensor it got hashes to the manifest."""
+    tensor to the end (no buffer may be reused): at the end each tensor it got hashes to the manifest.
+
+    A buffer is reused only once its hash is done, so the copying loader waits for that (as a
+    loader slower than the hashing does) before it takes the next tensor: otherwise how many
+    buffers are reused depends on how busy the machine's cores are.
+    """
     folder = models["v1"]
     manifest = ckptpub.read_manifest(folder)
     verifier = TensorVerifier(folder, manifest)
     got: dict[str, torch.Tensor] = {}
     for name, tensor in verifier.wrap(stream_tensors(folder)):
         got[name] = tensor if keep else tensor.clone()
+        if not keep:
+            _wait_until_only_the_pool_holds(tensor)
     staging = verifier._staging
     counts = (staging.allocated, staging.reused)
     verifier.finish()
@@ -120,3 +129,13 @@ def test_a_verified_stream_hands_out_the_published_bytes_whatever_the_loader_hol
         assert counts[0] > 0
     else:
         assert counts[1] > counts[0] > 0
+
+
+def _wait_until_only_the_pool_holds(tensor: torch.Tensor, limit_s: float = 60.0) -> None:
+    """Wait until ``tensor``'s memory has no more holders than a copy the pool just made (hashed)."""
+    pool = StagingBuffers(keep_bytes=0)
+    settled = storage_holders(pool.copy_of(tensor))
+    deadline = time.monotonic() + limit_s
+    while storage_holders(tensor) > settled:
+        assert time.monotonic() < deadline, "the hash of a tensor never let go of its copy"
+        time.sleep(0.001)

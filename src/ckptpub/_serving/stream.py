@@ -133,9 +133,14 @@ class StreamVerifier:
         self.partial_reason = reason
 
     def finish(self) -> None:
-        """Wait for the last hashes; refuse if a tensor is missing or one of this rank's share never came."""
+        """Wait for the last hashes; refuse if a tensor is missing or one of this rank's share never came.
+
+        When it returns, no hashing thread holds the caller's memory any more (the
+        threads are joined), so memory reused once nothing holds it is free at once.
+        """
         try:
             self._collect(block=True)
+            self._pool.shutdown(wait=True)
         finally:
             self.close()
         missing = sorted(set(self.expected) - self.seen)

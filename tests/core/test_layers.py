@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ckptpub._hashing",),
     ("ckptpub._operations",),
     ("ckptpub._serving",),
+    ("ckptpub._torch",),  # the serving checks' torch side: imports torch
     ("ckptpub._runs",),
     ("ckptpub._training",),
     ("ckptpub._cli",),
@@ -37,6 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "ckptpub.distributed",
         "ckptpub.integration",
         "ckptpub.serving",
+        "ckptpub.serving_torch",
         "ckptpub.signing",
     ),
 )
@@ -293,6 +295,24 @@ def test_the_rank_rules_import_no_torch_and_no_engine() -> None:
     imported = {name.split(".")[0] for path in ENGINE_NEUTRAL for name in _absolute_imports(SOURCE / path)}
     assert not imported & {"torch", "vllm", "sglang"}, imported
     program = "import sys, ckptpub.distributed; print(sorted({'torch', 'vllm'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_serving_checks_import_no_torch() -> None:
+    """``ckptpub.serving`` (what ``ckptpub preload`` and an engine-neutral integration import) loads no
+    torch: only ``_torch``, behind ``ckptpub.serving_torch``, imports it at import."""
+    importers = sorted(
+        str(path.relative_to(SOURCE))
+        for path in [
+            SOURCE / "serving.py",
+            *(SOURCE / "_serving").rglob("*.py"),
+            *(SOURCE / "_torch").rglob("*.py"),
+        ]
+        if "torch" in {name.split(".")[0] for name in _absolute_imports(path)}
+    )
+    assert importers == ["_torch/staging.py", "_torch/tensor_bytes.py"]
+    program = "import sys, ckptpub.serving; print(sorted({'torch', 'vllm'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 

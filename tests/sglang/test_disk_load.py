@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 from support.checkpoints import flip_byte, locate, model_tensors, write_checkpoint
+from support.staging import wait_until_only_the_pool_holds
 
 import ckptpub
 from ckptpub.serving import RefusedError
@@ -65,3 +66,31 @@ def test_a_folder_without_a_manifest_loads_unverified_unless_one_is_required(
     monkeypatch.setenv("CKPTPUB_REQUIRE_MANIFEST", "1")
     with pytest.raises(RefusedError, match=r"no ckptpub\.json"):
         stream(plain)
+
+
+def test_a_loader_that_copies_each_tensor_gets_the_published_bytes_in_reused_memory(tmp_path: Path) -> None:
+    """SGLang's weight loaders copy each tensor into its parameter and let go of it: the private copies
+    the plugin hands out (over SGLang's own shard iterator) then take turns in a few buffers, and each
+    holds the published bytes. Each hash is waited for (``support.staging``), as a loader slower than
+    the hashing would."""
+    from ckptpub_sglang.loader import TensorVerifier
+    from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
+
+    rng = np.random.default_rng(7)
+    layers = {
+        f"model.layers.{n}.mlp.up_proj.weight": rng.standard_normal((256, 128), np.float32) for n in range(8)
+    }
+    folder = write_checkpoint(tmp_path / "larger", layers, shards=2)
+    ckptpub.publish(str(folder))
+    manifest = ckptpub.read_manifest(str(folder))
+    verifier = TensorVerifier(str(folder), manifest)
+    copied = {}
+    for name, tensor in verifier.stream(
+        safetensors_weights_iterator([str(folder / s) for s in manifest.weights])
+    ):
+        copied[name] = tensor.numpy().copy()
+        wait_until_only_the_pool_holds(tensor)
+    assert sorted(copied) == sorted(layers)
+    for name, array in layers.items():
+        assert np.array_equal(copied[name], array), name
+    assert verifier.staging.reused > verifier.staging.allocated > 0

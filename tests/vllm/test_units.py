@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 from ckptpub_vllm.shared.options import Options, split_extra_config
-from ckptpub_vllm.worker.verify_stream import TensorVerifier, raw_bytes, small_bytes
+from ckptpub_vllm.worker.verify_stream import TensorVerifier
 from support.checkpoints import run_cli
 from support.manifests import replaced
 from support.safetensors_files import stream_tensors as stream
@@ -98,17 +98,6 @@ def test_a_changed_tensor_is_named_whichever_thread_hashes_it(models, large):
     items[index] = (name, changed)
     with pytest.raises(RefusedError, match=f"'{re.escape(name)}' differs from the manifest"):
         _verify_all(verifier(models["v1"]), items)
-
-
-def test_small_bytes_are_the_tensor_s_bytes_as_stored():
-    """The copy made from ``data_ptr()`` holds what the zero-copy view does, for a slice, a
-    transposed (non-contiguous) tensor, a 0-d tensor and several dtype widths."""
-    import torch
-
-    base = torch.arange(96, dtype=torch.float32).reshape(8, 12)
-    for tensor in (base, base[2:5], base.T, base.to(torch.bfloat16), base[3, 4], base.to(torch.int8)[1]):
-        expected = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-        assert small_bytes(tensor) == bytes(raw_bytes(tensor)) == expected, tensor
 
 
 @pytest.mark.parametrize(
@@ -271,9 +260,10 @@ def test_a_write_to_the_shard_after_the_check_never_reaches_the_model(models, tm
     """vLLM's own safetensors iterator yields views of each shard's mapping; a ``pwrite`` of zeros
     lands after the verifier saw a tensor and before the model copies it (as ``weight_loader`` does).
     What the model holds is still the verified bytes: the verifier hands on its own copy."""
-    from ckptpub_vllm.worker.verify_stream import raw_bytes
     from support.safetensors_files import find_tensor_file, tensor_location
     from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
+
+    from ckptpub.serving_torch import raw_bytes
 
     folder = shutil.copytree(models["v1"], tmp_path / "ckpt")
     manifest = ckptpub.read_manifest(folder)

@@ -7,7 +7,8 @@ from the shards with the stored dtype and bytes. The plugin wraps what it return
 (an AROUND hook of SGLang's hook registry): for a folder with a manifest in force
 (``decision``), each tensor is checked by the core's ``StreamVerifier`` (name, dtype and
 shape at once, the bytes beside SGLang's copying), and the model gets the private
-copy that was hashed, so a write to a shard between check and use cannot slip in. A
+copy that was hashed, so a write to a shard between check and use cannot slip in (the
+copies go into buffers reused once nothing holds them: ``serving_torch.StagingBuffers``). A
 difference is a ``RefusedError`` naming the tensor; a tensor the manifest has that never
 arrived is refused at the end of the stream. When reading a shard fails, the shards are
 compared with the manifest then (``shard_problems``), so the refusal names the file.
@@ -18,54 +19,30 @@ plugin's split of the hashing between the ranks of a node is not carried over).
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
-from ckptpub.serving import (
-    INLINE_HASH_BYTES,
-    RefusedError,
-    StreamVerifier,
-    check_shards_are_files,
-    shard_problems,
-)
+import ckptpub
+from ckptpub.serving import RefusedError, StreamVerifier, check_shards_are_files, shard_problems
+from ckptpub.serving_torch import StagingBuffers, dtype_code, tensor_bytes
 
 from .decision import decide
 from .log import logger
 
 #: SGLang's disk loader's weight stream, wrapped by :func:`verified_weights`.
 TARGET = "sglang.srt.model_loader.loader.DefaultModelLoader._get_weights_iterator"
-
-_CODES = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint8": "U8",
-    "bool": "BOOL",
-    "uint16": "U16",
-    "uint32": "U32",
-    "uint64": "U64",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-    "float8_e8m0fnu": "F8_E8M0",
-}
-
-
-def dtype_code(dtype: torch.dtype) -> str:
-    """The safetensors code of a torch dtype (what the manifest records)."""
-    name = str(dtype).removeprefix("torch.")
-    return _CODES.get(name, name)
+#: The free copy buffers a load keeps for reuse (the core's default bound on bytes awaiting a hash).
+MAX_FREE_COPY_BYTES = 2 << 30
 
 
 class TensorVerifier(StreamVerifier):
     """The core's ``StreamVerifier`` for torch tensors: :meth:`stream` over SGLang's weight iterator."""
+
+    def __init__(self, folder: str, manifest: ckptpub.Manifest) -> None:
+        super().__init__(folder, manifest)
+        self.staging = StagingBuffers(keep_bytes=MAX_FREE_COPY_BYTES)
 
     def stream(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         """Each ``(name, tensor)`` checked, with the copy that was hashed in place of the tensor; ``finish``
@@ -100,15 +77,13 @@ class TensorVerifier(StreamVerifier):
     def check(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """Check one tensor from disk; return the private copy whose bytes were hashed (load that one)."""
         self.expect(name, dtype_code(tensor.dtype), tuple(tensor.shape))
-        loaded = tensor.detach()
-        if loaded.device.type == "cpu":  # a view of the shard's mapping: copy it out, then hash the copy
-            loaded = loaded.clone(memory_format=torch.contiguous_format)
-        data = loaded.cpu().contiguous()
-        if data.nbytes <= INLINE_HASH_BYTES:
-            self.hash(name, ctypes.string_at(data.data_ptr(), data.nbytes))
-        else:
-            self.hash(name, memoryview(data.reshape(-1).view(torch.uint8).numpy()))
+        loaded = self.staging.copy_of(tensor)  # out of the shard's mapping, into memory of our own
+        self.hash(name, tensor_bytes(loaded))
         return loaded
+
+    def close(self) -> None:
+        super().close()
+        self.staging.release()
 
 
 def verified_weights(

@@ -66,6 +66,7 @@ import ckptpub
 from ckptpub.errors import CkptpubError
 from ckptpub.integration import ShardLayout, base_of, layout_in_memory
 from ckptpub.serving import FileMismatchError, RefusedError, StreamVerifier, read_published, read_weights_file
+from ckptpub.serving_torch import StagingBuffers, torch_dtype
 
 from ..shared.log import logger
 from ..shared.options import Options
@@ -73,8 +74,6 @@ from ..shared.refusals import refusals_logged
 from ..shared.startup import checked_manifest
 from . import adapter_reads
 from .adapter_reads import CONFIG_FILE, WEIGHTS_FILE, VerifiedAdapter, served_from_memory
-from .staging import StagingBuffers
-from .verify_stream import torch_dtype
 
 PICKLED_WEIGHTS = ("adapter_model.bin", "adapter_model.pt")
 KIND = "adapter"

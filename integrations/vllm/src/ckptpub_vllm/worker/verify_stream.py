@@ -4,13 +4,14 @@ vLLM's disk loader yields ``(name, tensor)`` pairs straight from the safetensors
 files, with the stored dtype and bytes, and the model copies each into place. The
 checks are the core's (``ckptpub.serving.StreamVerifier``: name, dtype and shape at
 once, the bytes on a small thread pool beside vLLM's copying); :class:`TensorVerifier`
-turns torch tensors into what it takes. It copies each tensor's bytes out of the
-shard's mapping and hands vLLM that copy, the one it hashes, so a write to the file
-cannot slip in between check and use; the copies go into a few buffers reused once
-nothing holds them any more (``staging``), so they cost a copy, not fresh memory. When
-reading a shard fails (a damaged header, a truncated file), the shards are compared
-with the manifest then, and only then (``ckptpub.serving.shard_problems``), so the
-refusal names the file without an extra pass on every start.
+turns torch tensors into what it takes (``ckptpub.serving_torch``). It copies each
+tensor's bytes out of the shard's mapping and hands vLLM that copy, the one it hashes,
+so a write to the file cannot slip in between check and use; the copies go into a few
+buffers reused once nothing holds them any more (``serving_torch.StagingBuffers``), so
+they cost a copy, not fresh memory. When reading a shard fails (a damaged header, a
+truncated file), the shards are compared with the manifest then, and only then
+(``ckptpub.serving.shard_problems``), so the refusal names the file without an extra
+pass on every start.
 
 When several ranks load the model (tensor or pipeline parallel), each hashes only its
 share of the tensors and the ranks agree on the outcome (``node_share``): every tensor
@@ -21,77 +22,17 @@ A rank that leaves a tensor to another still hands vLLM its own private copy.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
 import ckptpub
 from ckptpub.distributed import ExchangeError
-from ckptpub.serving import INLINE_HASH_BYTES, RefusedError, StreamVerifier, shard_problems
+from ckptpub.serving import RefusedError, StreamVerifier, shard_problems
+from ckptpub.serving_torch import StagingBuffers, dtype_code, tensor_bytes
 
 from . import node_share
 from .node_share import Peers
-from .staging import StagingBuffers
-
-# safetensors dtype codes (what the manifest records) of torch dtypes.
-_DTYPE_CODES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
-for _name, _code in (
-    ("uint16", "U16"),
-    ("uint32", "U32"),
-    ("uint64", "U64"),
-    ("float8_e4m3fn", "F8_E4M3"),
-    ("float8_e5m2", "F8_E5M2"),
-    ("float8_e8m0fnu", "F8_E8M0"),
-):
-    if hasattr(torch, _name):
-        _DTYPE_CODES[getattr(torch, _name)] = _code
-
-
-_TORCH_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
-
-
-def dtype_code(dtype: torch.dtype) -> str:
-    return _DTYPE_CODES.get(dtype, str(dtype).removeprefix("torch."))
-
-
-def torch_dtype(code: str) -> torch.dtype | None:
-    """The torch dtype of a safetensors dtype code, or None when torch has none (``F4``, ``C64``...)."""
-    return _TORCH_DTYPES.get(code)
-
-
-def raw_bytes(tensor: torch.Tensor) -> memoryview:
-    """The tensor's bytes as stored (a zero-copy view for CPU tensors)."""
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
-
-
-def small_bytes(tensor: torch.Tensor) -> bytes:
-    """A copy of a small tensor's bytes, made without ``raw_bytes``' five intermediate objects.
-
-    A mixture of experts streams tens of thousands of tensors of a few KiB; for them the
-    detach, reshape, view, array and memoryview cost three times the hash itself. A
-    contiguous CPU tensor's bytes lie at ``data_ptr()``, ``nbytes`` long: copied out in
-    one call while the caller holds the tensor.
-    """
-    if tensor.is_cpu and tensor.is_contiguous():
-        return ctypes.string_at(tensor.data_ptr(), tensor.nbytes)
-    return bytes(raw_bytes(tensor))
 
 
 class TensorVerifier(StreamVerifier):
@@ -196,7 +137,7 @@ class TensorVerifier(StreamVerifier):
         """Check one tensor from disk; return the copy to load into the model (use it, not ``tensor``).
 
         Name, dtype and shape are checked now, the bytes' digest now or on the pool.
-        What is hashed is a private copy (in a reused buffer: ``staging``), and that copy is
+        What is hashed is a private copy (in a reused buffer: ``StagingBuffers``), and that copy is
         what the model gets: the bytes verified are the bytes loaded, whatever is written to the
         shard between this check and vLLM's copy into the model (checking the mapped
         view itself left that window open: a ``pwrite`` in between put unverified bytes
@@ -208,8 +149,7 @@ class TensorVerifier(StreamVerifier):
         hashed_here = self.expect(name, dtype_code(tensor.dtype), tuple(tensor.shape))
         loaded = tensor if self._private else self._staging.copy_of(tensor)
         if hashed_here:
-            size = int(loaded.nbytes)
-            self.hash(name, small_bytes(loaded) if size <= INLINE_HASH_BYTES else raw_bytes(loaded))
+            self.hash(name, tensor_bytes(loaded))
         return loaded
 
     def close(self) -> None:

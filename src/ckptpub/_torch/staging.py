@@ -1,18 +1,19 @@
-"""Reused memory for the private copies a verified load hands to vLLM.
+"""Reused memory for the private copies a verified load hands to its engine.
 
-A verified load copies every tensor out of the shard's mapping into memory of its
-own, hashes that copy and gives it to vLLM, so that the bytes verified are the bytes
-loaded (``verify_stream``). In fresh memory each copy pays a page fault per 4 KiB
-written, and those faults, not the copy, were most of what verification added to a
-load (allocating 320 MB alone took 0.20-0.24 s here). A model's tensors come in a few
-sizes repeated layer after layer, and vLLM copies each into its parameter and lets go
-of it within a tensor or two, so a handful of buffers, touched once, serve a whole load.
+A verified load copies every tensor out of the shard's mapping into memory of its own,
+hashes that copy and gives it to the engine, so that the bytes verified are the bytes
+loaded (the vLLM plugin's ``verify_stream``, the SGLang plugin's ``loader``). In fresh
+memory each copy pays a page fault per 4 KiB written, and those faults, not the copy,
+were most of what verification added to a load (allocating 320 MB alone took 0.20-0.24 s
+here). A model's tensors come in a few sizes repeated layer after layer, and an engine
+copies each into its parameter and lets go of it within a tensor or two, so a handful of
+buffers, touched once, serve a whole load.
 
 A buffer is written again only when nothing but this pool holds its memory. torch
 counts the holders of a tensor's storage: every tensor or view of it, and what holds
-one (the ``memoryview`` a pending hash reads, a parameter that vLLM set to the tensor
-itself instead of copying it). So a copy is never overwritten while it is being
-hashed or while anything can still read it, and a copy that vLLM keeps is simply
+one (the ``memoryview`` a pending hash reads, a parameter that the engine set to the
+tensor itself instead of copying it). So a copy is never overwritten while it is being
+hashed or while anything can still read it, and a copy that the engine keeps is simply
 never reused. The count is torch's ``torch._C._storage_Use_Count`` (its CUDA-graph trees
 check storages the same way); a torch without it gets fresh memory every time. Only
 views made by torch are counted: memory reached through a raw pointer (``torch.frombuffer``
@@ -26,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from ckptpub.serving import INLINE_HASH_BYTES
+from .._serving.stream import INLINE_HASH_BYTES
 
 _storage_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
 
@@ -48,7 +49,7 @@ class StagingBuffers:
 
     ``keep_bytes`` bounds the free buffers kept for reuse; :meth:`release` lets go of
     every buffer (a load streamed its last tensor). Safe to share between threads (the
-    adapters' pool is one per process).
+    vLLM plugin's adapters share one per process).
     """
 
     def __init__(self, keep_bytes: int) -> None:
@@ -86,7 +87,8 @@ class StagingBuffers:
             return buffer[:size]
 
     def release(self) -> None:
-        """Let go of every buffer: what vLLM or a pending hash still holds lives on, the rest is freed."""
+        """Let go of every buffer: what the engine or a pending hash still holds lives on, the rest is
+        freed."""
         with self._lock:
             self._lent.clear()
             self._free.clear()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 
 import ckptpub_vllm
@@ -173,3 +174,19 @@ def test_the_weight_cache_key_of_a_hub_id_is_its_identity_read_from_one_small_fi
     assert in_cache[-1] == os.path.join("snapshots", os.path.basename(snapshot), "ckptpub.json"), in_cache
     assert all(p.startswith(("refs/", "trees/")) for p in in_cache[:-1]), in_cache
     assert not any(p.endswith(".safetensors") for p in opened), opened
+
+
+def test_a_local_folder_is_keyed_without_importing_vllm(models, tmp_path):
+    """Only a folder under a ``model_streamer`` folder can be vLLM's pulled copy, so a process that has
+    not loaded vLLM (the preload tests' stand-in daemon) computes a folder's key without it. A folder of
+    that name elsewhere is keyed by its manifest."""
+    elsewhere = tmp_path / "model_streamer" / "0123abcd"
+    shutil.copytree(models["v1"], elsewhere)
+    program = (
+        "import sys; from ckptpub_vllm.shared.key import checkpoint_key; "
+        f"print(checkpoint_key({str(models['v1'])!r}), 'vllm' in sys.modules, 'torch' in sys.modules); "
+        f"print(checkpoint_key({str(elsewhere)!r}))"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    identity = ckptpub.read_manifest(models["v1"]).identity
+    assert result.stdout.split("\n")[:2] == [f"{identity} False False", identity]

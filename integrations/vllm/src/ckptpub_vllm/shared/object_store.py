@@ -54,8 +54,15 @@ def locate(model_config: Any) -> Location:
 
 def is_pulled_copy(folder: str) -> bool:
     """Whether ``folder`` is one of vLLM's pulled copies of an object-store model (its ``ckptpub.json``
-    may be stale: never a manifest to trust)."""
+    may be stale: never a manifest to trust).
+
+    Only a folder whose parent is named ``model_streamer`` can be one, so vLLM (3 s of imports in
+    a process that has not loaded it, such as the preload tests' stand-in daemon) is asked where
+    its assets cache is only then.
+    """
+    parent = os.path.dirname(os.path.abspath(folder))
+    if os.path.basename(parent) != PULLED:
+        return False
     from vllm.assets.base import get_cache_dir
 
-    parent = os.path.dirname(os.path.abspath(folder))
     return parent == os.path.join(os.path.abspath(get_cache_dir()), PULLED)

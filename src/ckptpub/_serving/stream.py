@@ -64,7 +64,7 @@ class StreamVerifier:
         self.verified_tensors = 0  # hashed here and matching
         self.verified_bytes = 0
         self.mine: frozenset[str] | None = None  # None: hash every tensor seen
-        self._max_pending = max_pending_bytes
+        self.max_pending_bytes = max_pending_bytes  # also what an integration keeps of free copy buffers
         self._pending: deque[tuple[list[str], Future[list[str]], list[int]]] = deque()
         self._pending_bytes = 0
         self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="ckptpub-verify")
@@ -125,7 +125,7 @@ class StreamVerifier:
         self._pending.append((names, self._pool.submit(_digests, data), sizes))
         self._pending_bytes += sum(sizes)
         self._collect(block=False)
-        while self._pending_bytes > self._max_pending and self._pending:
+        while self._pending_bytes > self.max_pending_bytes and self._pending:
             self._collect_one()
 
     def mark_partial(self, reason: str) -> None:

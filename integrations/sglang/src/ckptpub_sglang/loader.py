@@ -33,8 +33,6 @@ from .log import logger
 
 #: SGLang's disk loader's weight stream, wrapped by :func:`verified_weights`.
 TARGET = "sglang.srt.model_loader.loader.DefaultModelLoader._get_weights_iterator"
-#: The free copy buffers a load keeps for reuse (the core's default bound on bytes awaiting a hash).
-MAX_FREE_COPY_BYTES = 2 << 30
 
 
 class TensorVerifier(StreamVerifier):
@@ -42,7 +40,7 @@ class TensorVerifier(StreamVerifier):
 
     def __init__(self, folder: str, manifest: ckptpub.Manifest) -> None:
         super().__init__(folder, manifest)
-        self.staging = StagingBuffers(keep_bytes=MAX_FREE_COPY_BYTES)
+        self.staging = StagingBuffers(keep_bytes=self.max_pending_bytes)
 
     def stream(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         """Each ``(name, tensor)`` checked, with the copy that was hashed in place of the tensor; ``finish``

@@ -65,7 +65,7 @@ class TensorVerifier(StreamVerifier):
         self._peers = peers
         self._share_hashing = share_hashing
         self._private = private
-        self._staging = StagingBuffers(keep_bytes=max_pending_mib << 20)
+        self._staging = StagingBuffers(keep_bytes=self.max_pending_bytes)
         self._reading: bytes | None = None  # the shards' fingerprint when the share was planned
         self._agreed = peers is None
 
